@@ -1,0 +1,22 @@
+"""Cost model: hardware and model profiles, roofline predictors, calibrated factors."""
+
+from jigsaw_plugin.costmodel.predictor import CostModel, EfficiencyFactors
+from jigsaw_plugin.costmodel.profiles import (
+    HARDWARE,
+    MODELS,
+    HardwareProfile,
+    ModelProfile,
+    hardware_profile,
+    model_profile,
+)
+
+__all__ = [
+    "CostModel",
+    "EfficiencyFactors",
+    "HARDWARE",
+    "MODELS",
+    "HardwareProfile",
+    "ModelProfile",
+    "hardware_profile",
+    "model_profile",
+]

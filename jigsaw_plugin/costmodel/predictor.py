@@ -1,0 +1,110 @@
+"""Roofline predictors: the only place in the project where time gets a price.
+
+Every duration is max(compute time, memory time) at a calibrated efficiency, plus fixed
+per-operation overheads where real systems have them (a vLLM decode step's scheduling and
+sampling, a weight sync's barrier). The efficiency factors are fitted once (see
+docs/calibration.md and ``calibration.py``) and then kept fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
+
+__all__ = ["EfficiencyFactors", "CostModel"]
+
+
+@dataclass(frozen=True, slots=True)
+class EfficiencyFactors:
+    """Fractions of peak achieved by each kind of work, and fixed overheads.
+
+    Defaults are the fitted values (docs/calibration.md); change them only by refitting.
+    """
+
+    decode_bw_eff: float = 0.60  # fraction of HBM bandwidth a decode step achieves
+    decode_mfu: float = 0.40  # fraction of peak FLOP/s in large-batch (compute-bound) decode
+    decode_step_overhead_s: float = 0.002  # scheduler + sampler + launch per decode step
+    prefill_mfu: float = 0.50  # prefill and migration re-prefill
+    forward_mfu: float = 0.55  # log-prob / ref / values forward passes
+    train_mfu: float = 0.50  # forward + backward of an update
+    recompute: bool = False  # activation checkpointing (adds one forward: 8N instead of 6N)
+    link_eff: float = 0.70  # fraction of link bandwidth a collective achieves
+    sync_overhead_s: float = 3.0  # fixed cost of one weight update round (barriers, resharding)
+    train_stage_overhead_s: float = 2.0  # fixed cost per training-side stage (dispatch, gather)
+    rollout_mem_util: float = 0.80  # vLLM gpu_memory_utilization
+    activation_reserve_gb: float = 4.0  # vLLM activation / CUDA graph reserve per device
+    max_num_seqs: int = 1024  # verl's rollout default
+
+
+class CostModel:
+    """Prices sub-stages on one hardware profile. Stateless and pure."""
+
+    def __init__(self, hardware: HardwareProfile, factors: EfficiencyFactors | None = None):
+        self.hw = hardware
+        self.f = factors or EfficiencyFactors()
+
+    # ---- rollout (one replica of ``tp`` devices) --------------------------------------
+    def kv_capacity_tokens(self, model: ModelProfile, tp: int, other_bytes: float = 0.0) -> int:
+        """Tokens of KV cache one replica can hold. ``other_bytes`` per device are taken by
+        other pipelines' resident weights (multiplexing shrinks caches)."""
+        usable = self.hw.memory_bytes * self.f.rollout_mem_util
+        free = usable - model.weight_bytes / tp - other_bytes - self.f.activation_reserve_gb * 1e9
+        return max(0, int(free * tp / model.kv_bytes_per_token))
+
+    def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> float:
+        """One decode step of ``batch`` sequences holding ``kv_tokens`` of context."""
+        if batch <= 0:
+            return 0.0
+        mem = (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / (
+            tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
+        )
+        comp = 2.0 * model.params * batch / (tp * self.hw.flops * self.f.decode_mfu)
+        return self.f.decode_step_overhead_s + max(mem, comp)
+
+    def prefill_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        return 2.0 * model.params * tokens / (tp * self.hw.flops * self.f.prefill_mfu)
+
+    def migration_s(self, model: ModelProfile, tp: int, context_tokens: float) -> float:
+        """Moving a request by abort + resume: the destination re-prefills its context."""
+        return self.prefill_s(model, tp, context_tokens)
+
+    # ---- training side (a gang of ``devices``) ----------------------------------------
+    def forward_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
+        """log-prob, reference or values pass over ``tokens`` (data parallel over the gang)."""
+        if tokens <= 0:
+            return 0.0
+        work = 2.0 * model.params * tokens / (devices * self.hw.flops * self.f.forward_mfu)
+        return self.f.train_stage_overhead_s + work
+
+    def train_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
+        """One update (all mini-batches of the step) over ``tokens``."""
+        if tokens <= 0:
+            return 0.0
+        per_token = (8.0 if self.f.recompute else 6.0) * model.params
+        work = per_token * tokens / (devices * self.hw.flops * self.f.train_mfu)
+        return self.f.train_stage_overhead_s + work
+
+    # ---- bytes over links -------------------------------------------------------------
+    def weight_sync_s(self, model: ModelProfile, colocated: bool, cross_node: bool) -> float:
+        """Push new weights to the rollout replicas.
+
+        Colocated (verl hybrid engine): resharded in place over NVLink. Disaggregated: an
+        NCCL broadcast from the trainer to the rollout devices (pipelined, so the time is
+        one copy of the weights over the slowest link).
+        """
+        link = self.hw.internode_gbps if cross_node else self.hw.link_gbps
+        if colocated:
+            link = self.hw.link_gbps
+        return self.f.sync_overhead_s + model.weight_bytes / (link * 1e9 * self.f.link_eff)
+
+    def context_switch_s(self, model: ModelProfile, devices: int, train_state: bool) -> float:
+        """Bring a pipeline's state onto devices where it is not resident (from host memory).
+
+        A rollout replica needs its weights (sharded over its ``devices``); a training gang
+        needs weights, grads and optimizer state (FSDP-sharded over the gang).
+        """
+        nbytes = model.train_state_bytes if train_state else model.weight_bytes
+        return nbytes / max(1, devices) / (self.hw.host_gbps * 1e9)

@@ -1,0 +1,16 @@
+"""Pure scheduling policies (state in, decisions out) and their registry."""
+
+from jigsaw_plugin.scheduler.base import Policy, get_policy, policy_names, register_policy
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
+
+__all__ = [
+    "Policy",
+    "get_policy",
+    "policy_names",
+    "register_policy",
+    "LaunchReplica",
+    "Migrate",
+    "RetireReplica",
+    "RunStage",
+    "StartGen",
+]

@@ -1,0 +1,214 @@
+"""The baselines, as faithful to the systems they name as the simulator allows.
+
+Each is a pure policy (DESIGN.md section 6); docs/simulator.md says how each was checked.
+
+- ``verl-sync``: verl 0.9's colocated hybrid engine. Each pipeline alone on its static
+  share; rollout on every device of the share, then each training stage on all of them,
+  strictly in sequence; requests routed by the global least-in-flight balancer, sticky per
+  trajectory; weights resharded in place.
+- ``one-step-off``: verl's one_step_off_policy recipe. Separate rollout and training
+  devices inside the share; generating step k+1 overlaps training step k (staleness 1);
+  weights broadcast over NCCL between generations.
+- ``streamrl``: StreamRL. Disaggregated like one-step-off, with skew-aware dispatch
+  (requests submitted longest first to the replica with the least outstanding work, the
+  length ranker taken as exact: an upper bound on StreamRL's learned ranker) and the
+  rollout/training split chosen by the cost model.
+- ``areal``: AReaL. Fully asynchronous: generation runs ahead of training by up to the
+  staleness bound, weights are pushed while requests are in flight and those requests are
+  interrupted and continue under the new weights (their KV recomputed).
+- ``rollmux``: RollMux. Pipelines are paired; each pair shares a rollout pool and a
+  training pool, and the two jobs alternate phases round-robin (phase-level multiplexing,
+  no sub-stage migration); both jobs' weights stay resident on the pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsaw_plugin.scheduler.base import Policy, register_policy
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
+
+__all__ = ["VerlSync", "OneStepOff", "StreamRL", "AReaL", "RollMux"]
+
+
+def all_free(state, devices) -> bool:
+    return all(d in state.free for d in devices)
+
+
+def launch_replicas(state, p, devices) -> list:
+    tp = rollout_tp(p, state.cost)
+    return [LaunchReplica(p.name, tuple(devices[i:i + tp])) for i in range(0, len(devices) - tp + 1, tp)]
+
+
+def retire_all(p) -> list:
+    return [RetireReplica(r.id) for r in p.replicas if not r.retiring]
+
+
+def rollout_drained(p) -> bool:
+    return not p.generating and all(r.load == 0 for r in p.replicas)
+
+
+@register_policy("verl-sync")
+class VerlSync(Policy):
+    name = "verl-sync"
+
+    def decide(self, state) -> list:
+        out = []
+        for p in state.order:
+            if p.done:
+                continue
+            devs = p.static_devices
+            if p.replicas:
+                if rollout_drained(p):
+                    out += retire_all(p)  # sleep the engines: training takes the devices
+                continue
+            if not all_free(state, devs):
+                continue
+            if p.next_stage:
+                out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=True))
+            elif p.gen_next == p.train_next < p.total_steps and p.rollout_version == p.gen_next:
+                out += launch_replicas(state, p, devs)
+                out.append(StartGen(p.name, p.gen_next))
+        return out
+
+
+@dataclass
+class _SplitConfig:
+    rollout_gpus: int | None = None  # rollout devices per pipeline; None: balanced by the cost model
+
+
+class _Disaggregated(Policy):
+    """Shared mechanics of the baselines with separate rollout and training devices."""
+
+    interrupt_on_sync = False
+    wait_for_idle_rollout = True  # weights are pushed between generations
+
+    def __init__(self, rollout_gpus: int | None = None):
+        self.config = _SplitConfig(rollout_gpus)
+        self._split: dict[str, tuple] = {}  # derived once from the workload, then read-only
+
+    def staleness_bound(self, pipeline) -> int:
+        return 1
+
+    def initial_residency(self, state) -> dict:
+        for p in state.order:
+            devs = p.static_devices
+            r = self.config.rollout_gpus or balanced_split(p, state.cost, len(devs))
+            if not 0 < r < len(devs):
+                from jigsaw_plugin.errors import SpecError
+
+                raise SpecError(f"{self.name}.rollout_gpus", r, f"1..{len(devs) - 1} for pipeline {p.name}")
+            self._split[p.name] = (devs[:r], devs[r:])
+        return super().initial_residency(state)
+
+    def may_start_gen(self, p) -> bool:
+        k = p.gen_next
+        return (not p.generating and k - p.rollout_version <= self.staleness_bound(p)
+                and not self._syncing(p))
+
+    @staticmethod
+    def _syncing(p) -> bool:
+        return p.stage_running and p.stages[p.stage_next] == "weight_sync"
+
+    def decide(self, state) -> list:
+        out = []
+        for p in state.order:
+            if p.done:
+                continue
+            roll, train = self._split[p.name]
+            if not p.replicas and p.gen_next < p.total_steps and all_free(state, roll):
+                out += launch_replicas(state, p, roll)
+            if p.replicas and p.gen_next >= p.total_steps and rollout_drained(p):
+                out += retire_all(p)
+            if p.gen_next < p.total_steps and (p.replicas or out) and self.may_start_gen(p):
+                out.append(StartGen(p.name, p.gen_next))
+            stage = p.next_stage
+            if stage and all_free(state, train):
+                if stage == "weight_sync" and self.wait_for_idle_rollout and p.generating:
+                    continue
+                out.append(RunStage(p.name, p.train_next, stage, train, colocated=False))
+        return out
+
+
+@register_policy("one-step-off")
+class OneStepOff(_Disaggregated):
+    name = "one-step-off"
+
+
+@register_policy("streamrl")
+class StreamRL(_Disaggregated):
+    name = "streamrl"
+
+    def order(self, state, pipeline, requests: list) -> list:
+        return sorted(requests, key=lambda r: -r.target)  # longest first (skew-aware)
+
+    def route(self, state, pipeline, request):
+        prev = request.replica
+        live = [r for r in pipeline.replicas if not r.retiring]
+        if prev is not None and prev in live:
+            return prev
+        if not live:
+            return None
+        return min(live, key=lambda r: (r.work, r.id))  # least outstanding tokens
+
+
+@register_policy("areal")
+class AReaL(_Disaggregated):
+    name = "areal"
+    interrupt_on_sync = True
+    wait_for_idle_rollout = False
+
+    def staleness_bound(self, pipeline) -> int:
+        spec = pipeline.spec
+        return spec.staleness if spec.mode == "async" and spec.staleness > 0 else 1
+
+    def may_start_gen(self, p) -> bool:
+        return p.gen_next - p.rollout_version <= self.staleness_bound(p)
+
+
+@register_policy("rollmux")
+class RollMux(Policy):
+    name = "rollmux"
+    resident_slots = 2
+
+    def __init__(self):
+        self._pools: dict[str, tuple] = {}  # pipeline -> (pair, rollout pool, training pool)
+
+    def initial_residency(self, state) -> dict:
+        order = list(state.order)
+        res = {}
+        for i in range(0, len(order), 2):
+            pair = tuple(order[i:i + 2])
+            devs = tuple(d for p in pair for d in p.static_devices)
+            r = max(balanced_split(p, state.cost, len(devs)) for p in pair)
+            pools = (pair, devs[:r], devs[r:])
+            for p in pair:
+                self._pools[p.name] = pools
+                res[p.name] = devs
+        return res
+
+    def decide(self, state) -> list:
+        out = []
+        seen = set()
+        for p in state.order:
+            pair, roll, train = self._pools[p.name]
+            if pair[0].name in seen:
+                continue
+            seen.add(pair[0].name)
+            for q in pair:
+                if q.replicas and rollout_drained(q):
+                    out += retire_all(q)
+            if all_free(state, roll) and not any(q.replicas for q in pair):
+                ready = [q for q in pair if not q.done and q.gen_next == q.train_next < q.total_steps
+                         and q.rollout_version == q.gen_next]
+                if ready:
+                    q = min(ready, key=lambda q: (q.gen_next, q.index))
+                    out += launch_replicas(state, q, roll)
+                    out.append(StartGen(q.name, q.gen_next))
+            if all_free(state, train):
+                ready = [q for q in pair if q.next_stage]
+                if ready:
+                    q = min(ready, key=lambda q: (q.train_next, q.index))
+                    out.append(RunStage(q.name, q.train_next, q.next_stage, train, colocated=False))
+        return out

@@ -1,0 +1,72 @@
+"""Decisions: what a policy may ask of the simulator or the Ray runtime.
+
+A policy returns a list of these; the executor (``sim.World`` or ``runtime.Coordinator``)
+validates and carries them out, and refuses one that breaks an invariant (a device already
+busy, a step started before its weights exist, a sample staler than the bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "StartGen",
+    "LaunchReplica",
+    "RetireReplica",
+    "Migrate",
+    "RunStage",
+    "Decision",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StartGen:
+    """Release step ``step``'s prompts of ``pipeline`` for generation."""
+
+    pipeline: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchReplica:
+    """Start a rollout replica of ``pipeline`` on ``devices`` (len == rollout tp)."""
+
+    pipeline: str
+    devices: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class RetireReplica:
+    """Stop routing to ``replica``; its devices are freed once it is empty."""
+
+    replica: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move requests from ``src`` to ``dst`` by abort + resume with the generated prefix.
+
+    ``requests`` is a tuple of request ids, or empty for all of them.
+    """
+
+    src: int
+    dst: int
+    requests: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunStage:
+    """Run a training-side stage of ``pipeline``'s step ``step`` as a gang on ``devices``.
+
+    ``colocated`` tells a weight sync that the rollout replicas share the trainer's devices
+    (resharded in place) rather than receiving a broadcast.
+    """
+
+    pipeline: str
+    step: int
+    stage: str
+    devices: tuple
+    colocated: bool = True
+
+
+Decision = StartGen | LaunchReplica | RetireReplica | Migrate | RunStage

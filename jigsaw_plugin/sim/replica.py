@@ -1,0 +1,241 @@
+"""A rollout replica in the simulator: vLLM's continuous batching on the cost model's clock.
+
+All running sequences of a replica advance one token per decode step, so the replica keeps
+one progress counter ``p`` (tokens decoded per running sequence since it started) and each
+running request finishes when ``p`` reaches its ``finish_p``. Between events the step time
+is held constant (recomputed at every event and at most every ``SEGMENT_STEPS`` steps, so
+the KV growth within a segment is priced). The KV cache is a hard limit: admission needs
+room for the request's context, and when growth fills the cache the most recently admitted
+request is preempted and later recomputed, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from jigsaw_plugin.costmodel import CostModel, ModelProfile
+
+__all__ = ["Request", "Replica", "SEGMENT_STEPS"]
+
+SEGMENT_STEPS = 256
+_EPS = 1e-6
+
+
+class Request:
+    """One generation turn of one sample (a rollout request as vLLM sees it)."""
+
+    __slots__ = (
+        "pipeline", "step", "sample", "turn", "rid", "context", "target", "done",
+        "cached", "version", "replica", "held", "admit_p", "finish_p", "epoch", "submit_t",
+        "migrations",
+    )
+
+    def __init__(self, pipeline, step, sample, turn, context, target, version):
+        self.pipeline = pipeline
+        self.step = step
+        self.sample = sample
+        self.turn = turn
+        self.rid = f"{pipeline}/{step}/{sample}/{turn}"
+        self.context = context  # tokens before this turn's generation (prompt, earlier turns, observations)
+        self.target = target  # tokens this turn generates in total
+        self.done = 0  # tokens of this turn generated before the current admission
+        self.cached = 0  # context tokens already in this replica's prefix cache
+        self.version = version  # policy version of the weights that generated its first token
+        self.replica = None
+        self.held = 0
+        self.admit_p = 0.0
+        self.finish_p = 0.0
+        self.epoch = 0  # bumped whenever the request leaves a replica's running set
+        self.submit_t = 0.0
+        self.migrations = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.target - self.done
+
+
+class Replica:
+    """One vLLM engine of ``tp`` devices serving one pipeline."""
+
+    def __init__(self, rid: int, pipeline: str, devices: tuple, model: ModelProfile,
+                 cost: CostModel, other_bytes: float = 0.0, ready_t: float = 0.0):
+        self.id = rid
+        self.pipeline = pipeline
+        self.devices = devices
+        self.tp = len(devices)
+        self.model = model
+        self.cost = cost
+        self.cap = cost.kv_capacity_tokens(model, self.tp, other_bytes)
+        if self.cap <= 0:
+            raise ValueError(
+                f"replica of {model.name} on {self.tp} device(s) has no room for a KV cache: "
+                f"weights do not fit; raise rollout_tp"
+            )
+        self.max_seqs = cost.f.max_num_seqs
+        self.queue: deque[Request] = deque()
+        self._heap: list = []  # (finish_p, seq, epoch, request)
+        self._order: list = []  # admission order, for preemption (lazy deletion)
+        self._seq = 0
+        self.n = 0  # running sequences
+        self._base = 0.0  # sum(held - admit_p) over running; kv = base + n * p
+        self.p = 0.0
+        self.t_sync = ready_t
+        self.busy_until = ready_t  # prefill (and context switch) stalls decode until then
+        self.step_s = 0.0
+        self.tick_epoch = 0
+        self.retiring = False
+        self.busy_s = 0.0  # device-seconds / tp the replica had work in progress
+        self.inflight = 0  # requests routed here and not yet finished (verl's in-flight count)
+        self.work = 0  # tokens still to generate by requests routed here (skew-aware routing)
+        self.switch_s = 0.0
+        self.start_t = ready_t
+
+    # ---- state ------------------------------------------------------------------------
+    @property
+    def kv_tokens(self) -> float:
+        return self._base + self.n * self.p
+
+    @property
+    def load(self) -> int:
+        return self.n + len(self.queue)
+
+    def running(self) -> list[Request]:
+        return [r for (_, _, e, r) in self._heap if r.epoch == e and r.replica is self]
+
+    # ---- time -------------------------------------------------------------------------
+    def sync(self, t: float) -> None:
+        """Advance decode progress to time ``t``."""
+        if t <= self.t_sync:
+            return
+        start = max(self.t_sync, self.busy_until)
+        if self.n > 0 or self.queue:
+            self.busy_s += t - self.t_sync
+        if self.n > 0 and t > start and self.step_s > 0:
+            self.p += (t - start) / self.step_s
+        self.t_sync = t
+
+    def _top(self):
+        h = self._heap
+        while h:
+            fp, _, e, r = h[0]
+            if r.epoch == e and r.replica is self:
+                return fp
+            heapq.heappop(h)
+        return None
+
+    def next_event_t(self) -> float | None:
+        """When this replica next needs attention (a finish, a full cache, a segment end)."""
+        fp = self._top()
+        if fp is None:
+            return None
+        steps = max(fp - self.p, 0.0)
+        kv = self.kv_tokens
+        if self.n > 0:
+            room = (self.cap - kv) / self.n
+            if room < steps:
+                steps = max(room, 1.0)
+        steps = min(steps, SEGMENT_STEPS)
+        self.step_s = self.cost.decode_step_s(self.model, self.tp, self.n, kv + self.n * steps / 2)
+        return max(self.t_sync, self.busy_until) + steps * self.step_s
+
+    # ---- requests ---------------------------------------------------------------------
+    def enqueue(self, r: Request, t: float) -> None:
+        r.replica = self
+        self.queue.append(r)
+        self.inflight += 1
+        self.work += r.remaining
+
+    def admit(self, t: float) -> None:
+        """Admit queued requests while sequences and KV room allow (FCFS, as vLLM)."""
+        prefill = 0.0
+        while self.queue and self.n < self.max_seqs:
+            r = self.queue[0]
+            need = r.context + r.done
+            if self.n > 0 and self.kv_tokens + need > self.cap:
+                break
+            self.queue.popleft()
+            prefill += need - min(r.cached, need)
+            r.cached = need
+            r.held = need
+            r.admit_p = self.p
+            r.finish_p = self.p + r.remaining
+            r.epoch += 1
+            self._seq += 1
+            heapq.heappush(self._heap, (r.finish_p, self._seq, r.epoch, r))
+            self._order.append((r.epoch, r))
+            self.n += 1
+            self._base += need - self.p
+        if prefill > 0:
+            self.busy_until = max(self.busy_until, t) + self.cost.prefill_s(self.model, self.tp, prefill)
+
+    def _remove(self, r: Request) -> None:
+        self.n -= 1
+        self._base -= r.held - r.admit_p
+        r.epoch += 1
+
+    def pop_finished(self) -> list[Request]:
+        out = []
+        h = self._heap
+        while h:
+            fp, _, e, r = h[0]
+            if r.epoch != e or r.replica is not self:
+                heapq.heappop(h)
+                continue
+            if fp > self.p + _EPS:
+                break
+            heapq.heappop(h)
+            self.work -= r.remaining
+            r.done = r.target
+            self._remove(r)
+            self.inflight -= 1
+            out.append(r)
+        if self.n == 0:
+            self._order.clear()
+        return out
+
+    def preempt_overflow(self) -> int:
+        """Preempt (recompute later) the newest requests while the cache is over capacity."""
+        count = 0
+        while self.n > 1 and self.kv_tokens > self.cap + _EPS:
+            e, r = self._order.pop()
+            if r.epoch != e or r.replica is not self:
+                continue
+            gained = int(self.p - r.admit_p)
+            r.done += gained
+            self.work -= gained
+            r.cached = 0
+            self._remove(r)
+            self.queue.appendleft(r)
+            count += 1
+        return count
+
+    def take(self, r: Request) -> None:
+        """Remove a request (running or queued) for migration; keeps its generated prefix."""
+        self.work -= r.remaining
+        if r in self.queue:
+            self.queue.remove(r)
+        else:
+            r.done += int(self.p - r.admit_p)
+            self._remove(r)
+        self.inflight -= 1
+        r.cached = 0
+        r.replica = None
+
+    def take_all(self) -> list[Request]:
+        out = list(self.queue) + self.running()
+        for r in out:
+            self.take(r)
+        return out
+
+    def interrupt(self, t: float) -> None:
+        """New weights arrived mid-generation: running requests keep their tokens and
+        continue under the new weights after recomputing their KV (AReaL)."""
+        running = sorted(self.running(), key=lambda r: r.admit_p)
+        for r in reversed(running):
+            self.take(r)
+            r.replica = self
+            self.inflight += 1
+            self.work += r.remaining
+            self.queue.appendleft(r)
+        self.admit(t)

@@ -1,0 +1,63 @@
+"""The result JSON of DESIGN.md section 5, built from a finished simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["build_result", "STAGE_KEYS"]
+
+STAGE_KEYS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
+              "update_actor", "weight_sync")
+
+
+def _pipeline_result(p) -> dict:
+    steps = [s for s in p.steps.values() if s.trained_version is not None]
+    stage_s = {k: 0.0 for k in STAGE_KEYS}
+    for s in steps:
+        stage_s["gen"] += s.gen_end_t - s.gen_start_t
+        stage_s["reward"] += s.reward_end_t - s.gen_end_t
+        for k, (a, b) in s.stage_t.items():
+            stage_s[k] += b - a
+    n = max(1, len(steps))
+    samples = sum(s.n for s in steps)
+    span = (p.finished_t or 0.0) - min((s.gen_start_t for s in steps), default=0.0)
+    return {
+        "steps": len(steps),
+        "samples": samples,
+        "samples_per_s": samples / span if span > 0 else 0.0,
+        "mean_step_s": span / n,
+        "stage_s": {k: v / n for k, v in stage_s.items()},
+        "max_staleness": p.max_staleness,
+        "migrations": sum(s.migrations for s in steps),
+        "context_switches": p.context_switches,
+        "generated_tokens": sum(s.generated for s in steps),
+    }
+
+
+def build_result(sim) -> dict:
+    w = sim.world
+    pipes = {p.name: _pipeline_result(p) for p in sim.pipelines}
+    makespan = max((p.finished_t or 0.0) for p in sim.pipelines)
+    samples = sum(r["samples"] for r in pipes.values())
+    tokens = sum(r["generated_tokens"] for r in pipes.values())
+    lat = np.asarray(sim.decision_us or [0.0])
+    gpus = sim.workload.cluster.gpus
+    return {
+        "policy": sim.policy.name,
+        "backend": "sim",
+        "workload": str(sim.workload.path) if sim.workload.path else None,
+        "seed": sim.seed,
+        "gpus": gpus,
+        "makespan_s": makespan,
+        "samples": samples,
+        "samples_per_s": samples / makespan if makespan > 0 else 0.0,
+        "tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
+        "gpu_busy_fraction": w.busy_s / (gpus * makespan) if makespan > 0 else 0.0,
+        "pipelines": pipes,
+        "scheduler": {
+            "decisions": int(len(sim.decision_us)),
+            "decision_p50_us": float(np.percentile(lat, 50)),
+            "decision_p99_us": float(np.percentile(lat, 99)),
+        },
+        "sim": {"events": sim.events, "migrations": w.migrations},
+    }
