@@ -1,0 +1,141 @@
+"""The ``jigsaw`` command: sim, bench, graph, demo, policies.
+
+User mistakes (a bad workload, an unknown policy) print one paragraph and exit 2; no
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jigsaw_plugin.errors import SpecError
+
+__all__ = ["main"]
+
+REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "workloads"
+
+
+def _policy_options(pairs: list[str]) -> dict:
+    opts = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError("--policy-opt", pair, "KEY=VALUE, e.g. rollout_gpus=4")
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    return opts
+
+
+def _table(results: list[dict]) -> str:
+    head = f"{'policy':<14}{'makespan_s':>12}{'samples/s':>12}{'tokens/s':>12}{'busy':>7}{'stale':>7}{'migr':>7}"
+    rows = [head, "-" * len(head)]
+    for r in results:
+        stale = max((p["max_staleness"] for p in r["pipelines"].values()), default=0)
+        migr = sum(p["migrations"] for p in r["pipelines"].values())
+        rows.append(f"{r['policy']:<14}{r['makespan_s']:>12.1f}{r['samples_per_s']:>12.2f}"
+                    f"{r['tokens_per_s']:>12.0f}{r['gpu_busy_fraction']:>7.2f}{stale:>7d}{migr:>7d}")
+    return "\n".join(rows)
+
+
+def _write_json(obj, path) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj, indent=2))
+
+
+def cmd_sim(args) -> int:
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+    from jigsaw_plugin.sim.chrome_trace import write_chrome_trace
+    from jigsaw_plugin.workload import load_workload
+
+    workload = load_workload(args.workload)
+    policy = get_policy(args.policy, **_policy_options(args.policy_opt))
+    sim = Simulation(workload, policy, seed=args.seed)
+    result = sim.run()
+    _write_json(result, args.json)
+    if args.trace:
+        write_chrome_trace(sim.world.trace, args.trace, workload.cluster.gpus_per_node)
+    print(_table([result]))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from jigsaw_plugin.scheduler import get_policy, policy_names
+    from jigsaw_plugin.sim import simulate
+    from jigsaw_plugin.workload import load_workload
+
+    path = Path(args.workload) if args.workload else REPO_EXAMPLES / "demo.yaml"
+    workload = load_workload(path)
+    print(f"workload {path}: {len(workload.pipelines)} pipelines on {workload.cluster.gpus} x "
+          f"{workload.cluster.gpu}, seed {args.seed} (simulated)")
+    results = [simulate(workload, get_policy(name), seed=args.seed) for name in policy_names()]
+    print(_table(results))
+    base = next(r for r in results if r["policy"] == "verl-sync")
+    for r in results:
+        print(f"  {r['policy']:<14} throughput vs verl-sync: {r['samples_per_s'] / base['samples_per_s']:.2f}x")
+    return 0
+
+
+def cmd_policies(args) -> int:
+    from jigsaw_plugin.scheduler import policy_names
+
+    print("\n".join(policy_names()))
+    return 0
+
+
+def cmd_graph(args) -> int:
+    from jigsaw_plugin.graph.command import run_graph
+
+    return run_graph(args.workload, args.pipeline, args.out, steps=args.steps, seed=args.seed,
+                     max_samples=args.max_samples)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="jigsaw", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sim", help="simulate a workload under one policy")
+    s.add_argument("workload")
+    s.add_argument("--policy", default="verl-sync")
+    s.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="policy config field")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", help="write the result JSON here")
+    s.add_argument("--trace", help="write a Chrome trace (Perfetto) here")
+    s.set_defaults(func=cmd_sim)
+
+    d = sub.add_parser("demo", help="compare every policy on the bundled demo workload (simulated)")
+    d.add_argument("--workload")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_demo)
+
+    g = sub.add_parser("graph", help="export a pipeline's sub-stage graph (.json, .dot, .png)")
+    g.add_argument("workload")
+    g.add_argument("--pipeline", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--steps", type=int)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-samples", type=int)
+    g.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("policies", help="list the registered policies")
+    p.set_defaults(func=cmd_policies)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"jigsaw {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
