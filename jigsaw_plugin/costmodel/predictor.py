@@ -22,9 +22,9 @@ class EfficiencyFactors:
     Defaults are the fitted values (docs/calibration.md); change them only by refitting.
     """
 
-    decode_bw_eff: float = 0.60  # fraction of HBM bandwidth a decode step achieves
-    decode_mfu: float = 0.40  # fraction of peak FLOP/s in large-batch (compute-bound) decode
-    decode_step_overhead_s: float = 0.002  # scheduler + sampler + launch per decode step
+    decode_bw_eff: float = 0.50  # fraction of HBM bandwidth a decode step achieves
+    decode_mfu: float = 0.60  # fraction of peak FLOP/s in large-batch (compute-bound) decode
+    decode_step_overhead_s: float = 0.005  # scheduler + sampler + eager kernel launches per step
     prefill_mfu: float = 0.50  # prefill and migration re-prefill
     forward_mfu: float = 0.55  # log-prob / ref / values forward passes
     train_mfu: float = 0.50  # forward + backward of an update

@@ -84,4 +84,4 @@ def get_policy(name: str, **options) -> Policy:
 
 def _load_builtins() -> None:
     # Importing the modules registers them; kept lazy so `scheduler` imports cheaply.
-    from jigsaw_plugin.scheduler import baselines  # noqa: F401
+    from jigsaw_plugin.scheduler import baselines, jigsaw  # noqa: F401

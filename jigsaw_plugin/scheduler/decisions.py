@@ -29,10 +29,15 @@ class StartGen:
 
 @dataclass(frozen=True, slots=True)
 class LaunchReplica:
-    """Start a rollout replica of ``pipeline`` on ``devices`` (len == rollout tp)."""
+    """Start a rollout replica of ``pipeline`` on ``devices`` (len == rollout tp).
+
+    ``steal_queued``: take over requests still queued (not yet admitted, so nothing to
+    recompute) at the pipeline's other replicas, up to what the new replica can admit.
+    """
 
     pipeline: str
     devices: tuple
+    steal_queued: bool = False
 
 
 @dataclass(frozen=True, slots=True)

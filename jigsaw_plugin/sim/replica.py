@@ -90,6 +90,7 @@ class Replica:
         self.work = 0  # tokens still to generate by requests routed here (skew-aware routing)
         self.switch_s = 0.0
         self.start_t = ready_t
+        self.max_finish_p = 0.0  # upper bound of running requests' finish (for projections)
 
     # ---- state ------------------------------------------------------------------------
     @property
@@ -99,6 +100,15 @@ class Replica:
     @property
     def load(self) -> int:
         return self.n + len(self.queue)
+
+    def remaining_s(self) -> float:
+        """Projected time until this replica drains (an upper bound from its longest request,
+        or its outstanding work at the current batch, whichever is larger)."""
+        if self.load == 0:
+            return 0.0
+        steps = max(self.max_finish_p - self.p, self.work / max(1, self.n))
+        step = self.step_s or self.cost.decode_step_s(self.model, self.tp, max(1, self.n), self.kv_tokens)
+        return max(0.0, self.busy_until - self.t_sync) + steps * step
 
     def running(self) -> list[Request]:
         return [r for (_, _, e, r) in self._heap if r.epoch == e and r.replica is self]
@@ -163,6 +173,7 @@ class Replica:
             r.epoch += 1
             self._seq += 1
             heapq.heappush(self._heap, (r.finish_p, self._seq, r.epoch, r))
+            self.max_finish_p = max(self.max_finish_p, r.finish_p)
             self._order.append((r.epoch, r))
             self.n += 1
             self._base += need - self.p
@@ -192,6 +203,7 @@ class Replica:
             out.append(r)
         if self.n == 0:
             self._order.clear()
+            self.max_finish_p = self.p
         return out
 
     def preempt_overflow(self) -> int:

@@ -203,6 +203,28 @@ class World:
         if p.pending:
             reqs, p.pending = p.pending, []
             self._route_many(p, reqs)
+        if d.steal_queued:
+            self._steal_queued(p, rep)
+
+    def _steal_queued(self, p: PipelineRun, dst: Replica) -> None:
+        """Move not-yet-admitted requests from the most backed-up replicas to ``dst``."""
+        room = dst.max_seqs - dst.load
+        budget = dst.cap - dst.kv_tokens
+        while room > 0:
+            src = max((r for r in p.replicas if r is not dst and r.queue), key=lambda r: len(r.queue), default=None)
+            if src is None:
+                break
+            r = src.queue[-1]
+            need = r.context + r.done
+            if need > budget and dst.load > 0:
+                break
+            src.sync(self.t)
+            src.take(r)
+            dst.enqueue(r, self.t)
+            room -= 1
+            budget -= need
+        dst.admit(self.t)
+        self._schedule(dst)
 
     def _retire(self, rep: Replica) -> None:
         rep.retiring = True
