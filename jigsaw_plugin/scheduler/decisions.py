@@ -31,13 +31,13 @@ class StartGen:
 class LaunchReplica:
     """Start a rollout replica of ``pipeline`` on ``devices`` (len == rollout tp).
 
-    ``steal_queued``: take over requests still queued (not yet admitted, so nothing to
-    recompute) at the pipeline's other replicas, up to what the new replica can admit.
+    ``rebalance``: take over requests still queued (not admitted, so nothing to recompute)
+    at the pipeline's most loaded replicas until the new replica holds the average load.
     """
 
     pipeline: str
     devices: tuple
-    steal_queued: bool = False
+    rebalance: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,8 @@ class JigsawConfig:
     horizon_s: float = 300.0  # how far ahead the look-ahead projects
     width: int = 4  # candidate gang sizes per ready stage
     tail_requests: int = 16  # a replica with at most this many requests is in its tail
-    min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x re-prefill cost
+    min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x the move's cost
+    latency_slack: float = 0.05  # a move may stretch its pipeline's generation by this much
 
 
 @register_policy("jigsaw")
@@ -85,27 +86,56 @@ class Jigsaw(Policy):
         self._retire_drained(state, out, free)
         if self.config.migration:
             self._consolidate_tails(state, out, free, busy_until)
-        for kind, p in self._demands(state, out):
+        demands = self._demands(state, out)
+        n_gen = sum(1 for kind, _ in demands if kind != "stage")
+        fair = len(free) // max(1, n_gen)  # work-conserving: rollouts split what is free
+        for kind, p in demands:
             avail = [d for d in self._pool(state, p) if d in free]
             if kind == "stage":
                 devs = self._gang(state, p, avail)
                 if devs:
-                    stage = p.next_stage
-                    out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False))
+                    out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
                     free.difference_update(devs)
-            elif kind == "gen":
-                devs = self._replica_devices(state, p, avail, self._wanted_replicas(state, p))
-                if devs:
-                    out += [LaunchReplica(p.name, g) for g in devs]
-                    out.append(StartGen(p.name, p.gen_next))
-                    free.difference_update(d for g in devs for d in g)
-            elif kind == "grow":
-                live = [r for r in p.replicas if not r.retiring]
-                want = self._wanted_replicas(state, p) - len(live)
-                devs = self._replica_devices(state, p, avail, want)
-                out += [LaunchReplica(p.name, g, steal_queued=True) for g in devs]
-                free.difference_update(d for g in devs for d in g)
+                continue
+            live = [r for r in p.replicas if not r.retiring]
+            if kind == "gen":
+                tp = rollout_tp(p, state.cost)
+                want = self._wanted_replicas(state, p)
+                if self._wait_for_rollout_devices(state, p, avail, want * tp):
+                    continue
+            else:
+                want = self._grow_by(state, p, live, fair)
+            devs = self._replica_devices(state, p, avail, want)
+            if not devs:
+                continue
+            out += [LaunchReplica(p.name, g, rebalance=(kind == "grow")) for g in devs]
+            if kind == "gen":
+                out.append(StartGen(p.name, p.gen_next))
+            free.difference_update(d for g in devs for d in g)
         return out
+
+    def _wait_for_rollout_devices(self, state, p, avail, want_devices) -> bool:
+        """Look-ahead for a generation start: with fewer devices than its static share, wait
+        if enough devices are projected to drain soon (a short wait beats a slow start)."""
+        share = min(len(p.static_devices), want_devices)
+        if not self.config.lookahead or len(avail) >= share:
+            return False
+        pool = self._pool(state, p)
+        drains = sorted(self._projected_free_s(state, d) for d in pool if d not in avail)
+        need = share - len(avail)
+        if need > len(drains):
+            return False
+        gen = gen_estimate_s(p, state.cost, share, self._st(p))
+        return drains[need - 1] < 0.1 * gen
+
+    def _grow_by(self, state, p, live, fair) -> int:
+        """Extra replicas for a generating pipeline: as many as keep each one above its tail."""
+        if not self.config.resize or not live:
+            return 0
+        load = sum(r.load for r in live)
+        useful = load // (2 * max(1, self.config.tail_requests)) - len(live)
+        tp = rollout_tp(p, state.cost)
+        return max(0, min(useful, fair // tp))
 
     def _retire_drained(self, state, out, free) -> None:
         for p in state.order:
@@ -120,43 +150,59 @@ class Jigsaw(Policy):
         return any(p.next_stage or self._may_start_gen(p) or p.pending for p in state.order if not p.done)
 
     def _consolidate_tails(self, state, out, free, extra) -> None:
+        """Move a tail replica's requests to a sibling and retire it, when the devices it
+        frees are worth more than the re-prefill and the sibling's slowdown, and the
+        pipeline's generation is not projected to end later than ``latency_slack`` allows."""
         if not self._demand_exists(state):
             return  # freeing devices buys nothing now
-        cost = state.cost
         for p in state.order:
             live = [r for r in p.replicas if not r.retiring and r.load]
             if len(live) < 2:
                 continue
-            moved_from = set()
+            used: set = set()
+            ends = {r.id: r.remaining_s() for r in live}
             for src in sorted(live, key=lambda r: r.load):
-                if src.id in moved_from or src.queue or src.load > self.config.tail_requests:
+                if src.id in used or src.queue or src.load > self.config.tail_requests:
                     continue
-                reqs = src.running()
-                ctx = sum(r.context + r.done + (src.p - r.admit_p) for r in reqs)
-                dst = self._destination(live, src, len(reqs), ctx, extra, moved_from)
-                if dst is None:
+                move = self._price_move(state, p, src, live, ends, extra, used)
+                if move is None:
                     continue
-                prefill = cost.migration_s(p.model, dst.tp, ctx)
-                freed = src.remaining_s() * src.tp
-                if freed < self.config.min_gain * prefill * (dst.tp + dst.n):
-                    continue
+                dst, end = move
                 out.append(RetireReplica(src.id))
                 out.append(Migrate(src.id, dst.id))
-                extra[dst.id] = extra.get(dst.id, 0) + len(reqs)
-                moved_from.update((src.id, dst.id))
+                extra[dst.id] = extra.get(dst.id, 0) + src.load
+                ends[dst.id] = end
+                ends[src.id] = 0.0
+                used.update((src.id, dst.id))
                 free.update(src.devices)
 
-    @staticmethod
-    def _destination(live, src, n, ctx, extra, used):
+    def _price_move(self, state, p, src, live, ends, extra, used):
+        cost, cfg = state.cost, self.config
+        reqs = src.running()
+        k = len(reqs)
+        ctx = sum(r.context + r.done + (src.p - r.admit_p) for r in reqs)
+        src_left = max((r.finish_p - src.p for r in reqs), default=0.0)
+        horizon_end = max(ends.values())
         best = None
-        for r in live:
-            if r is src or r.id in used:
+        for dst in live:
+            if dst is src or dst.id in used:
                 continue
-            load = r.n + extra.get(r.id, 0)
-            if load + n > r.max_seqs or r.kv_tokens + ctx > 0.9 * r.cap:
+            n = dst.n + extra.get(dst.id, 0)
+            if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.cap:
                 continue
-            if best is None or load > best.n + extra.get(best.id, 0):
-                best = r
+            old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
+            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+            prefill = cost.migration_s(p.model, dst.tp, ctx)
+            dst_left = max(0.0, dst.max_finish_p - dst.p)
+            end = prefill + max(src_left, dst_left) * new
+            others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
+            if max(end, others) > horizon_end * (1 + cfg.latency_slack):
+                continue  # would stretch the pipeline's generation: not worth it
+            extra_dev_s = (prefill + (new - old) * dst_left) * dst.tp
+            if ends[src.id] * src.tp < cfg.min_gain * extra_dev_s:
+                continue
+            if best is None or end < best[1]:
+                best = (dst, end)
         return best
 
     def _demands(self, state, out) -> list:
@@ -171,7 +217,7 @@ class Jigsaw(Policy):
                 demands.append((0 if stage == "weight_sync" else 1, "stage", p))
             if self._may_start_gen(p) and not (stage == "weight_sync"):
                 demands.append((1, "gen", p))
-            if self.config.resize and p.replicas and any(r.queue for r in p.replicas):
+            if self.config.resize and p.generating and any(r.queue for r in p.replicas):
                 demands.append((2, "grow", p))
         if self.config.lookahead:
             key = lambda d: (d[0], -self._remaining_s(state, d[2]), d[2].index)
@@ -220,7 +266,7 @@ class Jigsaw(Policy):
             return tuple(self._affinity(state, p, avail, "train")[: max(share, len(avail))])
         # look-ahead: each candidate size starts when enough devices are projected free
         drains = sorted(self._projected_free_s(state, d) for d in pool if d not in avail)
-        sizes = {len(avail), share, min(len(pool), 2 * share), max(1, share // 2)}
+        sizes = {len(avail), share, min(len(pool), 2 * share), len(pool)}
         best = None
         for g in sorted(sizes)[-self.config.width:]:
             if g > len(pool):
@@ -253,7 +299,9 @@ class Jigsaw(Policy):
         cap = state.cost.kv_capacity_tokens(p.model, tp)
         per = max(1, min(state.cost.f.max_num_seqs, cap // max(1, int(self._st(p)["context"]))))
         outstanding = p.load() if p.generating else p.spec.samples_per_step
-        return max(1, math.ceil(outstanding / per))
+        # enough replicas to hold every request in KV, and never fewer than the static share
+        # (more would only shorten the bulk; the tail, which bounds the step, would not move)
+        return max(math.ceil(outstanding / per), len(p.static_devices) // tp, 1)
 
     def _replica_devices(self, state, p, avail, want) -> list:
         tp = rollout_tp(p, state.cost)

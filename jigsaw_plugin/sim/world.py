@@ -203,26 +203,24 @@ class World:
         if p.pending:
             reqs, p.pending = p.pending, []
             self._route_many(p, reqs)
-        if d.steal_queued:
-            self._steal_queued(p, rep)
+        if d.rebalance:
+            self._rebalance_into(p, rep)
 
-    def _steal_queued(self, p: PipelineRun, dst: Replica) -> None:
-        """Move not-yet-admitted requests from the most backed-up replicas to ``dst``."""
-        room = dst.max_seqs - dst.load
-        budget = dst.cap - dst.kv_tokens
-        while room > 0:
-            src = max((r for r in p.replicas if r is not dst and r.queue), key=lambda r: len(r.queue), default=None)
-            if src is None:
-                break
-            r = src.queue[-1]
-            need = r.context + r.done
-            if need > budget and dst.load > 0:
-                break
+    def _rebalance_into(self, p: PipelineRun, dst: Replica) -> None:
+        """Move queued (not yet admitted: nothing to recompute) requests from the more loaded
+        replicas until ``dst`` holds the average load."""
+        live = [r for r in p.replicas if not r.retiring]
+        target = sum(r.load for r in live) // max(1, len(live))
+        for src in sorted((r for r in live if r is not dst), key=lambda r: -r.load):
+            want = min(src.load - target, target - dst.load)
+            if want <= 0:
+                continue
             src.sync(self.t)
-            src.take(r)
-            dst.enqueue(r, self.t)
-            room -= 1
-            budget -= need
+            for r in list(src.queue)[::-1][:want]:
+                src.take(r)
+                dst.enqueue(r, self.t)
+            src.admit(self.t)
+            self._schedule(src)
         dst.admit(self.t)
         self._schedule(dst)
 
