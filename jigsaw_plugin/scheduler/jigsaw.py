@@ -130,7 +130,9 @@ class Jigsaw(Policy):
 
     def _grow_by(self, state, p, live, fair) -> int:
         """Extra replicas for a generating pipeline: as many as keep each one above its tail."""
-        if not self.config.resize or not live:
+        if not live:
+            return 1 if p.pending else 0
+        if not self.config.resize:
             return 0
         load = sum(r.load for r in live)
         useful = load // (2 * max(1, self.config.tail_requests)) - len(live)
@@ -139,12 +141,16 @@ class Jigsaw(Policy):
 
     def _retire_drained(self, state, out, free) -> None:
         for p in state.order:
-            for r in p.replicas:
-                if r.retiring or r.load:
+            live = [r for r in p.replicas if not r.retiring]
+            for r in live:
+                if r.load:
                     continue
-                if not p.generating or (self.config.resize and not p.pending):
+                # mid-generation keep one replica: trajectories in tool calls come back to it
+                keep = p.generating and (not self.config.resize or p.pending or len(live) == 1)
+                if not keep:
                     out.append(RetireReplica(r.id))
                     free.update(r.devices)
+                    live.remove(r)
 
     def _demand_exists(self, state) -> bool:
         return any(p.next_stage or self._may_start_gen(p) or p.pending for p in state.order if not p.done)
@@ -217,7 +223,7 @@ class Jigsaw(Policy):
                 demands.append((0 if stage == "weight_sync" else 1, "stage", p))
             if self._may_start_gen(p) and not (stage == "weight_sync"):
                 demands.append((1, "gen", p))
-            if self.config.resize and p.generating and any(r.queue for r in p.replicas):
+            if p.generating and (p.pending or (self.config.resize and any(r.queue for r in p.replicas))):
                 demands.append((2, "grow", p))
         if self.config.lookahead:
             key = lambda d: (d[0], -self._remaining_s(state, d[2]), d[2].index)
