@@ -1,0 +1,411 @@
+"""The workload spec (YAML, version 1): dataclasses, loading and validation.
+
+See docs/workload.md for every key. Every problem raises :class:`SpecError` whose ``field``
+is the full dotted path (``pipelines[1].turns.weights``); a required key that is absent is
+reported with the value ``"<missing>"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.workload.distributions import (
+    Const,
+    Distribution,
+    Lognormal,
+    _check_keys,
+    _is_int,
+    _is_number,
+    build_distribution,
+)
+
+__all__ = [
+    "KNOWN_GPUS",
+    "KNOWN_MODELS",
+    "ALGORITHMS",
+    "MODES",
+    "REWARD_KINDS",
+    "ClusterSpec",
+    "RewardSpec",
+    "PipelineSpec",
+    "WorkloadSpec",
+    "load_workload",
+    "parse_workload",
+    "default_reward_latency",
+]
+
+KNOWN_GPUS = ("h100", "h800", "h200", "h20", "a100", "cpu")
+KNOWN_MODELS = (
+    "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-math-7b", "qwen2.5-14b",
+    "qwen2.5-32b", "qwen2.5-72b",
+    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
+    "tiny-qwen2",
+)
+ALGORITHMS = ("grpo", "dapo", "ppo", "reinforce")
+MODES = ("sync", "async")
+REWARD_KINDS = ("rule", "sandbox", "model")
+
+_GPU_KEYS = ("flops_tflops", "hbm_tbps", "memory_gb", "link_gbps")
+_GPU_OPT = ("name", "internode_gbps", "host_gbps")
+_MODEL_KEYS = ("params_b", "layers", "hidden", "kv_heads", "head_dim", "vocab")
+_MODEL_OPT = ("name", "default_tp")
+_TOP_KEYS = ("version", "cluster", "pipelines")
+_CLUSTER_KEYS = ("gpus", "gpu", "gpus_per_node")
+_PIPELINE_KEYS = (
+    "name", "model", "algorithm", "mode", "staleness", "prompts_per_step", "samples_per_prompt",
+    "max_response_len", "prompt_len", "response_len", "turns", "tool_latency_s", "observation_len",
+    "reward", "steps", "gpus", "rollout_tp",
+)
+_AGENTIC_KEYS = ("turns", "tool_latency_s", "observation_len")
+_REWARD_KEYS = ("kind", "latency_s")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def default_reward_latency(kind: str) -> Distribution | None:
+    """The reward latency (seconds per sample) when ``reward.latency_s`` is omitted.
+
+    rule: 10 ms (a regex / math-verify check). sandbox: a lognormal fitted to rLLM
+    DeepCoder's sandboxed test runs (PolyTrace rllm/reward_timings_*, docs/workload.md).
+    model: none; a reward model's latency depends on it, so ``latency_s`` is required.
+    """
+    if kind == "rule":
+        return Const(0.01)
+    if kind == "sandbox":
+        return Lognormal(1.148, 0.403, lo=0.0)
+    return None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The shared device pool. ``gpu`` is a profile name (lower case) or a dict of specs."""
+
+    gpus: int
+    gpu: str | dict
+    gpus_per_node: int
+
+    def to_dict(self) -> dict:
+        return {"gpus": self.gpus, "gpu": dict(self.gpu) if isinstance(self.gpu, dict) else self.gpu,
+                "gpus_per_node": self.gpus_per_node}
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    kind: str
+    latency_s: Distribution  # seconds per sample
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "latency_s": self.latency_s.to_dict()}
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One RL pipeline. ``turns`` is None for a single-turn pipeline (then so are
+    ``tool_latency_s`` and ``observation_len``); ``gpus`` None means an equal split of
+    what the explicit shares leave; ``rollout_tp`` None means the model profile's default."""
+
+    name: str
+    model: str | dict
+    algorithm: str
+    mode: str
+    staleness: int
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_len: int
+    prompt_len: Distribution
+    response_len: Distribution
+    turns: Distribution | None
+    tool_latency_s: Distribution | None
+    observation_len: Distribution | None
+    reward: RewardSpec
+    steps: int
+    gpus: int | None = None
+    rollout_tp: int | None = None
+
+    @property
+    def agentic(self) -> bool:
+        return self.turns is not None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    def to_dict(self) -> dict:
+        d: dict = {
+            "name": self.name,
+            "model": dict(self.model) if isinstance(self.model, dict) else self.model,
+            "algorithm": self.algorithm,
+            "mode": self.mode,
+            "staleness": self.staleness,
+            "prompts_per_step": self.prompts_per_step,
+            "samples_per_prompt": self.samples_per_prompt,
+            "max_response_len": self.max_response_len,
+            "prompt_len": self.prompt_len.to_dict(),
+            "response_len": self.response_len.to_dict(),
+        }
+        for key in _AGENTIC_KEYS:
+            dist = getattr(self, key)
+            if dist is not None:
+                d[key] = dist.to_dict()
+        d["reward"] = self.reward.to_dict()
+        d["steps"] = self.steps
+        if self.gpus is not None:
+            d["gpus"] = self.gpus
+        if self.rollout_tp is not None:
+            d["rollout_tp"] = self.rollout_tp
+        return d
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    version: int
+    cluster: ClusterSpec
+    pipelines: tuple[PipelineSpec, ...]
+    path: str | None = None  # the YAML file it was loaded from
+
+    def pipeline(self, name: str) -> PipelineSpec:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        raise KeyError(f"no pipeline {name!r}; pipelines: {', '.join(p.name for p in self.pipelines)}")
+
+    def static_gpus(self) -> tuple[int, ...]:
+        """Each pipeline's static device count under the baselines: its ``gpus``, else an
+        equal split of what the explicit shares leave (remainder to the first ones)."""
+        return _shares([p.gpus for p in self.pipelines], self.cluster.gpus)
+
+    def to_dict(self) -> dict:
+        """A plain dict (YAML/JSON-able); ``parse_workload(to_dict())`` gives an equal spec.
+        Trace paths are written resolved (absolute)."""
+        return {"version": self.version, "cluster": self.cluster.to_dict(),
+                "pipelines": [p.to_dict() for p in self.pipelines]}
+
+
+def _shares(explicit: list[int | None], total: int) -> tuple[int, ...]:
+    rest = [i for i, g in enumerate(explicit) if g is None]
+    left = total - sum(g for g in explicit if g is not None)
+    out = []
+    for i, g in enumerate(explicit):
+        if g is None:
+            k = rest.index(i)
+            g = left // len(rest) + (1 if k < left % len(rest) else 0)
+        out.append(g)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_workload(path: str | Path) -> WorkloadSpec:
+    """Read and validate a workload YAML file; relative trace paths resolve against its folder."""
+    p = Path(path)
+    where = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError("<file>", str(path), f"a readable UTF-8 YAML file ({getattr(e, 'strerror', None) or e})",
+                        where) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        msg = " ".join(str(e).split())
+        raise SpecError("<file>", msg, "valid YAML", where) from None
+    return parse_workload(data, base_dir=p.resolve().parent, where=where, path=str(path))
+
+
+def parse_workload(data: object, base_dir: str | Path = ".", where: str | None = None,
+                   path: str | None = None) -> WorkloadSpec:
+    """Validate a workload given as a dict (e.g. parsed YAML or ``WorkloadSpec.to_dict()``)."""
+    if not isinstance(data, dict):
+        raise SpecError("<root>", data, "a mapping with keys version, cluster, pipelines", where)
+    _check_keys(data, _TOP_KEYS, "", where)
+    version = _need(data, "version", "", "1", where)
+    if not _is_int(version) or version != 1:
+        raise SpecError("version", version, "1", where)
+    cluster = _cluster(_need(data, "cluster", "", "a mapping with gpus, gpu, gpus_per_node", where), where)
+    plist = _need(data, "pipelines", "", "a non-empty list of pipelines", where)
+    if not isinstance(plist, list) or not plist:
+        raise SpecError("pipelines", plist, "a non-empty list of pipelines", where)
+    pipelines = tuple(_pipeline(p, f"pipelines[{i}]", cluster, base_dir, where) for i, p in enumerate(plist))
+    seen: dict[str, int] = {}
+    for i, p in enumerate(pipelines):
+        if p.name in seen:
+            raise SpecError(f"pipelines[{i}].name", p.name, f"a unique name (pipelines[{seen[p.name]}] has it)",
+                            where)
+        seen[p.name] = i
+    _check_shares(pipelines, cluster, where)
+    return WorkloadSpec(1, cluster, pipelines, path if path is not None else where)
+
+
+def _need(d: dict, key: str, field: str, allowed: str, where: str | None) -> object:
+    if key not in d or d[key] is None:
+        raise SpecError(f"{field}.{key}" if field else key, "<missing>", allowed, where)
+    return d[key]
+
+
+def _int(d: dict, key: str, field: str, where: str | None, *, minimum: int = 1, default: object = "<required>"):
+    f = f"{field}.{key}"
+    if key not in d or d[key] is None:
+        if default == "<required>":
+            raise SpecError(f, "<missing>", f"an integer >= {minimum}", where)
+        return default
+    v = d[key]
+    if not _is_int(v) or v < minimum:
+        raise SpecError(f, v, f"an integer >= {minimum}", where)
+    return int(v)
+
+
+def _choice(d: dict, key: str, field: str, options: tuple[str, ...], where: str | None, default: str | None = None):
+    f = f"{field}.{key}"
+    if key not in d or d[key] is None:
+        if default is None:
+            raise SpecError(f, "<missing>", " | ".join(options), where)
+        return default
+    v = d[key]
+    if not isinstance(v, str) or v.lower() not in options:
+        raise SpecError(f, v, " | ".join(options), where)
+    return v.lower()
+
+
+def _spec_dict(v: object, field: str, required: tuple[str, ...], optional: tuple[str, ...], where: str | None) -> dict:
+    """A custom gpu/model dict: required keys positive numbers, optional name / counts."""
+    _check_keys(v, (*required, *optional), field, where)
+    out = {}
+    for key in required:
+        x = _need(v, key, field, "a positive number", where)
+        if not _is_number(x) or x <= 0:
+            raise SpecError(f"{field}.{key}", x, "a positive number", where)
+        out[key] = x
+    for key in optional:
+        if key not in v:
+            continue
+        x = v[key]
+        ok = isinstance(x, str) and x if key == "name" else (
+            _is_int(x) and x >= 1 if key == "default_tp" else _is_number(x) and x > 0)
+        if not ok:
+            what = "a non-empty string" if key == "name" else "a positive integer" if key == "default_tp" \
+                else "a positive number"
+            raise SpecError(f"{field}.{key}", x, what, where)
+        out[key] = x
+    return out
+
+
+def _cluster(c: object, where: str | None) -> ClusterSpec:
+    if not isinstance(c, dict):
+        raise SpecError("cluster", c, "a mapping with gpus, gpu, gpus_per_node", where)
+    _check_keys(c, _CLUSTER_KEYS, "cluster", where)
+    gpus = _int(c, "gpus", "cluster", where)
+    gpu = _need(c, "gpu", "cluster", " | ".join(KNOWN_GPUS) + " or a dict of specs", where)
+    if isinstance(gpu, dict):
+        gpu = _spec_dict(gpu, "cluster.gpu", _GPU_KEYS, _GPU_OPT, where)
+    elif not isinstance(gpu, str) or gpu.lower() not in KNOWN_GPUS:
+        raise SpecError("cluster.gpu", gpu, " | ".join(KNOWN_GPUS) + " or a dict {" + ", ".join(_GPU_KEYS) + "}",
+                        where)
+    else:
+        gpu = gpu.lower()
+    per_node = _int(c, "gpus_per_node", "cluster", where, default=min(8, gpus))
+    return ClusterSpec(gpus, gpu, per_node)
+
+
+def _dist(p: dict, key: str, field: str, base_dir, where, *, role: str | None = None, required: bool = True):
+    if key not in p or p[key] is None:
+        if required:
+            raise SpecError(f"{field}.{key}", "<missing>", "a distribution {dist: ...}", where)
+        return None
+    return build_distribution(p[key], f"{field}.{key}", base_dir, role or key, where)
+
+
+def _pipeline(p: object, field: str, cluster: ClusterSpec, base_dir, where: str | None) -> PipelineSpec:
+    if not isinstance(p, dict):
+        raise SpecError(field, p, "a mapping (a pipeline)", where)
+    _check_keys(p, _PIPELINE_KEYS, field, where)
+    name = _need(p, "name", field, "a name of letters, digits, '_', '.', '-'", where)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"{field}.name", name, "a name of letters, digits, '_', '.', '-'", where)
+    model = _need(p, "model", field, " | ".join(KNOWN_MODELS) + " or a dict of shape figures", where)
+    if isinstance(model, dict):
+        model = _spec_dict(model, f"{field}.model", _MODEL_KEYS, _MODEL_OPT, where)
+    elif not isinstance(model, str) or model.lower() not in KNOWN_MODELS:
+        raise SpecError(f"{field}.model", model,
+                        " | ".join(KNOWN_MODELS) + " or a dict {" + ", ".join(_MODEL_KEYS) + "}", where)
+    else:
+        model = model.lower()
+    algorithm = _choice(p, "algorithm", field, ALGORITHMS, where, default="grpo")
+    mode = _choice(p, "mode", field, MODES, where, default="sync")
+    staleness = _int(p, "staleness", field, where, minimum=0, default=0 if mode == "sync" else 1)
+    if mode == "sync" and staleness != 0:
+        raise SpecError(f"{field}.staleness", staleness, "0 for mode sync (use mode: async for a bound > 0)", where)
+    counts = {k: _int(p, k, field, where) for k in ("prompts_per_step", "samples_per_prompt", "max_response_len",
+                                                     "steps")}
+    prompt_len = _dist(p, "prompt_len", field, base_dir, where)
+    response_len = _dist(p, "response_len", field, base_dir, where)
+    turns = _dist(p, "turns", field, base_dir, where, required=False)
+    agentic = {}
+    for key in ("tool_latency_s", "observation_len"):
+        if turns is None:
+            if p.get(key) is not None:
+                raise SpecError(f"{field}.{key}", p[key], f"only with turns (an agentic pipeline); add {field}.turns",
+                                where)
+            agentic[key] = None
+        else:
+            agentic[key] = _dist(p, key, field, base_dir, where)
+    reward = _reward(p.get("reward"), f"{field}.reward", base_dir, where)
+    gpus = _int(p, "gpus", field, where, default=None)
+    tp = _int(p, "rollout_tp", field, where, default=None)
+    if gpus is not None and gpus > cluster.gpus:
+        raise SpecError(f"{field}.gpus", gpus, f"at most cluster.gpus ({cluster.gpus})", where)
+    if tp is not None:
+        if gpus is not None and gpus % tp:
+            raise SpecError(f"{field}.gpus", gpus, f"a multiple of rollout_tp ({tp})", where)
+        if tp > cluster.gpus:
+            raise SpecError(f"{field}.rollout_tp", tp, f"at most cluster.gpus ({cluster.gpus})", where)
+    return PipelineSpec(
+        name=name, model=model, algorithm=algorithm, mode=mode, staleness=staleness,
+        prompts_per_step=counts["prompts_per_step"], samples_per_prompt=counts["samples_per_prompt"],
+        max_response_len=counts["max_response_len"], prompt_len=prompt_len, response_len=response_len,
+        turns=turns, tool_latency_s=agentic["tool_latency_s"], observation_len=agentic["observation_len"],
+        reward=reward, steps=counts["steps"], gpus=gpus, rollout_tp=tp,
+    )
+
+
+def _reward(r: object, field: str, base_dir, where: str | None) -> RewardSpec:
+    if r is None:
+        return RewardSpec("rule", default_reward_latency("rule"))
+    if not isinstance(r, dict):
+        raise SpecError(field, r, "a mapping {kind: rule | sandbox | model, latency_s: distribution}", where)
+    _check_keys(r, _REWARD_KEYS, field, where)
+    kind = _choice(r, "kind", field, REWARD_KINDS, where, default="rule")
+    if r.get("latency_s") is None:
+        lat = default_reward_latency(kind)
+        if lat is None:
+            raise SpecError(f"{field}.latency_s", "<missing>",
+                            f"a distribution (required for kind {kind}: it depends on the reward model)", where)
+    else:
+        lat = build_distribution(r["latency_s"], f"{field}.latency_s", base_dir, "reward_latency_s", where)
+    return RewardSpec(kind, lat)
+
+
+def _check_shares(pipelines: tuple[PipelineSpec, ...], cluster: ClusterSpec, where: str | None) -> None:
+    explicit = [p.gpus for p in pipelines]
+    used = 0
+    for i, g in enumerate(explicit):
+        if g is not None:
+            used += g
+            if used > cluster.gpus:
+                raise SpecError(f"pipelines[{i}].gpus", g,
+                                f"shares summing to at most cluster.gpus ({cluster.gpus}); "
+                                f"pipelines before it already take {used - g}", where)
+    shares = _shares(explicit, cluster.gpus)
+    for i, (g, s) in enumerate(zip(explicit, shares)):
+        if g is None and s < 1:
+            raise SpecError(f"pipelines[{i}].gpus", "<missing>",
+                            f"an explicit share: the equal split of the {cluster.gpus - used} device(s) the "
+                            f"explicit shares leave gives it none", where)
+        p = pipelines[i]
+        if g is None and p.rollout_tp is not None and s < p.rollout_tp:
+            raise SpecError(f"pipelines[{i}].rollout_tp", p.rollout_tp,
+                            f"at most its default share of {s} device(s); or give gpus explicitly", where)
