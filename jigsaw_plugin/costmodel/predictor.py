@@ -22,12 +22,12 @@ class EfficiencyFactors:
     Defaults are the fitted values (docs/calibration.md); change them only by refitting.
     """
 
-    decode_bw_eff: float = 0.50  # fraction of HBM bandwidth a decode step achieves
+    decode_bw_eff: float = 0.40  # fraction of HBM bandwidth a decode step achieves
     decode_mfu: float = 0.60  # fraction of peak FLOP/s in large-batch (compute-bound) decode
-    decode_step_overhead_s: float = 0.005  # scheduler + sampler + eager kernel launches per step
+    decode_step_overhead_s: float = 0.006  # scheduler + sampler + eager kernel launches per step
     prefill_mfu: float = 0.50  # prefill and migration re-prefill
-    forward_mfu: float = 0.55  # log-prob / ref / values forward passes
-    train_mfu: float = 0.50  # forward + backward of an update
+    forward_mfu: float = 0.535  # log-prob / ref / values forward passes
+    train_mfu: float = 0.486  # forward + backward of an update
     recompute: bool = False  # activation checkpointing (adds one forward: 8N instead of 6N)
     link_eff: float = 0.70  # fraction of link bandwidth a collective achieves
     sync_overhead_s: float = 3.0  # fixed cost of one weight update round (barriers, resharding)
