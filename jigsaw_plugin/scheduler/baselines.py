@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.base import Policy, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
@@ -94,11 +95,15 @@ class _Disaggregated(Policy):
     def initial_residency(self, state) -> dict:
         for p in state.order:
             devs = p.static_devices
+            tp = rollout_tp(p, state.cost)
+            if len(devs) <= tp:
+                raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
+                                f"at least {tp + 1} devices for {self.name}, which keeps rollout "
+                                f"({tp} per replica) and training on separate devices")
             r = self.config.rollout_gpus or balanced_split(p, state.cost, len(devs))
-            if not 0 < r < len(devs):
-                from jigsaw_plugin.errors import SpecError
-
-                raise SpecError(f"{self.name}.rollout_gpus", r, f"1..{len(devs) - 1} for pipeline {p.name}")
+            if not tp <= r < len(devs) or r % tp:
+                raise SpecError(f"{self.name}.rollout_gpus", r,
+                                f"a multiple of {tp} in {tp}..{len(devs) - 1} for pipeline {p.name}")
             self._split[p.name] = (devs[:r], devs[r:])
         return super().initial_residency(state)
 

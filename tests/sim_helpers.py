@@ -1,0 +1,68 @@
+"""Shared helpers for simulator tests: small workloads and a hook recorder."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from jigsaw_plugin.workload import parse_workload
+
+
+def small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(False, True),
+                   modes=("sync", "sync"), staleness=(0, 0), models=("qwen2.5-1.5b", "qwen2.5-1.5b"),
+                   algorithms=("grpo", "ppo"), max_len=4096, median=300, gpu="h100"):
+    pipes = []
+    for i in range(pipelines):
+        p = {
+            "name": f"p{i}",
+            "model": models[i % len(models)],
+            "algorithm": algorithms[i % len(algorithms)],
+            "mode": modes[i % len(modes)],
+            "staleness": staleness[i % len(staleness)],
+            "prompts_per_step": prompts,
+            "samples_per_prompt": samples,
+            "max_response_len": max_len,
+            "prompt_len": {"dist": "lognormal", "median": 150, "sigma": 0.3, "min": 16},
+            "response_len": {"dist": "lognormal", "median": median, "sigma": 0.9, "min": 1},
+            "steps": steps,
+        }
+        if agentic[i % len(agentic)]:
+            p["turns"] = {"dist": "categorical", "values": [1, 2, 3], "weights": [0.3, 0.4, 0.3]}
+            p["tool_latency_s"] = {"dist": "uniform", "low": 0.05, "high": 2.0}
+            p["observation_len"] = {"dist": "uniform", "low": 50, "high": 400}
+        pipes.append(p)
+    return parse_workload({"version": 1, "cluster": {"gpus": gpus, "gpu": gpu, "gpus_per_node": 8},
+                           "pipelines": pipes})
+
+
+class HookLog:
+    """Stands in for ``pm.hook``: records every hook call as (name, kwargs)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("jigsaw_"):
+            raise AttributeError(name)
+
+        def record(**kw):
+            self.calls.append((name, kw))
+
+        return record
+
+    def by(self, name):
+        return [kw for n, kw in self.calls if n == name]
+
+
+def device_overlaps(trace_records) -> list:
+    """Pairs of intervals that overlap on one device (should be empty)."""
+    per = defaultdict(list)
+    for name, _cat, devices, start, end in trace_records:
+        for d in devices:
+            per[d].append((start, end, name))
+    bad = []
+    for d, iv in per.items():
+        iv.sort()
+        for (s0, e0, n0), (s1, e1, n1) in zip(iv, iv[1:]):
+            if s1 < e0 - 1e-6:
+                bad.append((d, n0, n1, e0, s1))
+    return bad
