@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from jigsaw_plugin.scheduler import get_policy, policy_names
 from jigsaw_plugin.sim import Simulation, simulate
-from tests.sim_helpers import HookLog, device_overlaps, small_workload
+from sim_helpers import HookLog, device_overlaps, small_workload
 
 POLICIES = ["verl-sync", "one-step-off", "streamrl", "areal", "rollmux", "jigsaw"]
 SYNC = {"verl-sync", "rollmux"}
