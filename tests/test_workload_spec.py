@@ -423,3 +423,31 @@ def test_generated_workloads_round_trip(d):
     for p, src in zip(w.pipelines, d["pipelines"]):
         assert p.samples_per_step == src["prompts_per_step"] * src["samples_per_prompt"]
         assert p.agentic == ("turns" in src)
+
+
+# ----------------------------------------------------------------- the reference stays in sync
+
+DOC = REPO / "docs" / "workload.md"
+
+
+def test_doc_example_parses(tmp_path, monkeypatch):
+    import json
+    import re
+
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "x.jsonl").write_text(json.dumps({"input": 100, "output": [10, 20]}) + "\n")
+    monkeypatch.setenv("JIGSAW_TRACE_DIR", str(tmp_path))
+    example = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)[0]
+    w = parse_workload(yaml.safe_load(example), where="docs/workload.md")
+    assert [p.name for p in w.pipelines] == ["dapo-math-7b", "search-agent-7b"]
+
+
+def test_doc_names_every_key_and_distribution():
+    from jigsaw_plugin.workload import DISTRIBUTIONS, ROLES
+    from jigsaw_plugin.workload.spec import _CLUSTER_KEYS, _PIPELINE_KEYS, _REWARD_KEYS
+
+    text = DOC.read_text()
+    for name in (*_CLUSTER_KEYS, *_PIPELINE_KEYS, *_REWARD_KEYS, *KNOWN_MODELS, *KNOWN_GPUS, *ROLES[:-1]):
+        assert f"`{name}`" in text, name
+    for kind in DISTRIBUTIONS:
+        assert f"| `{kind}` |" in text, kind
