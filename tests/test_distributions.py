@@ -314,3 +314,13 @@ def test_sampling_8192_is_fast(spec):
         d.sample(rng, 8192)
     per_call = (time.perf_counter() - t) / 50
     assert per_call < 0.005, f"{per_call * 1e3:.2f} ms per 8192 draws"
+
+
+def test_yaml_exponent_text_gets_a_hint():
+    import yaml
+
+    spec = yaml.safe_load("{dist: const, value: 1e3}")  # PyYAML (YAML 1.1) reads 1e3 as a string
+    with pytest.raises(SpecError) as e:
+        build_distribution(spec, "f")
+    assert e.value.field == "f.value" and "YAML reads 1e3 as text" in e.value.allowed
+    assert build_distribution(yaml.safe_load("{dist: const, value: 1.0e+3}"), "f").mean() == 1000

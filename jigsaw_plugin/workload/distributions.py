@@ -83,6 +83,8 @@ def _number(x: object, field: str, where: str | None, *, positive: bool = False,
             nonneg: bool = False) -> float:
     if not _is_number(x):
         what = "a positive number" if positive else "a number >= 0" if nonneg else "a finite number"
+        if isinstance(x, str) and _parses_as_float(x):
+            what += f" (YAML reads {x} as text: write it as 1.0e+3 or 1000)"
         raise SpecError(field, x, what, where)
     v = float(x)
     if positive and v <= 0:
@@ -90,6 +92,14 @@ def _number(x: object, field: str, where: str | None, *, positive: bool = False,
     if nonneg and v < 0:
         raise SpecError(field, x, "a number >= 0", where)
     return v
+
+
+def _parses_as_float(x: str) -> bool:
+    try:
+        float(x)
+    except ValueError:
+        return False
+    return True
 
 
 def _number_list(x: object, field: str, where: str | None, *, min_len: int = 1,
@@ -350,6 +360,9 @@ class Trace(Distribution):
 
     def _params(self):
         return {"path": str(self.path), "scale": _plain(self.scale)}
+
+    def _key(self) -> str:
+        return super()._key() + "|" + self.role
 
     def describe(self) -> dict:
         v = np.clip(self.values * self.scale, self.lo, self.hi) if self.clipped else self.values * self.scale
