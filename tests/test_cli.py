@@ -1,0 +1,79 @@
+"""The `jigsaw` command: results, traces, and one-paragraph errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "workloads" / "demo.yaml"
+RESULT_KEYS = {"policy", "backend", "workload", "seed", "gpus", "makespan_s", "samples", "samples_per_s",
+               "tokens_per_s", "gpu_busy_fraction", "pipelines", "scheduler"}
+PIPELINE_KEYS = {"steps", "samples", "samples_per_s", "mean_step_s", "stage_s", "max_staleness",
+                 "migrations", "context_switches"}
+STAGES = {"gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync"}
+
+
+def jigsaw(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "jigsaw_plugin.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT)
+
+
+def test_sim_writes_the_result_contract_and_a_chrome_trace(tmp_path):
+    out, trace = tmp_path / "r.json", tmp_path / "t.json"
+    p = jigsaw("sim", DEMO, "--policy", "verl-sync", "--seed", 1, "--json", out, "--trace", trace)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert RESULT_KEYS <= set(r) and r["backend"] == "sim" and r["seed"] == 1
+    for pr in r["pipelines"].values():
+        assert PIPELINE_KEYS <= set(pr) and set(pr["stage_s"]) == STAGES
+    assert r["samples"] == sum(pr["samples"] for pr in r["pipelines"].values())
+    assert 0 < r["gpu_busy_fraction"] <= 1
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["cat"] for e in events if e["ph"] == "X"} >= {"rollout", "update_actor"}
+    assert "verl-sync" in p.stdout
+
+
+def _bad(tmp_path, mutate):
+    data = yaml.safe_load(DEMO.read_text())
+    mutate(data)
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["pipelines"][0].pop("response_len"), "pipelines[0].response_len"),
+    (lambda d: d["cluster"].update(gpus="many"), "cluster.gpus"),
+    (lambda d: d["pipelines"][1].update(prompts_per_step=-4), "pipelines[1].prompts_per_step"),
+    (lambda d: d["pipelines"][0].update(response_len={"dist": "zipf", "a": 2}), "pipelines[0].response_len.dist"),
+    (lambda d: d["pipelines"][0].update(response_len={"dist": "trace", "path": "/nonexistent/traces"}),
+     "pipelines[0].response_len.path"),
+])
+def test_bad_workloads_give_one_paragraph_and_exit_2(tmp_path, mutate, field):
+    p = jigsaw("sim", _bad(tmp_path, mutate), "--policy", "verl-sync")
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    assert field in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_policy_and_bad_options(tmp_path):
+    p = jigsaw("sim", DEMO, "--policy", "verl-asyn")
+    assert p.returncode == 2 and "verl-sync" in p.stderr and "Traceback" not in p.stderr
+    p = jigsaw("sim", DEMO, "--policy", "one-step-off", "--policy-opt", "rollout_gpus=9")
+    assert p.returncode == 2 and "rollout_gpus" in p.stderr
+    p = jigsaw("sim", DEMO, "--policy", "verl-sync", "--policy-opt", "nonsense")
+    assert p.returncode == 2 and "KEY=VALUE" in p.stderr
+    p = jigsaw("sim", tmp_path / "missing.yaml")
+    assert p.returncode == 2 and "missing.yaml" in p.stderr
+
+
+def test_demo_compares_every_policy():
+    p = jigsaw("demo")
+    assert p.returncode == 0, p.stderr
+    for name in ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux", "jigsaw"):
+        assert name in p.stdout
