@@ -1,0 +1,1 @@
+"""Host-framework adapters (verl, OpenRLHF); installed as ``jigsaw_plugin.adapters``."""

@@ -1,0 +1,1 @@
+"""OpenRLHF adapter; imports OpenRLHF lazily, never at ``import jigsaw_plugin`` time."""

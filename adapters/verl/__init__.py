@@ -1,0 +1,1 @@
+"""verl adapter; imports verl lazily, never at ``import jigsaw_plugin`` time."""

@@ -1,0 +1,1 @@
+"""Ray execution of the policies: the only package that imports ray."""

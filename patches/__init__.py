@@ -1,0 +1,1 @@
+"""Version-guarded monkeypatches of host frameworks; installed as ``jigsaw_plugin.patches``."""
