@@ -30,6 +30,7 @@ class EfficiencyFactors:
     train_mfu: float = 0.486  # forward + backward of an update
     recompute: bool = False  # activation checkpointing (adds one forward: 8N instead of 6N)
     link_eff: float = 0.70  # fraction of link bandwidth a collective achieves
+    allreduce_latency_s: float = 8e-6  # per all-reduce of a tensor-parallel layer (NVLink)
     sync_overhead_s: float = 3.0  # fixed cost of one weight update round (barriers, resharding)
     train_stage_overhead_s: float = 2.0  # fixed cost per training-side stage (dispatch, gather)
     rollout_mem_util: float = 0.80  # vLLM gpu_memory_utilization
@@ -60,7 +61,15 @@ class CostModel:
             tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
         )
         comp = 2.0 * model.params * batch / (tp * self.hw.flops * self.f.decode_mfu)
-        return self.f.decode_step_overhead_s + max(mem, comp)
+        return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, batch)
+
+    def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
+        """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices."""
+        if tp <= 1:
+            return 0.0
+        nbytes = tokens * model.hidden * 2 * 2 * (tp - 1) / tp  # bf16, ring all-reduce
+        per = self.f.allreduce_latency_s + nbytes / (self.hw.link_gbps * 1e9 * self.f.link_eff)
+        return 2 * model.layers * per
 
     def prefill_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
         if tokens <= 0:

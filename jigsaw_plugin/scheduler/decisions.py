@@ -33,11 +33,14 @@ class LaunchReplica:
 
     ``rebalance``: take over requests still queued (not admitted, so nothing to recompute)
     at the pipeline's most loaded replicas until the new replica holds the average load.
+    ``absorb``: replica ids whose requests all migrate to the new replica (abort + resume),
+    after which they are retired: how a rollout tail is re-sharded onto a wider replica.
     """
 
     pipeline: str
     devices: tuple
     rebalance: bool = False
+    absorb: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,8 @@ class Jigsaw(Policy):
         self._retire_drained(state, out, free)
         if self.config.migration:
             self._consolidate_tails(state, out, free)
+            if self.config.resize:
+                self._widen_tails(state, out, free)
         for kind, p in self._demands(state, out):
             if kind == "stage":
                 devs = self._gang(state, p, free)
@@ -226,6 +228,46 @@ class Jigsaw(Policy):
             if best is None or end < best[1]:
                 best = (dst, end)
         return best
+
+    def _widen_tails(self, state, out, free) -> None:
+        """Re-shard a pipeline's rollout tail onto one wider tensor-parallel replica.
+
+        A tail decodes a few long requests at batch 1-16, where a step is bound by reading
+        the weights: splitting them over more devices cuts the per-token time, which is the
+        pipeline's critical path. Done when the projected end of generation moves earlier by
+        more than ``latency_slack`` after paying the weight load and the re-prefill.
+        """
+        cost = state.cost
+        for p in state.order:
+            # replicas retired earlier in this round have their devices back in ``free``
+            live = [r for r in p.replicas if not r.retiring and r.devices[0] not in free]
+            if not p.generating or not live or p.pending or any(r.queue for r in live):
+                continue
+            load = sum(r.load for r in live)
+            if load == 0 or load > 2 * self.config.tail_requests:
+                continue
+            width = max(r.tp for r in live)
+            home_free = [d for d in self._home[p.name][0] if d in free]
+            reqs = [(rep, r) for rep in live for r in rep.running()]
+            ctx = sum(r.context + r.done + (rep.p - r.admit_p) for rep, r in reqs)
+            left = max((r.finish_p - rep.p for rep, r in reqs), default=0.0)
+            now_end = max(r.remaining_s() for r in live)
+            best = None
+            w = 2 * width
+            while w <= min(len(home_free), state.gpus_per_node):
+                switch = cost.context_switch_s(p.model, w, train_state=False)
+                end = (switch + cost.migration_s(p.model, w, ctx)
+                       + left * cost.decode_step_s(p.model, w, load, ctx + load * left / 2))
+                if end < now_end * (1 - self.config.latency_slack) and (best is None or end < best[0]):
+                    best = (end, w)
+                w *= 2
+            if best is None:
+                continue
+            devs = tuple(self._affinity(state, p, home_free, "rollout")[: best[1]])
+            out.append(LaunchReplica(p.name, devs, absorb=tuple(r.id for r in live)))
+            free.difference_update(devs)
+            for r in live:
+                free.update(r.devices)
 
     # ---- device projections -----------------------------------------------------------
     def _busy_for_s(self, state, d) -> float:

@@ -205,6 +205,12 @@ class World:
             self._route_many(p, reqs)
         if d.rebalance:
             self._rebalance_into(p, rep)
+        for rid in d.absorb:
+            src = self.replicas[rid]
+            if src.pipeline != p.name:
+                raise PolicyViolation(f"replica {rid} of {src.pipeline} cannot move into {p.name}")
+            src.retiring = True
+            self._migrate(Migrate(rid, rep.id))
 
     def _rebalance_into(self, p: PipelineRun, dst: Replica) -> None:
         """Move queued (not yet admitted: nothing to recompute) requests from the more loaded
