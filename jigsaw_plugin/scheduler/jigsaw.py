@@ -59,6 +59,7 @@ class JigsawConfig:
     min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x the move's cost
     latency_slack: float = 0.05  # a move may stretch its pipeline's generation by this much
     loan_margin: float = 1.2  # a loan must end this many times before its owner needs it back
+    widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
 
 
 @register_policy("jigsaw")
@@ -244,7 +245,7 @@ class Jigsaw(Policy):
             if not p.generating or not live or p.pending or any(r.queue for r in live):
                 continue
             load = sum(r.load for r in live)
-            if load == 0 or load > 2 * self.config.tail_requests:
+            if load == 0 or load > self.config.widen_requests:
                 continue
             width = max(r.tp for r in live)
             home_free = [d for d in self._home[p.name][0] if d in free]
