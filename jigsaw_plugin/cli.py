@@ -82,6 +82,18 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from jigsaw_plugin.bench.ab import format_ab, run_ab, write_ab
+    from jigsaw_plugin.workload import load_workload
+
+    workload = load_workload(args.workload)
+    ab = run_ab(workload, args.baseline, args.candidate, seed=args.seed, backend=args.backend,
+                ablate=args.ablate, baseline_options=_policy_options(args.baseline_opt))
+    write_ab(ab, args.out, args.json)
+    print(format_ab(ab))
+    return 0
+
+
 def cmd_policies(args) -> int:
     from jigsaw_plugin.scheduler import policy_names
 
@@ -122,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-samples", type=int)
     g.set_defaults(func=cmd_graph)
+
+    b = sub.add_parser("bench", help="A/B: a baseline and a candidate on the same workload and seed")
+    b.add_argument("workload")
+    b.add_argument("--baseline", required=True)
+    b.add_argument("--baseline-opt", action="append", metavar="KEY=VALUE", help="baseline config field")
+    b.add_argument("--candidate", default="jigsaw")
+    b.add_argument("--backend", default="sim")
+    b.add_argument("--ablate", action="append", metavar="MECHANISM",
+                   help="switch one jigsaw mechanism off: migration, resize, lookahead, multiplex")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", help="folder for baseline.json, candidate.json, bench.json")
+    b.add_argument("--json", help="write the bench JSON here")
+    b.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("policies", help="list the registered policies")
     p.set_defaults(func=cmd_policies)
