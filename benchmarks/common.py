@@ -1,0 +1,52 @@
+"""Shared helpers of the benchmark scripts: workloads built in code, runs in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+EXAMPLES = ROOT / "examples" / "workloads"
+
+from jigsaw_plugin.scheduler import get_policy  # noqa: E402
+from jigsaw_plugin.sim import Simulation  # noqa: E402
+from jigsaw_plugin.workload import load_workload, parse_workload  # noqa: E402
+
+
+def load(name_or_dict):
+    if isinstance(name_or_dict, dict):
+        return parse_workload(name_or_dict, base_dir=EXAMPLES)
+    return load_workload(EXAMPLES / name_or_dict)
+
+
+def run_one(job: tuple) -> dict:
+    """(workload, policy, options, seed) -> result JSON plus wall time and peak RSS."""
+    workload, policy, options, seed = job
+    t0 = time.perf_counter()
+    result = Simulation(load(workload), get_policy(policy, **(options or {})), seed).run()
+    result["wall_s"] = time.perf_counter() - t0
+    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["options"] = options or {}
+    return result
+
+
+def run_many(jobs: list, workers: int = 2) -> list:
+    """Each job in a fresh process (honest peak memory), two at a time on this machine."""
+    with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=1) as ex:
+        return list(ex.map(run_one, jobs))
+
+
+def md_table(head: list, rows: list) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def dump(obj, path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj, indent=2))
