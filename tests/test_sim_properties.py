@@ -48,17 +48,17 @@ def test_policy_invariants(policy, data):
     for p in wl.pipelines:
         assert result["pipelines"][p.name]["steps"] == p.steps
         assert result["pipelines"][p.name]["samples"] == p.steps * p.samples_per_step
-        finished = Counter((kw["step"], kw["request_id"]) for kw in log.by("jigsaw_request_finished")
+        finished = Counter((kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_finished")
                            if kw["pipeline"] == p.name)
         assert all(v == 1 for v in finished.values()), "a request finished twice"
-        submitted = {(kw["step"], kw["request_id"]) for kw in log.by("jigsaw_request_submitted")
+        submitted = {(kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_submitted")
                      if kw["pipeline"] == p.name}
         assert set(finished) == submitted
         for k in range(p.steps):
             s = sim.world.pipelines[p.name].steps[k]
             assert s.n_rewarded == s.n == p.samples_per_step
-            want = {f"{p.name}/{k}/{i}/{t}" for i in range(s.n) for t in range(int(s.samples.turns[i]))}
-            assert {rid for (step, rid) in finished if step == k} == want
+            want = {(f"{p.name}/{k}/{i}", t) for i in range(s.n) for t in range(int(s.samples.turns[i]))}
+            assert {(rid, turn) for (step, rid, turn) in finished if step == k} == want
             fin_tokens = sum(kw["generated_tokens"] for kw in log.by("jigsaw_request_finished")
                              if kw["pipeline"] == p.name and kw["step"] == k)
             assert fin_tokens == int(s.samples.gen_tokens.sum())

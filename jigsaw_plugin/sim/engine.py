@@ -95,7 +95,7 @@ class Simulation:
     def run(self) -> dict:
         w, heap = self.world, self._heap
         for p in self.pipelines:
-            w._emit("jigsaw_register_pipeline", pipeline=p.name, spec={"name": p.name, "algorithm": p.spec.algorithm})
+            w._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
             w._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
         self._decide()
         while heap:

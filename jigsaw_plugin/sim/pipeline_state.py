@@ -6,16 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F401  (re-exported)
+
 __all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun"]
 
-# Training-side stages after generation (+ reward), in verl's order; weight_sync closes a step.
-STAGES_BY_ALGORITHM = {
-    "grpo": ("old_log_prob", "ref", "adv", "update_actor", "weight_sync"),
-    "dapo": ("old_log_prob", "adv", "update_actor", "weight_sync"),
-    "ppo": ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync"),
-    "reinforce": ("old_log_prob", "ref", "adv", "update_actor", "weight_sync"),
-}
-HOST_STAGES = ("adv",)  # run on the driver's CPU, no devices
 ADV_S = 0.5  # advantage computation on the driver (a fixed, small cost)
 
 

@@ -36,7 +36,7 @@ class Request:
         self.step = step
         self.sample = sample
         self.turn = turn
-        self.rid = f"{pipeline}/{step}/{sample}/{turn}"
+        self.rid = f"{pipeline}/{step}/{sample}"  # the trajectory: stable across turns (verl's sticky id)
         self.context = context  # tokens before this turn's generation (prompt, earlier turns, observations)
         self.target = target  # tokens this turn generates in total
         self.done = 0  # tokens of this turn generated before the current admission

@@ -393,6 +393,8 @@ class World:
             s.gen_end_t = self.t
             self._emit("jigsaw_stage_end", pipeline=p.name, step=r.step, stage="gen", devices=(),
                        samples=s.n, tokens=s.generated, t=self.t)
+            self._emit("jigsaw_stage_start", pipeline=p.name, step=r.step, stage="reward", devices=(),
+                       samples=s.n, tokens=s.generated, t=self.t)
         s.min_version = min(s.min_version, r.version)
         self._push(RewardDone(self.t + float(smp.reward_latency_s[r.sample]), p.name, r.step, r.version))
 
@@ -410,6 +412,8 @@ class World:
         if s.n_rewarded == s.n:
             s.reward_end_t = self.t
             self.dirty = True
+            self._emit("jigsaw_stage_end", pipeline=p.name, step=ev.step, stage="reward", devices=(),
+                       samples=s.n, tokens=s.generated, t=self.t)
 
     # ---- end of run ---------------------------------------------------------------------
     def close_all(self) -> None:

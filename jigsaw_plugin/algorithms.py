@@ -1,0 +1,14 @@
+"""Which training-side stages each RL algorithm runs after generation, in verl's order."""
+
+__all__ = ["STAGES_BY_ALGORITHM", "FORWARD_STAGES", "UPDATE_STAGES", "HOST_STAGES"]
+
+# weight_sync closes every step
+STAGES_BY_ALGORITHM = {
+    "grpo": ("old_log_prob", "ref", "adv", "update_actor", "weight_sync"),
+    "dapo": ("old_log_prob", "adv", "update_actor", "weight_sync"),  # no KL: no reference pass
+    "ppo": ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync"),
+    "reinforce": ("old_log_prob", "ref", "adv", "update_actor", "weight_sync"),
+}
+FORWARD_STAGES = ("old_log_prob", "ref", "values")
+UPDATE_STAGES = ("update_critic", "update_actor")
+HOST_STAGES = ("adv",)
