@@ -56,9 +56,20 @@ def cmd_sim(args) -> int:
 
     workload = load_workload(args.workload)
     policy = get_policy(args.policy, **_policy_options(args.policy_opt))
-    sim = Simulation(workload, policy, seed=args.seed)
+    hooks = recorder = None
+    if args.events:  # every hook goes through the plugin manager, as a host adapter's would
+        from jigsaw_plugin.events import EventRecorder
+        from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+
+        pm = get_plugin_manager()
+        recorder = EventRecorder(include_progress=False)
+        register(pm, recorder, "event-recorder")
+        hooks = Emitter(pm)
+    sim = Simulation(workload, policy, seed=args.seed, hooks=hooks, record_requests=bool(args.events))
     result = sim.run()
     _write_json(result, args.json)
+    if recorder is not None:
+        recorder.to_jsonl(args.events)
     if args.trace:
         write_chrome_trace(sim.world.trace, args.trace, workload.cluster.gpus_per_node)
     print(_table([result]))
@@ -104,6 +115,12 @@ def cmd_policies(args) -> int:
 def cmd_graph(args) -> int:
     from jigsaw_plugin.graph.command import run_graph
 
+    if args.from_events:
+        from jigsaw_plugin.graph.command import run_graph_from_events
+
+        return run_graph_from_events(args.from_events, args.out, pipeline=args.pipeline)
+    if not args.workload or not args.pipeline:
+        raise SpecError("jigsaw graph", args.workload, "WORKLOAD --pipeline NAME, or --from-events FILE")
     return run_graph(args.workload, args.pipeline, args.out, steps=args.steps, seed=args.seed,
                      max_samples=args.max_samples)
 
@@ -119,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", help="write the result JSON here")
     s.add_argument("--trace", help="write a Chrome trace (Perfetto) here")
+    s.add_argument("--events", help="record every hook event of the run to this JSONL file")
     s.set_defaults(func=cmd_sim)
 
     d = sub.add_parser("demo", help="compare every policy on the bundled demo workload (simulated)")
@@ -127,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("graph", help="export a pipeline's sub-stage graph (.json, .dot, .png)")
-    g.add_argument("workload")
-    g.add_argument("--pipeline", required=True)
+    g.add_argument("workload", nargs="?")
+    g.add_argument("--pipeline")
+    g.add_argument("--from-events", help="build from a run's recorded hook events (jigsaw sim --events)")
     g.add_argument("--out", required=True)
     g.add_argument("--steps", type=int)
     g.add_argument("--seed", type=int, default=0)

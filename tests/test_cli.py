@@ -77,3 +77,16 @@ def test_demo_compares_every_policy():
     assert p.returncode == 0, p.stderr
     for name in ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux", "jigsaw"):
         assert name in p.stdout
+
+
+def test_sim_records_hook_events_through_the_plugin_manager_and_graphs_them(tmp_path):
+    events, graph = tmp_path / "ev.jsonl", tmp_path / "g.json"
+    p = jigsaw("sim", DEMO, "--policy", "jigsaw", "--events", events)
+    assert p.returncode == 0, p.stderr
+    hooks = {json.loads(line)["hook"] for line in events.read_text().splitlines()}
+    assert {"jigsaw_register_pipeline", "jigsaw_stage_start", "jigsaw_request_submitted",
+            "jigsaw_request_finished", "jigsaw_weight_sync_end"} <= hooks
+    p = jigsaw("graph", "--from-events", events, "--out", graph)
+    assert p.returncode == 0, p.stderr
+    kinds = json.loads(graph.read_text())["summary"]["kinds"]
+    assert kinds["reward"] == sum(3 * 64 * 8 for _ in range(2))  # 3 steps x 512 samples x 2 pipelines
