@@ -60,6 +60,7 @@ class JigsawConfig:
     latency_slack: float = 0.05  # a move may stretch its pipeline's generation by this much
     loan_margin: float = 1.2  # a loan must end this many times before its owner needs it back
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
+    max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
 
 
 @register_policy("jigsaw")
@@ -255,7 +256,7 @@ class Jigsaw(Policy):
             now_end = max(r.remaining_s() for r in live)
             best = None
             w = 2 * width
-            while w <= min(len(home_free), state.gpus_per_node):
+            while w <= min(len(home_free), state.gpus_per_node, self.config.max_widen):
                 switch = cost.context_switch_s(p.model, w, train_state=False)
                 end = (switch + cost.migration_s(p.model, w, ctx)
                        + left * cost.decode_step_s(p.model, w, load, ctx + load * left / 2))
