@@ -61,6 +61,7 @@ class JigsawConfig:
     loan_margin: float = 1.2  # a loan must end this many times before its owner needs it back
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
+    split_async: bool = False  # split an async pipeline's home into rollout and training parts
 
 
 @register_policy("jigsaw")
@@ -85,7 +86,7 @@ class Jigsaw(Policy):
         for p in state.order:
             home = p.static_devices
             self._stats[p.name] = length_stats(p.spec)
-            if p.spec.mode == "async" and len(home) > rollout_tp(p, state.cost):
+            if self.config.split_async and p.spec.mode == "async" and len(home) > rollout_tp(p, state.cost):
                 r = balanced_split(p, state.cost, len(home))
                 self._home[p.name] = (home[:r], home[r:])
             else:
