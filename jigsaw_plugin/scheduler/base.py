@@ -9,6 +9,7 @@ decisions (``scheduler.decisions``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from jigsaw_plugin.errors import SpecError
@@ -20,6 +21,7 @@ class Policy:
     """Base class: override ``decide``; the defaults route like verl's balancer."""
 
     name = "base"
+    config_class = None  # the dataclass of options ``get_policy`` accepts
     resident_slots = 1  # pipelines whose rollout weights a device keeps resident
     tail_threshold = 0  # call ``decide`` when a replica's load falls to this (0: only when empty)
 
@@ -76,10 +78,13 @@ def get_policy(name: str, **options) -> Policy:
         factory = _REGISTRY[name]
     except KeyError:
         raise SpecError("--policy", name, ", ".join(sorted(_REGISTRY))) from None
-    try:
-        return factory(**options)
-    except TypeError as e:
-        raise SpecError(f"policy {name} options", options, str(e)) from None
+    config = getattr(factory, "config_class", None)
+    allowed = [f.name for f in dataclasses.fields(config)] if config else []
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise SpecError(f"{name} option {unknown[0]}", options[unknown[0]],
+                        "config fields " + ", ".join(allowed) if allowed else f"none ({name} takes no options)")
+    return factory(**options)
 
 
 def _load_builtins() -> None:

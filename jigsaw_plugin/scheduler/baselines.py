@@ -82,6 +82,7 @@ class _SplitConfig:
 class _Disaggregated(Policy):
     """Shared mechanics of the baselines with separate rollout and training devices."""
 
+    config_class = _SplitConfig
     interrupt_on_sync = False
     wait_for_idle_rollout = True  # weights are pushed between generations
 

@@ -67,6 +67,7 @@ class JigsawConfig:
 @register_policy("jigsaw")
 class Jigsaw(Policy):
     name = "jigsaw"
+    config_class = JigsawConfig
     resident_slots = 1
 
     def __init__(self, **options):
