@@ -56,16 +56,19 @@ def cmd_sim(args) -> int:
 
     workload = load_workload(args.workload)
     policy = get_policy(args.policy, **_policy_options(args.policy_opt))
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+
+    # the scheduler and cost model run as plugins of this manager, beside any plugin the
+    # user installed through the entry-point group "jigsaw_plugin"
+    pm = get_plugin_manager()
     hooks = recorder = None
     if args.events:  # every hook goes through the plugin manager, as a host adapter's would
         from jigsaw_plugin.events import EventRecorder
-        from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
 
-        pm = get_plugin_manager()
         recorder = EventRecorder(include_progress=False)
         register(pm, recorder, "event-recorder")
         hooks = Emitter(pm)
-    sim = Simulation(workload, policy, seed=args.seed, hooks=hooks, record_requests=bool(args.events))
+    sim = Simulation(workload, policy, seed=args.seed, hooks=hooks, record_requests=bool(args.events), pm=pm)
     result = sim.run()
     _write_json(result, args.json)
     if recorder is not None:

@@ -47,7 +47,7 @@ class Simulation:
     """One simulated run of a workload under a policy."""
 
     def __init__(self, workload, policy, seed: int = 0, factors: EfficiencyFactors | None = None,
-                 hooks=None, record_requests: bool = False):
+                 hooks=None, record_requests: bool = False, pm=None):
         self.workload = workload
         self.policy = policy
         self.seed = seed
@@ -71,6 +71,16 @@ class Simulation:
         self.world.tail_threshold = getattr(policy, "tail_threshold", 0)
         self.decision_us: list[float] = []
         self.events = 0
+        self._schedule = policy.decide
+        if pm is not None:
+            # the policy answers jigsaw_schedule as an ordinary plugin; a tryfirst plugin
+            # registered on the same manager may override it
+            from jigsaw_plugin.builtin import CostModelPlugin, SchedulerPlugin
+            from jigsaw_plugin.manager import register
+
+            register(pm, SchedulerPlugin(policy), f"scheduler:{policy.name}")
+            register(pm, CostModelPlugin(self.cost, {p.name: p.model for p in self.pipelines}), "costmodel")
+            self._schedule = lambda state: pm.hook.jigsaw_schedule(state=state) or []
         for name, devices in policy.initial_residency(self.world).items():
             self.world.make_resident(name, devices)
         self.world.interrupt_on_sync = getattr(policy, "interrupt_on_sync", False)
@@ -84,7 +94,7 @@ class Simulation:
         for _ in range(_MAX_DECIDE_ROUNDS):
             w.dirty = False
             t0 = time.perf_counter()
-            decisions = self.policy.decide(w)
+            decisions = self._schedule(w)
             self.decision_us.append((time.perf_counter() - t0) * 1e6)
             if not decisions:
                 return

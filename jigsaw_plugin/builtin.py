@@ -1,0 +1,53 @@
+"""jigsaw's own features as ordinary plugins (pytest's model): the scheduler and the cost
+model answer ``jigsaw_schedule`` and ``jigsaw_predict_duration`` like any third-party
+plugin would, so a plugin registered with ``tryfirst=True`` can override either."""
+
+from __future__ import annotations
+
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.hookspecs import hookimpl
+
+__all__ = ["SchedulerPlugin", "CostModelPlugin"]
+
+
+class SchedulerPlugin:
+    """Answers ``jigsaw_schedule`` with a pure policy's decisions."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    @hookimpl
+    def jigsaw_schedule(self, state):
+        return self.policy.decide(state)
+
+
+class CostModelPlugin:
+    """Answers ``jigsaw_predict_duration`` for training stages, prefill and weight sync.
+
+    ``models`` maps pipeline names to model profiles; kinds it does not price return
+    ``None`` so that another plugin may.
+    """
+
+    def __init__(self, cost, models: dict):
+        self.cost = cost
+        self.models = models
+
+    @hookimpl
+    def jigsaw_predict_duration(self, kind, pipeline, sizes, devices):
+        model = self.models.get(pipeline)
+        if model is None:
+            return None
+        n = max(1, len(devices))
+        tokens = float(sizes.get("tokens", 0))
+        if kind in FORWARD_STAGES:
+            return self.cost.forward_s(model, n, tokens)
+        if kind in UPDATE_STAGES:
+            return self.cost.train_s(model, n, tokens)
+        if kind in ("prefill", "migration"):
+            return self.cost.prefill_s(model, n, tokens)
+        if kind == "weight_sync":
+            return self.cost.weight_sync_s(model, colocated=bool(sizes.get("colocated", True)),
+                                           cross_node=bool(sizes.get("cross_node", False)))
+        if kind == "decode_step":
+            return self.cost.decode_step_s(model, n, int(sizes.get("batch", 1)), float(sizes.get("kv_tokens", 0)))
+        return None
