@@ -20,12 +20,22 @@ KINDS = (
     "weight_sync",
     "context_switch",  # a pipeline's state brought onto devices where it was not resident
     "migration",  # a request moved between replicas (re-prefill on the destination)
+    "barrier",  # zero-work join: every reward of a step is in, its training may start
 )
 RESOURCES = ("rollout", "train", "host")
 
 
 @dataclass(frozen=True, slots=True)
 class SubStage:
+    """One unit of work of one pipeline's step.
+
+    ``resource`` is where it runs (``rollout`` replicas, ``train`` gangs, or the ``host``
+    CPU for tool calls, rule rewards, advantages and joins); ``devices`` how many devices it
+    holds (0 only on the host); ``sizes`` what it processes (``samples``, ``tokens``,
+    ``prompt_tokens``...); ``start_s``/``end_s`` are known for a recorded run, ``None`` in a
+    plan; ``attrs`` carries identities (``request_id``, ``turn``, ``replica``, ``version``).
+    """
+
     id: str
     pipeline: str
     step: int
