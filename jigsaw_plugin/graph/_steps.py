@@ -5,11 +5,16 @@ from __future__ import annotations
 from jigsaw_plugin.algorithms import FORWARD_STAGES, STAGES_BY_ALGORITHM
 from jigsaw_plugin.graph.substage import SubStage
 
-__all__ = ["add_training", "node_id", "split"]
+__all__ = ["add_training", "node_id", "reward_resource", "split"]
 
 
 def node_id(pipeline: str, step: int, *parts) -> str:
     return "/".join([pipeline, f"s{step}", *map(str, parts)])
+
+
+def reward_resource(kind: str | None) -> tuple[str, int]:
+    """Where one sample's reward runs: a reward model on a device, a rule or sandbox on the host."""
+    return ("train", 1) if kind == "model" else ("host", 0)
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -20,12 +25,13 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def add_training(g, pipeline: str, step: int, algorithm: str, reward_ids: list, gang: int,
-                 samples: int, tokens: int, times: dict | None = None) -> str:
+                 samples: int, tokens: int, times: dict | None = None, weight_bytes: int | None = None) -> str:
     """The step's barrier (a join after every reward, and after the previous step's actor
     update: training steps run in order), one shard per device of the gang for each forward
     stage, then adv, the updates and the weight sync. Returns the weight-sync node id.
 
-    ``times`` maps a stage name (and ``"barrier"``) to ``(start_s, end_s)``.
+    ``times`` maps a stage name (and ``"barrier"``) to ``(start_s, end_s)``;
+    ``weight_bytes`` (the policy's weights) sizes the weight sync.
     """
     times = times or {}
     b_start, b_end = times.get("barrier", (None, None))
@@ -49,8 +55,10 @@ def add_training(g, pipeline: str, step: int, algorithm: str, reward_ids: list, 
             prev, prev_kind = ids, "barrier"
             continue
         resource, devices = ("host", 0) if stage == "adv" else ("train", gang)
-        s = g.add(SubStage(node_id(pipeline, step, stage), pipeline, step, stage, resource, devices,
-                           {"samples": samples, "tokens": tokens}, a, b))
+        sizes = {"samples": samples, "tokens": tokens}
+        if stage == "weight_sync" and weight_bytes is not None:
+            sizes["bytes"] = int(weight_bytes)
+        s = g.add(SubStage(node_id(pipeline, step, stage), pipeline, step, stage, resource, devices, sizes, a, b))
         g.add_edges(((u, s.id) for u in prev), "data" if stage != "adv" else prev_kind)
         if stage == "update_critic":
             critic = s.id

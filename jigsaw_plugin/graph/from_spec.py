@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.graph._steps import add_training, node_id
+from jigsaw_plugin.graph._steps import add_training, reward_resource
 from jigsaw_plugin.graph.graph import SubStageGraph
 from jigsaw_plugin.graph.substage import SubStage
 
@@ -31,12 +31,13 @@ def build_from_spec(workload, pipeline: str, steps: int | None = None, seed: int
     Per step and sample (``sample_step(spec, step, seed)``, the first ``max_samples`` only
     when given): a ``rollout_request`` (``rollout_tp`` devices, default 1) before its
     ``gen_turn`` nodes, a ``tool_call`` (host) between consecutive turns, a ``reward`` after
-    the last turn. Then the training side (``_steps.add_training``) on the pipeline's static
+    the last turn (host; one device of ``train`` for a reward model). Then the training side (``_steps.add_training``) on the pipeline's static
     share of devices: a barrier after every reward, one shard per device for each forward
     stage, adv, update_critic (ppo), update_actor, weight_sync. A synchronous step's first
     turns wait for the previous step's weight sync; an asynchronous one's for the sync
     ``staleness + 1`` steps earlier (none before that exists).
     """
+    from jigsaw_plugin.costmodel import model_profile
     from jigsaw_plugin.workload import sample_step
 
     index, spec = find_pipeline(workload, pipeline)
@@ -45,6 +46,8 @@ def build_from_spec(workload, pipeline: str, steps: int | None = None, seed: int
     gang = workload.static_gpus()[index]
     tp = spec.rollout_tp or 1
     lag = 1 + (spec.staleness if spec.mode == "async" else 0)
+    r_res, r_dev = reward_resource(spec.reward.kind)
+    weights = int(model_profile(spec.model).weight_bytes)  # bf16 weights, what a weight sync moves
     name = spec.name
     g = SubStageGraph()
     syncs = []
@@ -62,19 +65,22 @@ def build_from_spec(workload, pipeline: str, steps: int | None = None, seed: int
         tool_s = smp.tool_latency_s[:t_all].tolist()
         reward_s = smp.reward_latency_s[:n].tolist()
         rewards, first_turns, edges, order, tokens = [], [], [], [], 0
+        subs = []
+        add = subs.append
         for i in range(n):
             o, nt = off[i], turns[i]
             rid = f"{name}/{k}/{i}"  # the simulator's trajectory id
             generated = sum(gen[o:o + nt])
-            req = g.add(SubStage(node_id(name, k, "r", i), name, k, "rollout_request", "rollout", tp,
-                                 {"prompt_tokens": prompt[i], "tokens": generated, "turns": nt},
-                                 attrs={"request_id": rid, "sample": i})).id
+            req = f"{name}/s{k}/r{i}"  # readable ids: p/s0/r5, p/s0/r5/t1, p/s0/r5/tool0, p/s0/r5/reward
+            add(SubStage(req, name, k, "rollout_request", "rollout", tp,
+                         {"prompt_tokens": prompt[i], "tokens": generated, "turns": nt},
+                         attrs={"request_id": rid, "sample": i}))
             context = prompt[i]
             prev = None
             for t in range(nt):
-                turn = g.add(SubStage(node_id(name, k, "r", i, "t", t), name, k, "gen_turn", "rollout", tp,
-                                      {"tokens": gen[o + t], "prompt_tokens": context},
-                                      attrs={"request_id": rid, "turn": t})).id
+                turn = f"{req}/t{t}"
+                add(SubStage(turn, name, k, "gen_turn", "rollout", tp, {"tokens": gen[o + t], "prompt_tokens": context},
+                             attrs={"request_id": rid, "turn": t}))
                 if prev is None:
                     order.append((req, turn))
                     first_turns.append(turn)
@@ -83,21 +89,22 @@ def build_from_spec(workload, pipeline: str, steps: int | None = None, seed: int
                 prev = turn
                 context += gen[o + t]
                 if t + 1 < nt:
-                    tool = g.add(SubStage(node_id(name, k, "r", i, "tool", t), name, k, "tool_call", "host", 0,
-                                          {"tokens": obs[o + t]},
-                                          attrs={"request_id": rid, "turn": t, "latency_s": tool_s[o + t]})).id
+                    tool = f"{req}/tool{t}"
+                    add(SubStage(tool, name, k, "tool_call", "host", 0, {"tokens": obs[o + t]},
+                                 attrs={"request_id": rid, "turn": t, "latency_s": tool_s[o + t]}))
                     edges.append((prev, tool))
                     prev = tool
                     context += obs[o + t]
-            rw = g.add(SubStage(node_id(name, k, "r", i, "reward"), name, k, "reward", "host", 0,
-                                {"samples": 1, "tokens": context},
-                                attrs={"request_id": rid, "kind": spec.reward.kind, "latency_s": reward_s[i]})).id
+            rw = f"{req}/reward"
+            add(SubStage(rw, name, k, "reward", r_res, r_dev, {"samples": 1, "tokens": context},
+                         attrs={"request_id": rid, "reward_kind": spec.reward.kind, "latency_s": reward_s[i]}))
             edges.append((prev, rw))
             rewards.append(rw)
             tokens += context  # prompt + generated + observations, as the trainer sees it
+        g.add_many(subs)
         g.add_edges(order, "order")
         g.add_edges(edges, "data")
         if gate is not None:
             g.add_edges(((gate, t) for t in first_turns), "barrier")
-        syncs.append(add_training(g, name, k, spec.algorithm, rewards, gang, n, tokens))
+        syncs.append(add_training(g, name, k, spec.algorithm, rewards, gang, n, tokens, weight_bytes=weights))
     return g

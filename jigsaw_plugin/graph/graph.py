@@ -46,6 +46,15 @@ class SubStageGraph:
         self.g.add_node(s.id, **{_ATTR: s})
         return s
 
+    def add_many(self, substages: Iterable[SubStage]) -> None:
+        """Add many sub-stages at once (what the builders use: one networkx call)."""
+        items = []
+        for s in substages:
+            if s.kind not in KINDS:
+                raise GraphError(f"sub-stage {s.id!r}: kind {s.kind!r}; allowed: {', '.join(KINDS)}")
+            items.append((s.id, {_ATTR: s}))
+        self.g.add_nodes_from(items)
+
     def add_edge(self, u: str, v: str, kind: str = "data") -> None:
         """Add ``u -> v``. Either end may be added later; :meth:`validate` reports an edge
         whose node never came."""
