@@ -139,7 +139,14 @@ def _draw_nodes(graph: SubStageGraph, plt):
     if not nx.is_directed_acyclic_graph(graph.g):
         graph.validate()  # names the cycle
     rank = {k: i for i, k in enumerate(KINDS)}
-    layers = [sorted(layer, key=lambda n: _node_key(graph, n, rank)) for layer in nx.topological_generations(graph.g)]
+    layer_of = {n: x for x, layer in enumerate(nx.topological_generations(graph.g)) for n in layer}
+    for n in list(layer_of):  # a source sits just before its first successor (a request before its turn)
+        if graph.g.in_degree(n) == 0 and graph.g.out_degree(n):
+            layer_of[n] = min(layer_of[v] for v in graph.g.successors(n)) - 1
+    by_layer = defaultdict(list)
+    for n, x in layer_of.items():
+        by_layer[x].append(n)
+    layers = [sorted(by_layer[x], key=lambda n: _node_key(graph, n, rank)) for x in sorted(by_layer)]
     pos = {n: (x, -(y - (len(layer) - 1) / 2)) for x, layer in enumerate(layers) for y, n in enumerate(layer)}
     widest = max((len(layer) for layer in layers), default=1)
     fig, ax = plt.subplots(figsize=(min(40.0, 2.0 + 0.9 * len(layers)), min(40.0, 1.5 + 0.35 * widest)))
