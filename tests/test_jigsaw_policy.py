@@ -73,3 +73,24 @@ def test_bench_reports_a_ratio_on_the_same_samples(tail_heavy):
         get_policy("jigsaw", warp=True)
     with pytest.raises(SpecError, match="takes no options"):
         get_policy("verl-sync", rollout_gpus=2)
+
+
+def test_trace_replay_workload_runs_under_jigsaw_and_verl(monkeypatch):
+    import os
+    from pathlib import Path
+
+    from jigsaw_plugin.workload import load_workload, parse_workload
+
+    traces = Path(os.environ.get("JIGSAW_TRACE_DIR", Path(__file__).resolve().parents[2] / "shared/traces/polytrace"))
+    if not (traces / "verl").is_dir():
+        pytest.skip(f"PolyTrace traces not found at {traces} (set JIGSAW_TRACE_DIR)")
+    monkeypatch.setenv("JIGSAW_TRACE_DIR", str(traces))
+    root = Path(__file__).resolve().parents[1]
+    wl = load_workload(root / "examples/workloads/trace/a_sync4_32gpu.yaml")
+    data = wl.to_dict()
+    for p in data["pipelines"]:  # a small slice of the real workload keeps the test quick
+        p.update(prompts_per_step=16, samples_per_prompt=4, steps=2)
+    small = parse_workload(data)
+    ab = run_ab(small, "verl-sync")
+    assert ab["baseline"]["samples"] == 4 * 16 * 4 * 2
+    assert ab["throughput_ratio"] > 0
