@@ -112,3 +112,13 @@ def test_substage_duration_and_dict():
     assert s.to_dict()["sizes"] == {"tokens": 5} and s.to_dict()["attrs"] == {"turn": 0}
     with pytest.raises(AttributeError):
         s.devices = 3  # frozen
+
+
+def test_docs_name_every_kind_and_edge_kind():
+    from pathlib import Path
+
+    from jigsaw_plugin.graph import EDGE_KINDS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "graph.md").read_text()
+    missing = [k for k in (*KINDS, *EDGE_KINDS) if f"`{k}`" not in doc]
+    assert not missing, f"docs/graph.md does not describe {missing}"
