@@ -64,8 +64,8 @@ class Simulation:
             self.pipelines, workload.cluster.gpus, self.cost, seed, lambda *a: _workload.sample_step(*a), self._push,
             policy.staleness_bound, hooks=hooks, record_requests=record_requests,
             resident_slots=getattr(policy, "resident_slots", 1),
+            gpus_per_node=workload.cluster.gpus_per_node,
         )
-        self.world.gpus_per_node = workload.cluster.gpus_per_node
         self.world.route = lambda p, r: policy.route(self.world, p, r)
         self.world.policy_order = lambda p, reqs: policy.order(self.world, p, reqs)
         self.world.tail_threshold = getattr(policy, "tail_threshold", 0)

@@ -83,15 +83,6 @@ class PipelineRun:
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + len(self.pending)
 
-    def mean_lengths(self) -> tuple[float, float]:
-        """Mean prompt and generated tokens per sample seen so far (for estimates)."""
-        done = [s for s in self.steps.values() if s.n_gen_done]
-        if not done:
-            return float(self.spec.prompt_len.mean()), float(self.spec.response_len.mean())
-        gen = sum(s.generated for s in done) / sum(s.n_gen_done for s in done)
-        tok = sum(s.tokens for s in done) / sum(s.n_gen_done for s in done)
-        return tok - gen, gen
-
 
 def sample_tokens(samples) -> tuple[int, int]:
     """(prompt + generated + observation tokens, generated tokens) of a StepSamples."""

@@ -23,10 +23,11 @@ class PolicyViolation(RuntimeError):
 class World:
     def __init__(self, pipelines: list[PipelineRun], gpus: int, cost: CostModel, seed: int,
                  sample_step, push, staleness_bound, hooks=None, record_requests=False,
-                 resident_slots: int = 1):
+                 resident_slots: int = 1, gpus_per_node: int = 8):
         self.pipelines = {p.name: p for p in pipelines}
         self.order = pipelines
         self.gpus = gpus
+        self.gpus_per_node = gpus_per_node
         self.cost = cost
         self.seed = seed
         self._sample_step = sample_step
@@ -318,7 +319,7 @@ class World:
         if stage in ("update_actor", "update_critic"):
             return c.train_s(m, n, s.tokens)
         if stage == "weight_sync":
-            gpn = max(1, getattr(self, "gpus_per_node", 8))
+            gpn = max(1, self.gpus_per_node)
             rollout = {x for r in p.replicas for x in r.devices}
             cross = bool(rollout) and len({x // gpn for x in rollout | set(devices)}) > 1
             return c.weight_sync_s(m, colocated=colocated, cross_node=cross)
