@@ -1,0 +1,332 @@
+"""LiveWorld: the same pure policies, executed on live rollout engines in real time.
+
+``LiveWorld`` presents the state shape the simulator's ``World`` presents (it subclasses it
+and reuses its bookkeeping: steps, versions, stage order, staleness checks, device
+claims, hooks) but its rollouts are real requests sent through a ``Router`` to engines
+made by ``engine_factory`` (vLLM engines, or EMULATED ones for control-plane tests), and
+time is the wall clock (``t`` in model seconds: wall seconds / ``time_scale``). Training
+stages run through ``stage_runner`` (default: the cost model's duration, slept).
+
+What the policy reads of a replica (load, queue, KV, the requests it runs and their
+remaining tokens) comes from the router's live records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+from jigsaw_plugin.runtime.router import Router, RouterError
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, StartGen
+from jigsaw_plugin.sim.pipeline_state import StepRun, sample_tokens
+from jigsaw_plugin.sim.world import PolicyViolation, World
+
+__all__ = ["LiveWorld", "LiveReplica"]
+
+
+class _RequestView:
+    """What a policy reads of one running request (the simulator's Request fields)."""
+
+    __slots__ = ("rid", "context", "done", "admit_p", "finish_p", "target")
+
+    def __init__(self, rec):
+        self.rid = rec.request_id
+        self.context = len(rec.prompt)
+        self.done = len(rec.prefix) + len(rec.live)
+        self.admit_p = 0.0
+        self.target = rec.max_tokens
+        self.finish_p = float(rec.max_tokens - self.done)
+
+
+class LiveReplica:
+    """A live engine as the policies see a replica."""
+
+    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, time_scale: float):
+        self.id, self.pipeline, self.devices, self.tp = rid, pipeline, devices, len(devices)
+        self.router, self.model, self.cost, self.time_scale = router, model, cost, time_scale
+        self.cap = cost.kv_capacity_tokens(model, self.tp)
+        self.max_seqs = cost.f.max_num_seqs
+        self.retiring = False
+        self.p = 0.0  # live requests report remaining tokens directly (finish_p - p)
+        self.busy_until = self.t_sync = 0.0
+
+    def _records(self) -> list:
+        return [r for r in self.router.requests.values() if r.replica == self.id]
+
+    @property
+    def load(self) -> int:
+        return self.router.load(self.id)
+
+    inflight = load
+
+    @property
+    def n(self) -> int:
+        return min(self.load, self.max_seqs)
+
+    @property
+    def queue(self) -> list:
+        return [None] * max(0, self.load - self.max_seqs)
+
+    @property
+    def kv_tokens(self) -> float:
+        return float(sum(len(r.prompt) + len(r.prefix) + len(r.live) for r in self._records()))
+
+    @property
+    def work(self) -> int:
+        return sum(r.max_tokens - len(r.prefix) - len(r.live) for r in self._records())
+
+    @property
+    def max_finish_p(self) -> float:
+        return float(max((r.max_tokens - len(r.prefix) - len(r.live) for r in self._records()), default=0))
+
+    def running(self) -> list:
+        return [_RequestView(r) for r in self._records()]
+
+    def remaining_s(self) -> float:
+        if self.load == 0:
+            return 0.0
+        return self.max_finish_p * self.cost.decode_step_s(self.model, self.tp, max(1, self.n), self.kv_tokens)
+
+
+def _tokens(seed: str, n: int) -> list[int]:
+    base = zlib.crc32(seed.encode())
+    return [(base + 7919 * j) % 2048 for j in range(int(n))]
+
+
+class LiveWorld(World):
+    """Executes decisions on live engines; see the module docstring."""
+
+    def __init__(self, sim_like, engine_factory, time_scale: float = 1.0, stage_runner=None):
+        # ``sim_like`` is a Simulation whose World we take over (pipelines, cost, policy hooks)
+        w = sim_like.world
+        self.__dict__.update(w.__dict__)
+        self._policy = sim_like.policy
+        self._push = self._schedule_event
+        self.engine_factory = engine_factory
+        self.time_scale = time_scale
+        self.stage_runner = stage_runner
+        self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
+        self._wake: asyncio.Event | None = None
+        self._t0 = 0.0
+        self._tasks: set = set()
+        self._dirty = True
+
+    # ---- clock and wake-ups -------------------------------------------------------------
+    @property
+    def t(self) -> float:
+        if not self._t0:
+            return 0.0
+        return (time.monotonic() - self._t0) / self.time_scale
+
+    @t.setter
+    def t(self, value) -> None:  # World assigns t in the simulator; live time is the clock
+        pass
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty = value
+        if value and self._wake is not None:
+            self._wake.set()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._error = task.exception()
+            self.dirty = True
+
+    def _schedule_event(self, ev) -> None:
+        delay = max(0.0, ev.t - self.t) * self.time_scale
+        asyncio.get_running_loop().call_later(delay, self._fire, ev)
+
+    def _fire(self, ev) -> None:
+        ev.handle(self)
+        self.dirty = True
+
+    def _router_event(self, pipeline):
+        def on_event(name, **kw):
+            if name == "migrated":
+                p = self.pipelines[pipeline]
+                self.migrations += 1
+                step = int(kw["request_id"].split("/")[1])
+                p.steps[step].migrations += 1
+        return on_event
+
+    # ---- decisions ----------------------------------------------------------------------
+    def _start_gen(self, d: StartGen) -> None:
+        p = self.pipelines[d.pipeline]
+        if d.step != p.gen_next or d.step >= p.total_steps:
+            raise PolicyViolation(f"{p.name}: StartGen step {d.step}, expected {p.gen_next}")
+        if d.step - p.rollout_version > self._bound(p):
+            raise PolicyViolation(f"{p.name}: step {d.step} staler than the bound {self._bound(p)}")
+        samples = self._sample_step(p.spec, d.step, self.seed)
+        s = StepRun(step=d.step, samples=samples, n=len(samples.prompt_len))
+        s.tokens, s.generated = sample_tokens(samples)
+        s.gen_start_t, s.min_version = self.t, p.rollout_version
+        p.steps[d.step] = s
+        p.gen_next += 1
+        self._emit("jigsaw_step_start", pipeline=p.name, step=d.step, t=self.t)
+        for i in range(s.n):
+            self._spawn(self._trajectory(p, s, i, p.rollout_version))
+
+    async def _trajectory(self, p, s, i: int, version: int) -> None:
+        smp, router = s.samples, self.routers[p.name]
+        off, turns = int(smp.turn_offset[i]), int(smp.turns[i])
+        rid = f"{p.name}/{s.step}/{i}"
+        context = _tokens(rid, smp.prompt_len[i])
+        for turn in range(turns):
+            while True:
+                try:
+                    out = await router.generate(f"{rid}/{turn}", context, int(smp.gen_tokens[off + turn]), sticky=rid)
+                    break
+                except RouterError:  # no live replica: wait for the policy to launch one
+                    p.pending.append(rid)
+                    self.dirty = True
+                    await self._replica_added(p)
+                    p.pending.remove(rid)
+            self._emit("jigsaw_request_finished", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
+                       replica=router._sticky.get(rid), generated_tokens=len(out), t=self.t)
+            self._after_finish(p)
+            context = context + out
+            if turn + 1 < turns:
+                await asyncio.sleep(float(smp.tool_latency_s[off + turn]) * self.time_scale)
+                context += _tokens(f"{rid}/obs{turn}", smp.observation_len[off + turn])
+        s.n_gen_done += 1
+        if s.n_gen_done == s.n:
+            s.gen_end_t = self.t
+            self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="gen", devices=(), samples=s.n,
+                       tokens=s.generated, t=self.t)
+            self.dirty = True
+        await asyncio.sleep(float(smp.reward_latency_s[i]) * self.time_scale)
+        s.n_rewarded += 1
+        if s.n_rewarded == s.n:
+            s.reward_end_t = self.t
+            self.dirty = True
+
+    async def _replica_added(self, p) -> None:
+        while not [r for r in p.replicas if not r.retiring]:
+            await asyncio.sleep(0.001)
+
+    def _after_finish(self, p) -> None:
+        for rep in list(p.replicas):
+            if rep.retiring and rep.load == 0:
+                self._close(rep)
+            elif rep.load <= self.tail_threshold:
+                self.dirty = True
+
+    def _launch(self, d: LaunchReplica) -> None:
+        p = self.pipelines[d.pipeline]
+        devices = tuple(d.devices)
+        rid = self._next_replica
+        self._next_replica += 1
+        self._claim(devices, ("replica", p.name, rid))
+        self._switch_s(p, devices, "rollout")
+        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.time_scale)
+        rep.start_t = self.t
+        self.routers[p.name].add_replica(rid, self.engine_factory(p, devices))
+        self.replicas[rid] = rep
+        p.replicas.append(rep)
+        self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
+        for src in d.absorb:
+            self._retire(self.replicas[src])
+            self._migrate(Migrate(src, rid))
+
+    def _retire(self, rep) -> None:
+        rep.retiring = True
+        self.routers[rep.pipeline].retiring.add(rep.id)
+        self.dirty = True
+        if rep.load == 0:
+            self._close(rep)
+
+    def _close(self, rep) -> None:
+        if rep.id not in self.replicas:
+            return
+        p = self.pipelines[rep.pipeline]
+        p.replicas.remove(rep)
+        del self.replicas[rep.id]
+        router = self.routers[rep.pipeline]
+        router.engines.pop(rep.id, None)
+        router.inflight.pop(rep.id, None)
+        self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, rep.start_t, self.t))
+        self.busy_s += (self.t - rep.start_t) * rep.tp
+        self._release(rep.devices)
+        self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
+
+    def _migrate(self, d: Migrate) -> None:
+        src, dst = self.replicas[d.src], self.replicas[d.dst]
+        if src.pipeline != dst.pipeline:
+            raise PolicyViolation(f"migrate between pipelines {src.pipeline} and {dst.pipeline}")
+        router = self.routers[src.pipeline]
+        wanted = set(d.requests) if d.requests else None
+        ids = [r.request_id for r in src._records()
+               if wanted is None or r.request_id.rsplit("/", 1)[0] in wanted]
+
+        async def move():
+            for rid in ids:
+                if rid in router.requests and router.requests[rid].replica == src.id:
+                    await router.migrate(rid, dst.id)
+            await asyncio.sleep(0)
+            if src.retiring and src.load == 0:
+                self._close(src)
+            self.dirty = True
+
+        self._spawn(move())
+
+    def _run_stage(self, d) -> None:
+        if self.stage_runner is None:
+            return super()._run_stage(d)  # the cost model's duration, slept (emulated)
+        raise NotImplementedError("real training stages arrive with the reference pipeline")
+
+    # ---- the loop -----------------------------------------------------------------------
+    async def run(self, max_rounds: int = 8) -> None:
+        self._wake = asyncio.Event()
+        self._t0 = time.monotonic()
+        self._error = None
+        self.decision_us = []
+        while not all(p.done for p in self.order):
+            if self._error is not None:
+                raise self._error
+            if self._dirty:
+                for _ in range(max_rounds):
+                    self._dirty = False
+                    t0 = time.perf_counter()
+                    decisions = self._policy.decide(self)
+                    self.decision_us.append((time.perf_counter() - t0) * 1e6)
+                    if not decisions:
+                        break
+                    for dec in decisions:
+                        self.apply(dec)
+            self._wake.clear()
+            if not self._dirty:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                except asyncio.TimeoutError:
+                    self._dirty = True  # re-check (a drained replica, a timer)
+        for rep in list(self.replicas.values()):
+            self._close(rep)
+
+
+def run_live(workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0, backend: str = "emulated",
+             **sim_kw) -> dict:
+    """Run ``workload`` under ``policy`` on live engines; the result JSON of DESIGN.md 5."""
+    from jigsaw_plugin.sim.engine import Simulation
+    from jigsaw_plugin.sim.result import build_result
+
+    sim = Simulation(workload, policy, seed, **sim_kw)
+    live = LiveWorld(sim, engine_factory, time_scale=time_scale)
+    asyncio.run(live.run())
+    sim.world = live
+    sim.decision_us = live.decision_us
+    result = build_result(sim)
+    result["backend"] = backend
+    result["time_scale"] = time_scale
+    return result
