@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import control_plane  # noqa: E402
 import decision_latency  # noqa: E402
 import policies  # noqa: E402
 import sim_speed  # noqa: E402
@@ -24,6 +25,7 @@ def main() -> None:
     speed = sim_speed.run()
     pol, summary = policies.run()
     lat, lat_summary = decision_latency.run()
+    cp = control_plane.run()
     calib = (ROOT / "docs" / "calibration.md").read_text()
     calib_table = calib[calib.index("| quantity |"):].split("\n\n")[0]
     text = f"""# Benchmarks
@@ -79,6 +81,17 @@ oversubscribed than these.
 ## Scheduler decision latency (jigsaw policy)
 
 {lat}
+
+## Control plane on the EMULATED backend (runtime, not the simulator)
+
+The same jigsaw policy object drives live engines through the runtime's router
+(`runtime/live.py`, `runtime/router.py`); the engines here are EMULATED (no model: decode
+steps slept on the cost model's clock at 1/100 speed), so these rows measure the control
+plane only. "CPU ms/request" is the whole process (router, LiveWorld, policy and the
+emulated engines) per request: an upper bound of the router's own cost. Peak memory grows
+with the requests in flight (last row), and only slightly with finished requests (rows 1-3).
+
+{cp}
 
 ## Simulator speed
 

@@ -52,7 +52,7 @@ class LiveReplica:
         self.busy_until = self.t_sync = 0.0
 
     def _records(self) -> list:
-        return [r for r in self.router.requests.values() if r.replica == self.id]
+        return list(self.router.on_replica.get(self.id, {}).values())
 
     @property
     def load(self) -> int:
@@ -200,6 +200,7 @@ class LiveWorld(World):
             if turn + 1 < turns:
                 await asyncio.sleep(float(smp.tool_latency_s[off + turn]) * self.time_scale)
                 context += _tokens(f"{rid}/obs{turn}", smp.observation_len[off + turn])
+        router.end_trajectory(rid)
         s.n_gen_done += 1
         if s.n_gen_done == s.n:
             s.gen_end_t = self.t
@@ -256,30 +257,35 @@ class LiveWorld(World):
         router = self.routers[rep.pipeline]
         router.engines.pop(rep.id, None)
         router.inflight.pop(rep.id, None)
+        router.on_replica.pop(rep.id, None)
         self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, rep.start_t, self.t))
         self.busy_s += (self.t - rep.start_t) * rep.tp
         self._release(rep.devices)
         self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
 
     def _migrate(self, d: Migrate) -> None:
+        """Mark the requests to move and release a retiring source at once (as the
+        simulator does, so the policy's plan holds); the aborts follow asynchronously."""
         src, dst = self.replicas[d.src], self.replicas[d.dst]
         if src.pipeline != dst.pipeline:
             raise PolicyViolation(f"migrate between pipelines {src.pipeline} and {dst.pipeline}")
         router = self.routers[src.pipeline]
         wanted = set(d.requests) if d.requests else None
-        ids = [r.request_id for r in src._records()
-               if wanted is None or r.request_id.rsplit("/", 1)[0] in wanted]
+        aborts = []
+        for rec in src._records():
+            if wanted is None or rec.request_id.rsplit("/", 1)[0] in wanted:
+                pending = router.begin_migrate(rec.request_id, dst.id)
+                if pending is not None:
+                    aborts.append(pending)
+        if src.retiring and (wanted is None or src.load == len(aborts)):
+            self._close(src)
 
-        async def move():
-            for rid in ids:
-                if rid in router.requests and router.requests[rid].replica == src.id:
-                    await router.migrate(rid, dst.id)
-            await asyncio.sleep(0)
-            if src.retiring and src.load == 0:
-                self._close(src)
+        async def abort_all():
+            for engine, segment in aborts:
+                await engine.abort(segment)
             self.dirty = True
 
-        self._spawn(move())
+        self._spawn(abort_all())
 
     def _run_stage(self, d) -> None:
         if self.stage_runner is None:

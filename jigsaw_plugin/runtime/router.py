@@ -47,6 +47,7 @@ class Router:
         self.retiring: set[int] = set()
         self.inflight: dict[int, int] = {i: 0 for i in self.engines}
         self.requests: dict[str, RequestRecord] = {}
+        self.on_replica: dict[int, dict[str, RequestRecord]] = {}  # replica -> its running records
         self._sticky: dict[str, int] = {}
         self._on_event = on_event or (lambda name, **kw: None)
         self.finished = 0
@@ -110,6 +111,7 @@ class Router:
     async def _segment(self, rec: RequestRecord, replica: int) -> bool:
         engine = self.engines[replica]
         rec.replica, rec.live = replica, []
+        self.on_replica.setdefault(replica, {})[rec.request_id] = rec
         rec.segments += 1
         if rec.sticky is not None:
             self._sticky[rec.sticky] = replica
@@ -136,10 +138,17 @@ class Router:
         finally:
             if replica in self.inflight:
                 self.inflight[replica] -= 1
+            self.on_replica.get(replica, {}).pop(rec.request_id, None)
             rec.replica = None
 
-    async def migrate(self, request_id: str, dst: int) -> None:
-        """Abort the request where it runs; its next segment runs on ``dst``."""
+    def end_trajectory(self, sticky: str) -> None:
+        """Forget a finished trajectory's sticky replica (keeps memory flat per request)."""
+        self._sticky.pop(sticky, None)
+
+    def begin_migrate(self, request_id: str, dst: int):
+        """Mark a request to move to ``dst``; returns ``(engine, segment_id)`` to abort on the
+        source, or ``None`` if there is nothing to move. Synchronous, so an executor can
+        release the source's devices at once and abort right after."""
         rec = self.requests.get(request_id)
         if rec is None:
             raise RouterError(f"request {request_id} is not in flight")
@@ -147,10 +156,18 @@ class Router:
             raise RouterError(f"replica {dst} is not live")
         src = rec.replica
         if src is None or src == dst:
-            return
+            return None
         rec.move_to = dst
         rec.migrations += 1
         self._on_event("migrated", request_id=request_id, src_replica=src, dst_replica=dst,
                        generated_tokens=len(rec.prefix) + len(rec.live))
-        await self.engines[src].abort(f"{request_id}#{rec.segments}")
+        return self.engines[src], f"{request_id}#{rec.segments}"
+
+    async def migrate(self, request_id: str, dst: int) -> None:
+        """Abort the request where it runs; its next segment runs on ``dst``."""
+        pending = self.begin_migrate(request_id, dst)
+        if pending is None:
+            return
+        engine, segment = pending
+        await engine.abort(segment)
         await asyncio.sleep(0)  # let the aborted segment unwind
