@@ -106,6 +106,7 @@ class LiveWorld(World):
         self.engine_factory = engine_factory
         self.time_scale = time_scale
         self.stage_runner = stage_runner
+        self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._wake: asyncio.Event | None = None
         self._t0 = 0.0
@@ -182,7 +183,9 @@ class LiveWorld(World):
         smp, router = s.samples, self.routers[p.name]
         off, turns = int(smp.turn_offset[i]), int(smp.turns[i])
         rid = f"{p.name}/{s.step}/{i}"
-        context = _tokens(rid, smp.prompt_len[i])
+        group = i // p.spec.samples_per_prompt  # the samples of one prompt share it (a GRPO group)
+        context = _tokens(f"{p.name}/{s.step}/prompt{group}", smp.prompt_len[i])
+        prompt, mask = list(context), []  # mask: 1 on generated tokens, 0 on observations
         for turn in range(turns):
             while True:
                 try:
@@ -197,9 +200,13 @@ class LiveWorld(World):
                        replica=router._sticky.get(rid), generated_tokens=len(out), t=self.t)
             self._after_finish(p)
             context = context + out
+            mask += [1] * len(out)
             if turn + 1 < turns:
                 await asyncio.sleep(float(smp.tool_latency_s[off + turn]) * self.time_scale)
-                context += _tokens(f"{rid}/obs{turn}", smp.observation_len[off + turn])
+                obs = _tokens(f"{rid}/obs{turn}", smp.observation_len[off + turn])
+                context, mask = context + obs, mask + [0] * len(obs)
+        if self.stage_runner is not None:  # what the training stages read
+            self.trajectories.setdefault((p.name, s.step), {})[i] = (prompt, context[len(prompt):], group, mask)
         router.end_trajectory(rid)
         s.n_gen_done += 1
         if s.n_gen_done == s.n:
