@@ -1,0 +1,138 @@
+"""The reference pipeline's torch-free parts: reward, GRPO advantages, the stage runner's
+sequencing and weight-sync modes (with a stand-in trainer). The real trainer is tested in
+integration_tests/test_reference_grpo.py."""
+
+import asyncio
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jigsaw_plugin.runtime.emulated import EmulatedEngine
+from jigsaw_plugin.runtime.reference import ReferenceStageRunner, TokenSetReward, grpo_advantages, low_id_reward
+
+
+def test_importing_the_reference_package_pulls_no_framework():
+    code = ("import sys, jigsaw_plugin.runtime.reference; "
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_low_id_reward_is_the_fraction_of_generated_tokens_below_the_threshold():
+    r = low_id_reward(1024)
+    assert r([1, 2], [0, 1023, 1024, 2047]) == 0.5
+    assert r([1], []) == 0.0
+    # a response mask leaves observation tokens out
+    assert r.batch([([1], [5, 2000, 2000], 0, [1, 0, 0]), ([1], [5, 2000], 0)]) == [1.0, 0.5]
+    assert TokenSetReward([7])([0], [7, 7, 8, 9]) == 0.5
+    with pytest.raises(ValueError):
+        TokenSetReward([])
+
+
+def test_grpo_advantages_are_normalised_within_each_prompt_group():
+    rewards = [1.0, 0.0, 0.5, 0.5, 0.2, 0.9, 0.9, 0.3]
+    groups = [0, 0, 0, 0, 1, 1, 1, 2]
+    adv = grpo_advantages(rewards, groups)
+    g0 = np.array(rewards[:4])
+    assert np.allclose(adv[:4], (g0 - g0.mean()) / (g0.std(ddof=1) + 1e-6))
+    assert abs(adv[:4].sum()) < 1e-9 and abs(adv[4:7].sum()) < 1e-9
+    assert adv[7] == 0.0  # a group of one has no relative signal
+    assert np.all(grpo_advantages([0.5, 0.5, 0.5], [3, 3, 3]) == 0)  # equal rewards: no update
+    with pytest.raises(ValueError):
+        grpo_advantages([1.0, 2.0], [0])
+
+
+class _Weights:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+class _FakeTrainer:
+    """Stands in for ReferenceTrainer: records the calls, returns plain values."""
+
+    def __init__(self):
+        self.calls, self.version = [], 0
+
+    def old_log_prob(self, batch):
+        self.calls.append("old_log_prob")
+        return [[-1.0] * len(b[1]) for b in batch]
+
+    def ref_log_prob(self, batch):
+        self.calls.append("ref_log_prob")
+        return [[-1.5] * len(b[1]) for b in batch]
+
+    def update_actor(self, batch, old, adv, ref):
+        self.calls.append(("update_actor", len(batch), list(np.round(adv, 3)), ref is not None))
+        self.version += 1
+        return {"loss": 0.1, "version": self.version}
+
+    def state_dict_bf16(self):
+        return {"w": _Weights(10), "v": _Weights(6)}
+
+    def get_version(self):
+        return self.version
+
+
+class _Engine:
+    def __init__(self):
+        self.loaded = []
+
+    async def load_weights(self, state_dict, version=None):
+        self.loaded.append(version)
+
+
+def _pipeline(name, engines):
+    router = type("R", (), {"engines": dict(enumerate(engines))})()
+    reps = [type("Rep", (), {"id": i, "router": router})() for i in router.engines]
+    return type("P", (), {"name": name, "replicas": reps})()
+
+
+BATCH = [([1, 2], [5, 6], 0), ([1, 2], [2000, 6], 0), ([3], [2000, 2001], 1), ([3], [7, 2001], 1)]
+
+
+def test_stage_runner_runs_the_grpo_stages_in_order_and_syncs_the_weights():
+    tr, eng = _FakeTrainer(), _Engine()
+    runner = ReferenceStageRunner(tr)
+    p = _pipeline("p", [eng])
+
+    async def main():
+        await runner.run(p, 0, "old_log_prob", (0,), BATCH)
+        await runner.run(p, 0, "ref", (0,))
+        adv = await runner.run(p, 0, "adv", ())
+        upd = await runner.run(p, 0, "update_actor", (0, 1))
+        sync = await runner.run(p, 0, "weight_sync", (0, 1))
+        return adv, upd, sync
+
+    adv, upd, sync = asyncio.run(main())
+    assert runner.rewards[("p", 0)] == [1.0, 0.5, 0.0, 0.5]
+    assert adv["reward_mean"] == 0.5
+    assert tr.calls[:2] == ["old_log_prob", "ref_log_prob"]
+    name, n, a, with_ref = tr.calls[2]
+    assert (name, n, with_ref) == ("update_actor", 4, True) and a[0] > 0 > a[1] and a[2] < 0 < a[3]
+    assert upd == {"loss": 0.1, "version": 1}
+    assert sync["mode"] == "weights" and sync["bytes"] == 16 and eng.loaded == [1]
+    assert [r.stage for r in runner.records] == ["old_log_prob", "ref", "adv", "update_actor", "weight_sync"]
+    assert runner.records[0].samples == 4 and runner.records[0].tokens == 14
+    assert runner.latest_weights(p)[0] == 1 and ("p", 0) not in runner._state
+
+
+def test_stage_runner_records_when_an_engine_cannot_take_weights():
+    tr = _FakeTrainer()
+    runner = ReferenceStageRunner({"e": tr, "x": tr, "n": tr})
+    emulated = EmulatedEngine()
+
+    async def step(p, k):
+        await runner.run(p, k, "update_actor", (0,), BATCH)  # old log-probs and rewards on demand
+        return await runner.run(p, k, "weight_sync", (0,))
+
+    assert asyncio.run(step(_pipeline("e", [emulated]), 0))["mode"] == "version-only"
+    assert emulated.version == 1
+    x = asyncio.run(step(_pipeline("x", [object()]), 0))
+    assert x["mode"] == "unsupported" and "not supported" in x["note"]
+    assert asyncio.run(step(_pipeline("n", []), 0))["mode"] == "no-engines"
+    with pytest.raises(ValueError, match="needs the step's samples"):
+        asyncio.run(runner.run("z", 0, "old_log_prob", (0,)))
+    with pytest.raises(ValueError, match="unknown stage"):
+        asyncio.run(runner.run("e", 5, "bogus", (0,), BATCH))
