@@ -5,7 +5,9 @@ and reuses its bookkeeping: steps, versions, stage order, staleness checks, devi
 claims, hooks) but its rollouts are real requests sent through a ``Router`` to engines
 made by ``engine_factory`` (vLLM engines, or EMULATED ones for control-plane tests), and
 time is the wall clock (``t`` in model seconds: wall seconds / ``time_scale``). Training
-stages run through ``stage_runner`` (default: the cost model's duration, slept).
+stages run through ``stage_runner`` (default: the cost model's duration, slept), which is
+handed each sample's ``(prompt ids, response ids, prompt index, response mask)``
+(runtime/reference/stage_runner.py).
 
 What the policy reads of a replica (load, queue, KV, the requests it runs and their
 remaining tokens) comes from the router's live records.
@@ -297,7 +299,30 @@ class LiveWorld(World):
     def _run_stage(self, d) -> None:
         if self.stage_runner is None:
             return super()._run_stage(d)  # the cost model's duration, slept (emulated)
-        raise NotImplementedError("real training stages arrive with the reference pipeline")
+        # World's checks, device claim and hooks; its modelled StageDone is held back and fires
+        # when ``await stage_runner.run(pipeline, step, stage, devices, samples)`` returns.
+        held, push = [], self._push
+        self._push = held.append
+        try:
+            super()._run_stage(d)
+        finally:
+            self._push = push
+        (done,) = held
+        p, start = self.pipelines[d.pipeline], self.t
+        modelled, at = done.t - start, len(self.trace) - 1 if done.devices else None
+        traj = self.trajectories.get((p.name, d.step), {})
+
+        async def run():
+            await self.stage_runner.run(p, d.step, d.stage, done.devices, [traj[i] for i in sorted(traj)])
+            p.steps[d.step].stage_t[d.stage] = (start, self.t)  # measured, not modelled
+            self.busy_s += (self.t - start - modelled) * len(done.devices)
+            if at is not None:
+                self.trace[at] = self.trace[at][:4] + (self.t,)
+            if d.stage == p.stages[-1]:
+                self.trajectories.pop((p.name, d.step), None)
+            self._fire(done)
+
+        self._spawn(run())
 
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, max_rounds: int = 8) -> None:
