@@ -136,3 +136,47 @@ def test_stage_runner_records_when_an_engine_cannot_take_weights():
         asyncio.run(runner.run("z", 0, "old_log_prob", (0,)))
     with pytest.raises(ValueError, match="unknown stage"):
         asyncio.run(runner.run("e", 5, "bogus", (0,), BATCH))
+
+
+def test_live_world_hands_each_step_s_tokens_to_the_stage_runner():
+    """LiveWorld (EMULATED engines) calls the runner for every training stage with the
+    step's samples: the prompt shared by a prompt's samples, the generated tokens, the
+    group, and a response mask with observations at 0 (agentic pipeline)."""
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim.engine import Simulation
+    from sim_helpers import small_workload
+
+    cost = CostModel(hardware_profile("h100"))
+    wl = small_workload(gpus=4, pipelines=2, prompts=2, samples=3, steps=2, median=40, algorithms=("grpo", "dapo"))
+    seen = []
+
+    class Recorder(ReferenceStageRunner):
+        async def run(self, pipeline, step, stage, devices, samples):
+            seen.append((pipeline.name, step, stage, tuple(devices), samples))
+            return await super().run(pipeline, step, stage, devices, samples)
+
+    trainers = {"p0": _FakeTrainer(), "p1": _FakeTrainer()}
+    runner = Recorder(trainers)
+    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
+    factory = lambda p, d: EmulatedEngine(cost, p.model, tp=len(d), time_scale=0.02)  # noqa: E731
+    live = LiveWorld(sim, factory, time_scale=0.02, stage_runner=runner)
+    asyncio.run(asyncio.wait_for(live.run(), 60))
+
+    order = {"p0": ["old_log_prob", "ref", "adv", "update_actor", "weight_sync"],
+             "p1": ["old_log_prob", "adv", "update_actor", "weight_sync"]}
+    for name, stages in order.items():
+        assert [(s, st) for n, s, st, _, _ in seen if n == name] == [(k, st) for k in (0, 1) for st in stages]
+        assert trainers[name].version == 2 and runner.sync[name]["mode"] in ("version-only", "no-engines")
+    for name, step, stage, devices, samples in seen:
+        smp = live.pipelines[name].steps[step].samples
+        assert len(samples) == 6 and [g for _, _, g, _ in samples] == [0, 0, 0, 1, 1, 1]
+        assert (devices == ()) == (stage == "adv")
+        for i, (prompt, response, group, mask) in enumerate(samples):
+            assert prompt == samples[3 * group][0] and len(prompt) == smp.prompt_len[i]
+            assert len(mask) == len(response) and sum(mask) == smp.generated_per_sample()[i]
+        assert samples[0][0] != samples[3][0]
+    agentic = [m for n, _, _, _, smp in seen if n == "p1" for _, _, _, m in smp]
+    assert any(0 in m for m in agentic)  # p1 is multi-turn: observations are masked out
+    assert live.trajectories == {}
