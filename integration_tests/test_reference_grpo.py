@@ -192,10 +192,19 @@ def test_stage_runner_runs_a_grpo_step_and_syncs_weights_where_the_engine_can(mo
 # ---- (c) the Ray actor ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
+    import time
+
     ray = pytest.importorskip("ray", reason="Ray is not installed here")
     if ray.is_initialized():  # pragma: no cover - another module left a cluster up
         ray.shutdown()
-    ray.init(num_cpus=2, resources={"jigsaw_device": 2}, include_dashboard=False, log_to_driver=False)
+    kw = dict(num_cpus=2, resources={"jigsaw_device": 2}, include_dashboard=False, log_to_driver=False,
+              object_store_memory=200 * 1024 * 1024)
+    try:
+        ray.init(**kw)
+    except Exception:  # seen once: "node timed out during startup" right after another module's
+        ray.shutdown()  # cluster of vLLM engine actors went down on a loaded machine; retry once
+        time.sleep(5)
+        ray.init(**kw)
     yield ray
     ray.shutdown()
 
