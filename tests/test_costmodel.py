@@ -71,3 +71,8 @@ def test_custom_profiles_and_errors():
         model_profile("llama-7b")
     m = model_profile({"params_b": 3, "layers": 20, "hidden": 2048, "kv_heads": 4, "head_dim": 64, "vocab": 32000})
     assert m.default_tp == 1
+
+
+def test_tiny_model_fits_one_cpu_core_device():
+    cpu = CostModel(hardware_profile("cpu"))
+    assert cpu.kv_capacity_tokens(model_profile("tiny-qwen2"), 1) > 100_000

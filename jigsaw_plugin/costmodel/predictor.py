@@ -50,7 +50,9 @@ class CostModel:
         """Tokens of KV cache one replica can hold. ``other_bytes`` per device are taken by
         other pipelines' resident weights (multiplexing shrinks caches)."""
         usable = self.hw.memory_bytes * self.f.rollout_mem_util
-        free = usable - model.weight_bytes / tp - other_bytes - self.f.activation_reserve_gb * 1e9
+        # the activation reserve never takes more than a tenth of a device (small CPU "devices")
+        reserve = min(self.f.activation_reserve_gb, 0.1 * self.hw.memory_gb) * 1e9
+        free = usable - model.weight_bytes / tp - other_bytes - reserve
         return max(0, int(free * tp / model.kv_bytes_per_token))
 
     def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> float:

@@ -354,13 +354,13 @@ class LiveWorld(World):
 
 
 def run_live(workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0, backend: str = "emulated",
-             **sim_kw) -> dict:
+             stage_runner=None, **sim_kw) -> dict:
     """Run ``workload`` under ``policy`` on live engines; the result JSON of DESIGN.md 5."""
     from jigsaw_plugin.sim.engine import Simulation
     from jigsaw_plugin.sim.result import build_result
 
     sim = Simulation(workload, policy, seed, **sim_kw)
-    live = LiveWorld(sim, engine_factory, time_scale=time_scale)
+    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner)
     asyncio.run(live.run())
     sim.world = live
     sim.decision_us = live.decision_us
