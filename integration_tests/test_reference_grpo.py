@@ -248,7 +248,7 @@ def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_d
     """The whole sync GRPO loop of LiveWorld under verl-sync: rollouts on EMULATED engines
     (deterministic tokens, no model), every training stage through ReferenceStageRunner on
     the real trainer. The EMULATED engine takes a version, not weights: the sync says so."""
-    from jigsaw_plugin.costmodel import CostModel, EfficiencyFactors, hardware_profile
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
     from jigsaw_plugin.runtime.live import LiveWorld
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim.engine import Simulation
@@ -259,10 +259,7 @@ def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_d
         "samples_per_prompt": 4, "max_response_len": 64, "prompt_len": {"dist": "const", "value": 12},
         "response_len": {"dist": "uniform", "low": 8, "high": 24},
         "reward": {"kind": "rule", "latency_s": {"dist": "const", "value": 0.0}}, "steps": 2}]})
-    # The default 4 GB activation reserve exceeds the "cpu" profile's 4 GB x 0.8: no KV room,
-    # so the policies never launch a replica on `gpu: cpu` (docs/reference_pipeline.md).
-    factors = EfficiencyFactors(activation_reserve_gb=0.5)
-    cost = CostModel(hardware_profile("cpu"), factors)
+    cost = CostModel(hardware_profile("cpu"))
     engines = []
 
     def factory(pipeline, devices):
@@ -271,7 +268,7 @@ def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_d
 
     trainer = ReferenceTrainer(model_dir, seed=0)
     runner = ReferenceStageRunner(trainer)
-    sim = Simulation(wl, get_policy("verl-sync"), seed=0, factors=factors)
+    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
     live = LiveWorld(sim, factory, time_scale=1.0, stage_runner=runner)
     asyncio.run(asyncio.wait_for(live.run(), 120))
 
@@ -320,7 +317,6 @@ def test_live_world_grpo_on_vllm_engines_pushes_the_trained_weights_into_them(en
     replicas before training, so the runner is told the pool: ``engines=``). The engines are
     given their original weights back at the end (the other tests share them)."""
     pytest.importorskip("vllm", reason="vLLM is not installed here: `make integration` builds .venv-cpu")
-    from jigsaw_plugin.costmodel import EfficiencyFactors
     from jigsaw_plugin.runtime.live import LiveWorld
     from jigsaw_plugin.runtime.tiny_model import tiny_qwen2_state_dict
     from jigsaw_plugin.scheduler import get_policy
@@ -340,7 +336,7 @@ def test_live_world_grpo_on_vllm_engines_pushes_the_trained_weights_into_them(en
     versions = (a.weight_version, b.weight_version)
     trainer = ReferenceTrainer(tiny_model_dir, seed=0)
     runner = ReferenceStageRunner(trainer, engines=lambda p: pool)
-    sim = Simulation(wl, get_policy("verl-sync"), seed=0, factors=EfficiencyFactors(activation_reserve_gb=0.5))
+    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
     live = LiveWorld(sim, lambda p, devices: pool[devices[0]], time_scale=1.0, stage_runner=runner)
     try:
         run(live.run(), timeout=180)
