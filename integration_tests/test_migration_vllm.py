@@ -228,12 +228,18 @@ def ray_engines(local_engines, tiny_model_dir):
         ray.shutdown()
     ray.init(num_cpus=2, resources={"jigsaw_device": 2}, include_dashboard=False,
              object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    handles = []
     try:
         # One engine actor per device; each pins its worker to its own core.
         handles = [make_engine_actor(tiny_model_dir, omp_threads_bind=str(i)) for i in range(2)]
         yield handles, [ActorEngine(h) for h in handles]
     finally:
-        ray.shutdown()
+        # Stop vLLM's processes (both at once) before Ray kills the actors above them:
+        # killed first, their engine-core and worker processes linger for minutes.
+        try:
+            ray.get([h.shutdown.remote() for h in handles], timeout=120)
+        finally:
+            ray.shutdown()
 
 
 @pytest.mark.ray_cluster

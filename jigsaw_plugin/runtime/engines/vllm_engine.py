@@ -361,7 +361,11 @@ def make_engine_actor(model_path, device_resource: str = "jigsaw_device", *, num
     the engine computes on (``ray.init(num_cpus=2, resources={"jigsaw_device": 2})``), and
     claiming a Ray CPU as well would count that core twice and leave none to the driver's
     own tasks. ``engine_kwargs`` go to ``VLLMEngine``. Returns the actor handle; wrap it in
-    ``ActorEngine`` for the engine interface."""
+    ``ActorEngine`` for the engine interface.
+
+    Stop it with ``handle.shutdown.remote()`` (or ``ActorEngine.shutdown()``) before
+    ``ray.kill`` or ``ray.shutdown``: an actor killed first leaves vLLM's engine-core and
+    worker processes running (and spinning) for a minute or more."""
     cls = engine_actor_class()
     return cls.options(num_cpus=num_cpus, resources={device_resource: 1},
                        max_concurrency=max_concurrency).remote(str(model_path), engine_kwargs)
