@@ -102,8 +102,9 @@ class VLLMEngine:
 
     ``kv_cache_space_gib`` sets ``VLLM_CPU_KVCACHE_SPACE`` (the KV cache of a CPU engine,
     GiB) and ``omp_threads_bind`` sets ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0"``: pin the
-    worker's OpenMP threads to core 0; ``None`` keeps vLLM's ``auto``, which puts every
-    engine on the same last core of a 2-core machine), both only for the engine processes
+    worker's OpenMP threads to core 0; ``None`` keeps vLLM's ``auto``, which picks cores per
+    NUMA node without knowing of other engines, so engines on one node can land on the same
+    cores), both only for the engine processes
     started by this constructor. Other keyword arguments go to ``AsyncEngineArgs``.
     """
 
