@@ -21,7 +21,6 @@ import zlib
 
 from jigsaw_plugin.runtime.router import Router, RouterError
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, StartGen
-from jigsaw_plugin.sim.pipeline_state import StepRun, sample_tokens
 from jigsaw_plugin.sim.world import PolicyViolation, World
 
 __all__ = ["LiveWorld", "LiveReplica"]
@@ -166,18 +165,7 @@ class LiveWorld(World):
 
     # ---- decisions ----------------------------------------------------------------------
     def _start_gen(self, d: StartGen) -> None:
-        p = self.pipelines[d.pipeline]
-        if d.step != p.gen_next or d.step >= p.total_steps:
-            raise PolicyViolation(f"{p.name}: StartGen step {d.step}, expected {p.gen_next}")
-        if d.step - p.rollout_version > self._bound(p):
-            raise PolicyViolation(f"{p.name}: step {d.step} staler than the bound {self._bound(p)}")
-        samples = self._sample_step(p.spec, d.step, self.seed)
-        s = StepRun(step=d.step, samples=samples, n=len(samples.prompt_len))
-        s.tokens, s.generated = sample_tokens(samples)
-        s.gen_start_t, s.min_version = self.t, p.rollout_version
-        p.steps[d.step] = s
-        p.gen_next += 1
-        self._emit("jigsaw_step_start", pipeline=p.name, step=d.step, t=self.t)
+        p, s = self._open_step(d)
         for i in range(s.n):
             self._spawn(self._trajectory(p, s, i, p.rollout_version))
 

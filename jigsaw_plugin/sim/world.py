@@ -130,7 +130,8 @@ class World:
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
 
-    def _start_gen(self, d: StartGen) -> None:
+    def _open_step(self, d: StartGen):
+        """Check a StartGen against the staleness bound and record the new step."""
         p = self.pipelines[d.pipeline]
         if d.step != p.gen_next or d.step >= p.total_steps:
             raise PolicyViolation(f"{p.name}: StartGen step {d.step}, expected {p.gen_next}")
@@ -147,6 +148,11 @@ class World:
         p.steps[d.step] = s
         p.gen_next += 1
         self._emit("jigsaw_step_start", pipeline=p.name, step=d.step, t=self.t)
+        return p, s
+
+    def _start_gen(self, d: StartGen) -> None:
+        p, s = self._open_step(d)
+        samples = s.samples
         self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage="gen",
                    devices=tuple(sorted(x for r in p.replicas for x in r.devices)),
                    samples=s.n, tokens=int(samples.prompt_len.sum()), t=self.t)
