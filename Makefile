@@ -40,7 +40,10 @@ $(STAMP_CPU): pyproject.toml
 	touch $@
 
 integration: venv-cpu
-	$(VENV_CPU)/bin/python -m pytest -q integration_tests
+	$(VENV_CPU)/bin/python -m pytest -q integration_tests --ignore=integration_tests/verl --ignore=integration_tests/openrlhf
+
+# One make fragment per host adapter (venv recipe + integration target), each in its own file.
+include $(wildcard mk/*.mk)
 
 clean:
 	rm -rf $(VENV) $(VENV_CPU) build dist *.egg-info .pytest_cache .hypothesis

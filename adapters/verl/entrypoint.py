@@ -1,0 +1,1 @@
+"""verl entry point (group ``verl.plugins``): filled in by the verl adapter."""
