@@ -1,0 +1,159 @@
+"""The adapter's own command-line flags (``--jigsaw.*``) and their validation.
+
+The OpenRLHF CLI parses its arguments with argparse inside ``if __name__ == "__main__"`` and
+rejects options it does not know, so this adapter takes its flags out of ``argv`` before
+OpenRLHF sees it. Pure Python: no OpenRLHF, Ray or torch import here (unit-tested in the
+core test environment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+__all__ = ["JigsawConfig", "JigsawUsageError", "FLAGS", "POLICIES", "split_jigsaw_flags", "parse_jigsaw_flags"]
+
+PREFIX = "--jigsaw."
+
+#: Rollout policies of this adapter. ``jigsaw``: per-request routing, long-tail migration
+#: (consolidation) and switching engines of the pre-provisioned pool on and off;
+#: ``least-in-flight``: per-request routing only (no migration, every engine on).
+POLICIES = ("jigsaw", "least-in-flight")
+
+
+class JigsawUsageError(ValueError):
+    """Misuse of the adapter's command line or of its Python entry point (CLI exit code 2)."""
+
+
+@dataclass(frozen=True)
+class JigsawConfig:
+    """What ``--jigsaw.*`` selects. Field names are the flag names without the prefix."""
+
+    enable: bool = False
+    policy: str = "jigsaw"
+    pipeline: str = "openrlhf"
+    coordinator: str | None = None  # name of the shared coordinator actor; None: this run only
+    namespace: str = "jigsaw"  # Ray namespace of the coordinator actor
+    active_engines: int | None = None  # engines of the pool switched on at start (None: all)
+    tail_fraction: float = 0.25  # consolidate once in-flight requests <= this share of the step's
+    migrate_min_tokens: int = 8  # a request is moved only after it generated this many tokens
+    poll_interval_s: float = 0.1  # how often the rollout controller looks at engine progress
+    events: str | None = None  # JSONL file receiving every hook event of this run
+    lease_timeout_s: float | None = None  # how long to wait for devices from the coordinator
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bool(name, raw):
+    if raw is None:
+        return True
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: true or false (or the bare flag)")
+
+
+def _choice(choices):
+    def parse(name, raw):
+        if raw not in choices:
+            raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: {', '.join(choices)}")
+        return raw
+    return parse
+
+
+def _name(name, raw):
+    if not raw or raw.startswith("-") or any(c.isspace() for c in raw):
+        raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: a non-empty name without spaces")
+    return raw
+
+
+def _optional_name(name, raw):
+    return None if raw.lower() == "none" else _name(name, raw)
+
+
+def _number(kind, low, high=None, *, low_open=False, optional=False):
+    def parse(name, raw):
+        if optional and raw.lower() == "none":
+            return None
+        bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: {kind.__name__} {bound}") from None
+        if (value <= low if low_open else value < low) or (high is not None and value > high):
+            raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: {kind.__name__} {bound}")
+        return value
+    return parse
+
+
+def _path(name, raw):
+    if not raw:
+        raise JigsawUsageError(f"{PREFIX}{name}: got an empty path; allowed: a file path")
+    return raw
+
+
+#: flag name -> parser(name, raw string or None for a bare flag). Only ``enable`` may be bare.
+FLAGS = {
+    "enable": _bool,
+    "policy": _choice(POLICIES),
+    "pipeline": _name,
+    "coordinator": _optional_name,
+    "namespace": _name,
+    "active_engines": _number(int, 1, optional=True),
+    "tail_fraction": _number(float, 0.0, 1.0, low_open=True),
+    "migrate_min_tokens": _number(int, 0),
+    "poll_interval_s": _number(float, 0.0, low_open=True),
+    "events": _path,
+    "lease_timeout_s": _number(float, 0.0, low_open=True, optional=True),
+}
+assert set(FLAGS) == {f.name for f in fields(JigsawConfig)}
+
+
+def split_jigsaw_flags(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """Separate ``--jigsaw.NAME[=VALUE]`` / ``--jigsaw.NAME VALUE`` from the host's arguments.
+
+    Returns ``({name: raw value or None}, the other arguments in order)``. Unknown names
+    and repeated flags are errors that list the allowed flags.
+    """
+    raw: dict[str, str | None] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith(PREFIX):
+            rest.append(arg)
+            i += 1
+            continue
+        name, eq, value = arg[len(PREFIX):].partition("=")
+        name = name.replace("-", "_")
+        if name not in FLAGS:
+            allowed = ", ".join(PREFIX + n for n in FLAGS)
+            raise JigsawUsageError(f"unknown flag {arg.partition('=')[0]!r}; allowed: {allowed}")
+        if name in raw:
+            raise JigsawUsageError(f"{PREFIX}{name} given twice")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if name == "enable" and (nxt is None or nxt.startswith("--")):
+                value = None  # bare boolean flag
+            elif nxt is None or nxt.startswith("--"):
+                raise JigsawUsageError(f"{PREFIX}{name} needs a value")
+            else:
+                value = nxt
+                i += 1
+        raw[name] = value
+        i += 1
+    return raw, rest
+
+
+def parse_jigsaw_flags(argv: list[str]) -> tuple[JigsawConfig, list[str]]:
+    """``(JigsawConfig, OpenRLHF's arguments)`` from a command line (without the program name)."""
+    raw, rest = split_jigsaw_flags(argv)
+    values = {name: FLAGS[name](name, value) if not (name == "enable" and value is None) else True
+              for name, value in raw.items()}
+    config = JigsawConfig(**values)
+    if not config.enable and len(raw) > ("enable" in raw):
+        others = ", ".join(PREFIX + n for n in raw if n != "enable")
+        raise JigsawUsageError(f"{others} given without {PREFIX}enable; add {PREFIX}enable to use jigsaw")
+    return config, rest

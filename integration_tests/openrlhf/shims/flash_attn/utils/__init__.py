@@ -1,0 +1,1 @@
+"""TEST-ENVIRONMENT SHIM (see flash_attn/__init__.py)."""
