@@ -140,3 +140,36 @@ def test_sticky_sessions_and_errors():
             await r.generate("x", [1], 2)
 
     run(main())
+
+
+class _SeenSampling(EmulatedEngine):
+    """Records the sampling keywords each segment reached the engine with."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen = []
+
+    async def generate(self, request_id, prompt_token_ids, max_tokens, on_progress=None, **sampling):
+        self.seen.append((request_id, sampling))
+        return await super().generate(request_id, prompt_token_ids, max_tokens, on_progress=on_progress, **sampling)
+
+
+def test_sampling_keywords_reach_every_segment_with_a_fresh_seed_after_a_move():
+    cost = CostModel(hardware_profile("h100"))
+    pair = {i: _SeenSampling(cost, model_profile("qwen2.5-1.5b"), time_scale=1e-3) for i in range(2)}
+
+    async def main():
+        r = Router(pair)
+        with pytest.raises(RouterError, match=r"sampling keys \['top_k'\] are not supported; allowed: greedy"):
+            await r.generate("bad", [1], 3, sampling={"top_k": 5})
+        task = asyncio.create_task(
+            r.generate("s", [1, 2], 120, sampling={"greedy": False, "temperature": 0.7, "sampling_seed": 11}))
+        await wait_until(lambda: "s" in r.requests and len(r.requests["s"].live) >= 20)
+        await r.migrate("s", 1 - r.requests["s"].replica)
+        return await task
+
+    assert len(run(main())) == 120
+    seen = sorted(s for e in pair.values() for s in e.seen)
+    assert [rid for rid, _ in seen] == ["s#1", "s#2"]
+    assert seen[0][1] == {"greedy": False, "temperature": 0.7, "sampling_seed": 11}
+    assert seen[1][1]["temperature"] == 0.7 and seen[1][1]["sampling_seed"] != 11

@@ -65,7 +65,10 @@ class EmulatedEngine:
 
     # ---- interface shared with the vLLM engine ------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                       on_progress=None) -> list[int]:
+                       on_progress=None, greedy: bool = True, temperature: float = 1.0,
+                       sampling_seed: int | None = None) -> list[int]:
+        # Sampling keywords are accepted and ignored: EMULATED tokens are a fixed function
+        # of the context (next_token), so a migrated request stays checkable.
         if self.dead:
             raise EngineDead(f"engine is dead; request {request_id} not accepted")
         if request_id in self._reqs:

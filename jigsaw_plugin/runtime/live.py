@@ -98,7 +98,8 @@ def _tokens(seed: str, n: int) -> list[int]:
 class LiveWorld(World):
     """Executes decisions on live engines; see the module docstring."""
 
-    def __init__(self, sim_like, engine_factory, time_scale: float = 1.0, stage_runner=None):
+    def __init__(self, sim_like, engine_factory, time_scale: float = 1.0, stage_runner=None,
+                 sampling: dict | None = None):
         # ``sim_like`` is a Simulation whose World we take over (pipelines, cost, policy hooks)
         w = sim_like.world
         self.__dict__.update(w.__dict__)
@@ -107,6 +108,7 @@ class LiveWorld(World):
         self.engine_factory = engine_factory
         self.time_scale = time_scale
         self.stage_runner = stage_runner
+        self.sampling = dict(sampling or {})  # Router SAMPLING_KEYS; a seed is made per request
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._wake: asyncio.Event | None = None
@@ -179,7 +181,8 @@ class LiveWorld(World):
         for turn in range(turns):
             while True:
                 try:
-                    out = await router.generate(f"{rid}/{turn}", context, int(smp.gen_tokens[off + turn]), sticky=rid)
+                    out = await router.generate(f"{rid}/{turn}", context, int(smp.gen_tokens[off + turn]), sticky=rid,
+                                                sampling=self._sampling(f"{rid}/{turn}"))
                     break
                 except RouterError:  # no live replica: wait for the policy to launch one
                     p.pending.append(rid)
@@ -209,6 +212,14 @@ class LiveWorld(World):
         if s.n_rewarded == s.n:
             s.reward_end_t = self.t
             self.dirty = True
+
+    def _sampling(self, request_id: str) -> dict:
+        """The run's sampling keywords, with a per-request seed (the samples of one GRPO
+        group share a prompt: one seed for all would make them identical)."""
+        if self.sampling.get("sampling_seed") is None:
+            return self.sampling
+        return {**self.sampling, "sampling_seed": (int(self.sampling["sampling_seed"])
+                                                   + zlib.crc32(request_id.encode())) % 2**31}
 
     async def _replica_added(self, p) -> None:
         while not [r for r in p.replicas if not r.retiring]:
@@ -342,13 +353,13 @@ class LiveWorld(World):
 
 
 def run_live(workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0, backend: str = "emulated",
-             stage_runner=None, **sim_kw) -> dict:
+             stage_runner=None, sampling: dict | None = None, **sim_kw) -> dict:
     """Run ``workload`` under ``policy`` on live engines; the result JSON of DESIGN.md 5."""
     from jigsaw_plugin.sim.engine import Simulation
     from jigsaw_plugin.sim.result import build_result
 
     sim = Simulation(workload, policy, seed, **sim_kw)
-    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner)
+    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner, sampling=sampling)
     asyncio.run(live.run())
     sim.world = live
     sim.decision_us = live.decision_us

@@ -37,6 +37,19 @@ class RequestRecord:
     segments: int = 0
     migrations: int = 0
     move_to: int | None = None  # set by migrate(): where the next segment runs
+    sampling: dict = field(default_factory=dict)  # engine sampling keywords (SAMPLING_KEYS)
+
+
+#: Sampling keywords a request may carry to its engine (VLLMEngine.generate's).
+SAMPLING_KEYS = ("greedy", "temperature", "sampling_seed")
+
+
+def _segment_sampling(sampling: dict, segment: int) -> dict:
+    """A resumed segment draws a fresh seeded stream: the same seed would replay the
+    random numbers the first segment already used for its tokens."""
+    if sampling.get("sampling_seed") is None or segment <= 1:
+        return sampling
+    return {**sampling, "sampling_seed": int(sampling["sampling_seed"]) + 7919 * (segment - 1)}
 
 
 class Router:
@@ -88,11 +101,17 @@ class Router:
         return min(live, key=lambda i: (self.inflight[i], i))
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                       sticky: str | None = None) -> list[int]:
-        """Generate ``max_tokens`` tokens for the request; returns once with all of them."""
+                       sticky: str | None = None, sampling: dict | None = None) -> list[int]:
+        """Generate ``max_tokens`` tokens for the request; returns once with all of them.
+
+        ``sampling``: keywords for the engine (``SAMPLING_KEYS``); default greedy."""
         if request_id in self.requests:
             raise RouterError(f"request {request_id} is already in flight")
-        rec = RequestRecord(request_id, list(prompt_token_ids), int(max_tokens), sticky)
+        bad = sorted(set(sampling or {}) - set(SAMPLING_KEYS))
+        if bad:
+            raise RouterError(f"request {request_id}: sampling keys {bad} are not supported; "
+                              f"allowed: {', '.join(SAMPLING_KEYS)}")
+        rec = RequestRecord(request_id, list(prompt_token_ids), int(max_tokens), sticky, sampling=dict(sampling or {}))
         self.requests[request_id] = rec
         try:
             while True:
@@ -123,7 +142,7 @@ class Router:
 
         try:
             out = await engine.generate(f"{rec.request_id}#{rec.segments}", rec.prompt + rec.prefix, remaining,
-                                        on_progress=progress)
+                                        on_progress=progress, **_segment_sampling(rec.sampling, rec.segments))
             rec.prefix = rec.prefix + list(out)
             return True
         except RequestAborted as e:  # migrated: keep the prefix, go on where migrate() said
