@@ -1,0 +1,85 @@
+"""The ``+jigsaw.*`` options of a verl run, validated eagerly (no verl import).
+
+verl's Hydra config is in struct mode, so the options ride in a new top-level key that the
+user adds with ``+``: ``+jigsaw.policy=jigsaw +jigsaw.pipeline=grpo-a``. A bad value is a
+:class:`~jigsaw_plugin.errors.SpecError` naming the option, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from jigsaw_plugin.errors import SpecError
+
+__all__ = ["JigsawOptions", "parse_options", "TRAINER_MODES", "BASE_MODE", "OPTION_PREFIX"]
+
+OPTION_PREFIX = "+jigsaw"
+#: verl ``trainer.v1.trainer_mode`` values this adapter registers -> the verl mode it extends.
+TRAINER_MODES = {"jigsaw": "sync", "jigsaw_colocate_async": "colocate_async"}
+BASE_MODE = TRAINER_MODES  # alias kept short for callers that ask "which verl mode is this"
+_POLICIES = ("jigsaw", "observe")
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class JigsawOptions:
+    """What a user sets under ``+jigsaw.*`` (all optional).
+
+    :param policy: ``jigsaw`` (record, report to the coordinator, accept its leases) or
+        ``observe`` (record the hooks only; verl runs exactly as it would).
+    :param pipeline: The pipeline's name, unique among the trainers sharing a coordinator
+        (default: ``trainer.experiment_name``).
+    :param coordinator: Name of the jigsaw coordinator's Ray actor to join, or ``None`` to run
+        without one. Trainers in separate driver processes that name the same coordinator (and
+        Ray namespace) share its device pool.
+    :param namespace: Ray namespace of the coordinator actor.
+    :param address: Ray cluster address of the coordinator (``ray.init(address=...)``) when the
+        trainer's own driver starts Ray; ``None`` keeps verl's ``ray_kwargs.ray_init``.
+    :param lookahead_s: Look-ahead horizon of the scheduler, seconds (> 0).
+    :param events_path: Write every recorded hook event here as JSON lines at the end of the run.
+    """
+
+    policy: str = "jigsaw"
+    pipeline: str | None = None
+    coordinator: str | None = None
+    namespace: str = "jigsaw"
+    address: str | None = None
+    lookahead_s: float = 30.0
+    events_path: str | None = None
+
+
+def _allowed_keys() -> str:
+    return ", ".join(f"{OPTION_PREFIX}.{f.name}" for f in fields(JigsawOptions))
+
+
+def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = None) -> JigsawOptions:
+    """Validate the ``jigsaw`` section of a verl config (a plain mapping; ``None`` = empty)."""
+    raw = dict(raw or {})
+    known = {f.name for f in fields(JigsawOptions)}
+    for key in raw:
+        if key not in known:
+            raise SpecError(f"{OPTION_PREFIX}.{key}", raw[key], f"one of {_allowed_keys()}")
+    policy = raw.get("policy", "jigsaw")
+    if policy not in _POLICIES:
+        raise SpecError(f"{OPTION_PREFIX}.policy", policy, " | ".join(_POLICIES))
+    pipeline = raw.get("pipeline") or default_pipeline
+    if pipeline is not None and (not isinstance(pipeline, str) or not _NAME.match(pipeline)):
+        raise SpecError(f"{OPTION_PREFIX}.pipeline", pipeline, "1-64 characters of [A-Za-z0-9_.:-]")
+    for key in ("coordinator", "namespace", "address", "events_path"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise SpecError(f"{OPTION_PREFIX}.{key}", value, "a non-empty string")
+    lookahead = raw.get("lookahead_s", 30.0)
+    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not lookahead > 0:
+        raise SpecError(f"{OPTION_PREFIX}.lookahead_s", lookahead, "a number of seconds > 0")
+    return JigsawOptions(
+        policy=policy,
+        pipeline=pipeline,
+        coordinator=raw.get("coordinator"),
+        namespace=raw.get("namespace", "jigsaw"),
+        address=raw.get("address"),
+        lookahead_s=float(lookahead),
+        events_path=raw.get("events_path"),
+    )

@@ -1,0 +1,208 @@
+"""A load balancer for verl's balancer slot that routes with the jigsaw router.
+
+verl 0.9.1 builds its one global balancer actor in ``get_router_handle``
+(``workers/rollout/router.py:360-420``). A YAML file named by
+``actor_rollout_ref.rollout.router_config_path`` selects a class by FQN::
+
+    # jigsaw_router.yaml
+    router_class: jigsaw_plugin.adapters.verl.router.JigsawLoadBalancer
+    pipeline: grpo-a          # optional: the pipeline its request events belong to
+
+verl calls ``ray.remote(cls).remote(servers, yaml_config)``; ``LLMServerManager(...,
+load_balancer_cls=JigsawLoadBalancer)`` (``llm_server.py:373-387``) works too. The class
+implements verl's ``RequestLoadBalancer`` protocol (``router.py:19-130``) and keeps its
+replica set, in-flight counts and sticky sessions in a jigsaw ``Router``
+(``runtime/router.py``): the routing decision is the jigsaw router's ``_choose``
+(sticky, else least in flight, ties to the lowest replica index).
+
+On top of verl's protocol it offers what jigsaw needs:
+
+- ``migrate(request_id, dst_server)``: abort the request's current vLLM request on its
+  server (``vLLMHttpServer.abort_request``, stable id from ``JigsawLLMServerClient``); the
+  client's resume loop (``FullyAsyncLLMServerClient.generate``, ``llm_server.py:225-351``)
+  re-acquires with prompt + generated tokens and this balancer sends it to ``dst_server``;
+- ``drain(server_id)``: stop routing to a server and migrate its requests away (resize down);
+  ``add_servers`` / ``remove_servers`` as verl's own;
+- request events (``jigsaw_request_submitted`` / ``_finished`` / ``_aborted`` /
+  ``_migrated``) recorded in an ``EventRecorder`` (``events()``), the sub-stage graph's input.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jigsaw_plugin.events import EventRecorder
+from jigsaw_plugin.manager import call, get_plugin_manager, register
+from jigsaw_plugin.runtime.router import RequestRecord, Router, RouterError
+
+__all__ = ["JigsawLoadBalancer", "ACQUIRE_FIELDS"]
+
+#: Extra fields ``JigsawLLMServerClient`` sends with each acquire.
+ACQUIRE_FIELDS = ["jigsaw_vllm_id", "jigsaw_prompt_tokens", "jigsaw_max_tokens"]
+
+
+class JigsawLoadBalancer:
+    """verl's balancer protocol over a jigsaw ``Router`` (one Ray actor per trainer).
+
+    :param servers: ``{server_id: actor_handle}`` (verl passes addresses as ids).
+    :param config: The router YAML as a dict (``router_class``, optional ``pipeline``).
+    """
+
+    def __init__(self, servers: dict[str, Any], config: dict | None = None, **_ignored):
+        config = dict(config or {})
+        self.pipeline = str(config.get("pipeline", "verl"))
+        self.router = Router()
+        self._index: dict[str, int] = {}  # server_id -> replica index in the router
+        self._ids: dict[int, str] = {}
+        self._next = 0
+        self.running: dict[str, dict] = {}  # request_id -> the attempt in flight
+        self._moves: dict[str, str] = {}  # request_id -> server it must resume on
+        self._turns: dict[str, int] = {}
+        self.step = 0
+        self._t0 = time.perf_counter()
+        self.pm = get_plugin_manager(load_entrypoints=False)
+        self.recorder = EventRecorder(include_progress=False)
+        register(self.pm, self.recorder)
+        self.add_servers(servers)
+
+    # ---- verl's protocol ------------------------------------------------------------------
+    def require_acquire_fields(self) -> list[str]:
+        return list(ACQUIRE_FIELDS)
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
+
+    def acquire_server(self, request_id: str, jigsaw_vllm_id: str | None = None,
+                       jigsaw_prompt_tokens: int = 0, jigsaw_max_tokens: int = 0, **_extra):
+        if not self.router.live_replicas():
+            raise RuntimeError("No available servers in load balancer")  # verl's text: its clients retry on it
+        move = self._moves.pop(request_id, None)
+        rec = RequestRecord(request_id, [], 0, sticky=request_id)
+        if move is not None and move in self._index and self._index[move] in self.router.live_replicas():
+            replica = self._index[move]
+        else:
+            replica = self.router._choose(rec)  # the jigsaw router's decision
+        self.router._sticky[request_id] = replica
+        self.router.inflight[replica] += 1
+        server_id = self._ids[replica]
+        prev = self.running.get(request_id)
+        turn = self._turns.get(request_id, 0) if prev is None or not prev.get("aborted") else prev["turn"]
+        self.running[request_id] = {"server": server_id, "vllm_id": jigsaw_vllm_id, "turn": turn,
+                                    "prompt_tokens": int(jigsaw_prompt_tokens), "aborted": False}
+        self._emit("jigsaw_request_submitted", request_id=request_id, turn=turn, replica=server_id,
+                   prompt_tokens=int(jigsaw_prompt_tokens), max_tokens=int(jigsaw_max_tokens))
+        return server_id, self.router.engines[replica]
+
+    def release_server(self, server_id: str, request_id: str | None = None) -> None:
+        replica = self._index.get(server_id)
+        if replica is not None and self.router.inflight.get(replica, 0) > 0:
+            self.router.inflight[replica] -= 1
+
+    def add_servers(self, servers: dict[str, Any]) -> None:
+        for sid, handle in servers.items():
+            if sid in self._index:
+                continue
+            idx, self._next = self._next, self._next + 1
+            self._index[sid], self._ids[idx] = idx, sid
+            self.router.add_replica(idx, handle)
+
+    def remove_servers(self, server_ids: list[str]) -> None:
+        for sid in server_ids:
+            idx = self._index.pop(sid, None)
+            if idx is None:
+                continue
+            self._ids.pop(idx, None)
+            self.router.engines.pop(idx, None)
+            self.router.inflight.pop(idx, None)
+            self.router.retiring.discard(idx)
+
+    def get_inflight_count(self, server_id: str) -> int:
+        idx = self._index.get(server_id)
+        return self.router.load(idx) if idx is not None else 0
+
+    def get_all_servers(self) -> list[str]:
+        return [self._ids[i] for i in self.router.live_replicas()]
+
+    def clear_sticky_cache(self) -> dict:
+        cleared = len(self.router._sticky)
+        self.router._sticky.clear()
+        return {"cleared_entries": cleared, "server_loads": self._loads()}
+
+    def get_status(self) -> dict:
+        loads = self._loads()
+        return {"servers": loads, "total_inflight": sum(loads.values()), "active_servers": len(loads),
+                "registered_handles": list(self._index), "retiring": [self._ids[i] for i in self.router.retiring]}
+
+    def get_total_inflight(self) -> int:
+        return sum(self.router.inflight.values())
+
+    # ---- jigsaw control -------------------------------------------------------------------
+    def migrate(self, request_id: str, dst_server: str):
+        """Abort ``request_id`` where it runs; its resumed attempt goes to ``dst_server``.
+
+        Returns the abort call's Ray ref (``None`` if the request is not in flight or
+        already there). Needs ids from ``JigsawLLMServerClient`` (stable per attempt).
+        """
+        run = self.running.get(request_id)
+        if dst_server not in self._index:
+            raise RouterError(f"migrate({request_id!r}): unknown server {dst_server!r}; known: {list(self._index)}")
+        if run is None or run["aborted"] or run["server"] == dst_server:
+            return None
+        if not run.get("vllm_id"):
+            raise RouterError(f"migrate({request_id!r}): no stable vLLM id; route with JigsawLLMServerClient")
+        run["aborted"], run["moving_to"] = True, dst_server
+        self._moves[request_id] = dst_server
+        handle = self.router.engines[self._index[run["server"]]]
+        return handle.abort_request.remote(run["vllm_id"])
+
+    def drain(self, server_id: str) -> list[str]:
+        """Stop routing new requests to ``server_id`` and migrate its requests away."""
+        idx = self._index[server_id]
+        self.router.retiring.add(idx)
+        moved = []
+        for rid, run in list(self.running.items()):
+            if run["server"] == server_id and not run["aborted"]:
+                rec = RequestRecord(rid, [], 0, sticky=None)
+                dst = self._ids[self.router._choose(rec, exclude={idx})]
+                self.migrate(rid, dst)
+                moved.append(rid)
+        return moved
+
+    def undrain(self, server_id: str) -> None:
+        self.router.retiring.discard(self._index[server_id])
+
+    def attempt_done(self, request_id: str, server_id: str, generated_tokens: int, stop_reason: str | None) -> None:
+        """Told by the client when one attempt (one vLLM request) has returned."""
+        run = self.running.get(request_id)
+        turn = run["turn"] if run else self._turns.get(request_id, 0)
+        if stop_reason in ("aborted", "abort") and run is not None and run.get("aborted"):
+            dst = run.get("moving_to")
+            self._emit("jigsaw_request_aborted", request_id=request_id, turn=turn, replica=server_id,
+                       generated_tokens=int(generated_tokens), reason="migrate")
+            self._emit("jigsaw_request_migrated", request_id=request_id, turn=turn, src_replica=server_id,
+                       dst_replica=dst, generated_tokens=int(generated_tokens))
+            return
+        if stop_reason in ("aborted", "abort"):
+            self._emit("jigsaw_request_aborted", request_id=request_id, turn=turn, replica=server_id,
+                       generated_tokens=int(generated_tokens), reason="preempt")
+            if run is not None:
+                run["aborted"] = True
+            return
+        self._emit("jigsaw_request_finished", request_id=request_id, turn=turn, replica=server_id,
+                   generated_tokens=int(generated_tokens))
+        self.running.pop(request_id, None)
+        self._turns[request_id] = turn + 1
+
+    def set_step(self, step: int) -> None:
+        self.step = int(step)
+
+    def events(self) -> list[dict]:
+        return list(self.recorder.events)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _loads(self) -> dict[str, int]:
+        return {self._ids[i]: self.router.load(i) for i in self.router.live_replicas()}
+
+    def _emit(self, hook: str, **kwargs) -> None:
+        call(self.pm, hook, pipeline=self.pipeline, step=self.step, t=time.perf_counter() - self._t0, **kwargs)
