@@ -1,0 +1,120 @@
+"""The hook emitter of one OpenRLHF run, living in the trainer actor.
+
+Builds a plugin manager (entry-point plugins included), registers the plugins this run
+asked for: a JSONL event log (``--jigsaw.events``) and, with ``--jigsaw.coordinator``, a
+forwarder to the shared coordinator. Also owns the device leases of the run's pipeline:
+from the coordinator's shared pool, or a static local assignment when the run is alone.
+Times ``t`` are wall seconds since the driver started the run (one clock for all actors).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+
+from jigsaw_plugin.events import EventRecorder
+
+__all__ = ["RunHooks", "stage"]
+
+#: Hooks the coordinator records itself (register_pipeline via client.register_pipeline,
+#: lease events via acquire/release): not forwarded, or they would be recorded twice.
+_COORDINATOR_OWN = ("jigsaw_register_pipeline", "jigsaw_lease_granted", "jigsaw_lease_released")
+
+
+class _JsonlLog(EventRecorder):
+    """A plugin appending every observation hook call to a JSONL file as it happens (the
+    file survives a run that dies; several actors of one run may append)."""
+
+    def __init__(self, path):
+        super().__init__(include_progress=True)
+        self.path = path
+        self.lock = threading.Lock()
+
+    def _record(self, hook_name, arguments):
+        super()._record(hook_name, arguments)
+        while self.events:
+            line = json.dumps(self.events.pop(0))
+            with self.lock, open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+
+class RunHooks:
+    """Fires jigsaw hooks for one pipeline; see the module docstring.
+
+    :param settings: ``JigsawConfig.to_dict()`` plus ``t0`` (the run's start, epoch seconds).
+    """
+
+    def __init__(self, settings: dict):
+        from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+
+        self.settings = dict(settings)
+        self.pipeline = self.settings["pipeline"]
+        self.t0 = float(self.settings.get("t0") or time.time())
+        self.pm = get_plugin_manager()
+        self.emit = Emitter(self.pm)
+        self.client = None
+        if self.settings.get("events"):
+            register(self.pm, _JsonlLog(self.settings["events"]), name="jigsaw-openrlhf-events")
+        if self.settings.get("coordinator"):
+            from jigsaw_plugin.runtime.coordinator import CoordinatorForwarder, connect_coordinator
+
+            self.client = connect_coordinator(name=self.settings["coordinator"],
+                                              namespace=self.settings["namespace"])
+            forwarder = CoordinatorForwarder(self.client)
+            forwarder._hooks = frozenset(forwarder._hooks - set(_COORDINATOR_OWN))
+            register(self.pm, forwarder, name="jigsaw-coordinator-forwarder")
+        self._static: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ---- pipeline ---------------------------------------------------------------------
+    def register_pipeline(self, spec: dict) -> None:
+        spec = {"name": self.pipeline, **spec}
+        if self.client is not None:
+            self.client.register_pipeline(self.pipeline, spec)
+        self.emit.jigsaw_register_pipeline(pipeline=self.pipeline, spec=spec)
+
+    def set_static_devices(self, **by_purpose: tuple[int, ...]) -> None:
+        """Device ids used when no coordinator is shared (purpose -> ids)."""
+        self._static.update({k: tuple(v) for k, v in by_purpose.items()})
+
+    # ---- leases -----------------------------------------------------------------------
+    def acquire(self, purpose: str, n_devices: int) -> tuple[int, ...]:
+        """Devices for ``purpose``: a lease from the shared pool (blocks until granted), or
+        the run's static devices (the lease hooks fire either way)."""
+        if self.client is not None:
+            timeout = self.settings.get("lease_timeout_s")
+            return tuple(self.client.acquire(self.pipeline, purpose, int(n_devices), timeout_s=timeout))
+        devices = self._static.get(purpose, tuple(range(int(n_devices))))[: int(n_devices)]
+        self.emit.jigsaw_lease_granted(pipeline=self.pipeline, devices=devices, purpose=purpose, t=self.now())
+        return devices
+
+    def release(self, devices) -> None:
+        devices = tuple(devices)
+        if not devices:
+            return
+        if self.client is not None:
+            self.client.release(self.pipeline, devices)
+            return
+        self.emit.jigsaw_lease_released(pipeline=self.pipeline, devices=devices, t=self.now())
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.flush()
+
+
+@contextmanager
+def stage(hooks: RunHooks, step: int, name: str, devices=(), samples: int = 0, tokens: int = 0):
+    """``jigsaw_stage_start`` now, ``jigsaw_stage_end`` when the block ends. The block may
+    set ``sizes["tokens"]`` / ``sizes["samples"]`` to what it processed."""
+    sizes = {"samples": int(samples), "tokens": int(tokens)}
+    devices = tuple(devices)
+    hooks.emit.jigsaw_stage_start(pipeline=hooks.pipeline, step=step, stage=name, devices=devices,
+                                  samples=sizes["samples"], tokens=sizes["tokens"], t=hooks.now())
+    yield sizes
+    hooks.emit.jigsaw_stage_end(pipeline=hooks.pipeline, step=step, stage=name, devices=devices,
+                                samples=int(sizes["samples"]), tokens=int(sizes["tokens"]), t=hooks.now())
