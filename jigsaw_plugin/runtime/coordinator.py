@@ -184,6 +184,12 @@ class _CoordinatorImpl:
 
         return await run_in_coordinator(workload, policy, policy_options or {}, options)
 
+    def shutdown_pool(self) -> None:
+        """Stop the engines ``run_workload`` started (cleanly, before the actor goes)."""
+        from jigsaw_plugin.runtime.ray_bench import shutdown_pool
+
+        shutdown_pool()
+
     def pid(self) -> int:
         import os
 
@@ -255,6 +261,9 @@ class CoordinatorClient:
 
     def run_workload(self, workload: dict, policy: str, policy_options: dict | None = None, **options) -> dict:
         return self._get(self.handle.run_workload.remote(workload, policy, policy_options, options))
+
+    def shutdown_pool(self) -> None:
+        self._get(self.handle.shutdown_pool.remote())
 
     def shutdown(self) -> None:
         import ray

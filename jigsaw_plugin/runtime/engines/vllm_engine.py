@@ -296,17 +296,39 @@ class _EngineActorImpl:
     def __init__(self, model_path, engine_kwargs: dict):
         self._model_path = model_path
         self._kwargs = dict(engine_kwargs)
+        self._pin = self._kwargs.pop("pin_devices", None)  # CPU: run on these devices' cores only
         self._engine: VLLMEngine | None = None
         self._lock: asyncio.Lock | None = None
+        self._reaper = None
 
     async def _get(self) -> VLLMEngine:
+        import os
+
         if self._engine is None:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
                 if self._engine is None:
                     self._engine = VLLMEngine(self._model_path, **self._kwargs)
+                    # if Ray kills this actor (owner died, ray.kill), vLLM's processes go too
+                    from jigsaw_plugin.runtime.engines.reaper import start_reaper
+
+                    self._reaper = start_reaper()
+                    if self._pin is not None:
+                        from jigsaw_plugin.runtime.cpu_affinity import pin_process_tree
+
+                        pin_process_tree(os.getpid(), self._pin)
         return self._engine
+
+    async def pids(self) -> list[int]:
+        """This actor's pid and its vLLM processes' (for tests of clean-up)."""
+        import os
+
+        import psutil
+
+        await self._get()
+        return [os.getpid()] + [c.pid for c in psutil.Process().children(recursive=True)
+                                if c.pid != getattr(self._reaper, "pid", None)]
 
     async def start(self) -> bool:
         await self._get()

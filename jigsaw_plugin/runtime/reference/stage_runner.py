@@ -94,11 +94,14 @@ class ReferenceStageRunner:
 
     ``reward``: ``reward.batch(samples) -> list[float]`` (default: reward.low_id_reward());
     ``engines``: optional callable ``pipeline -> engines`` overriding how the weight sync
-    finds the pipeline's rollout engines (default: its live replicas' router engines).
+    finds the pipeline's rollout engines (default: its live replicas' router engines);
+    ``pin_devices``: before each stage, ``trainer.use_devices(devices)`` (one device = one
+    core on CPU machines: the stage competes only for the cores the policy granted it).
     """
 
-    def __init__(self, trainers, reward=None, engines=None):
+    def __init__(self, trainers, reward=None, engines=None, pin_devices: bool = False):
         self._trainers = trainers
+        self.pin_devices = pin_devices  # CPU pools: run each stage on its granted cores only
         self.reward = reward if reward is not None else low_id_reward()
         self._engines = engines or _replica_engines
         self.records: list[StageRecord] = []
@@ -134,6 +137,8 @@ class ReferenceStageRunner:
             raise ValueError(f"{name} step {step}: stage {stage} needs the step's samples (none given)")
         trainer = self.trainer(name)
         t0 = time.perf_counter()
+        if devices and stage != "adv" and hasattr(trainer, "use_devices") and self.pin_devices:
+            await _call(trainer, "use_devices", tuple(devices))
         if stage == "old_log_prob":
             st["old"] = await _call(trainer, "old_log_prob", batch)
             metrics = {}

@@ -134,6 +134,16 @@ class ReferenceTrainer:
         self.version = 0  # optimizer updates applied (one update_actor call = one version)
         self.history: list[dict] = []
 
+    def use_devices(self, devices) -> list[int]:
+        """Run the next stages on these devices: on CPU, pin every thread to their cores
+        and use one torch thread per device (cpu_affinity.py). Returns the cores."""
+        import torch
+
+        from jigsaw_plugin.runtime.cpu_affinity import pin_this_process
+
+        torch.set_num_threads(max(1, len(devices)))
+        return pin_this_process(devices)
+
     # ---- forward stages -------------------------------------------------------------------
     def _log_probs(self, model, batch):
         import torch

@@ -1,0 +1,244 @@
+"""``jigsaw bench --backend ray``: a policy A/B on real engines, run by the coordinator.
+
+The driver (``run_ab_ray``) starts or joins Ray, creates a coordinator actor and asks it to
+run the workload once per policy and repeat. Inside the coordinator
+(``run_in_coordinator``) the same pure policy object as in the simulator drives
+``LiveWorld``: rollouts on pooled vLLM engines (engine_pool.py) through the router, the
+training stages of the reference GRPO pipeline (runtime/reference/) in trainer actors,
+every stage on the cores of the devices the policy granted (cpu_affinity.py). Both policies
+see the same samples (the workload sampler is seeded by pipeline, step and seed).
+
+Only the reference pipeline exists on this backend: every pipeline must use the
+``tiny-qwen2`` model and a GRPO-style algorithm (no critic). The result JSON is the
+simulator's (DESIGN.md 5) with ``backend: "ray"`` and the measured extras (``measured``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["check_ray_workload", "run_ab_ray", "run_in_coordinator"]
+
+RAY_MODELS = ("tiny-qwen2",)
+RAY_ALGORITHMS = ("grpo", "dapo", "reinforce")
+
+_POOL = None  # the coordinator process's EnginePool (engines outlive one run)
+_MODELS: dict[tuple, Path] = {}
+
+
+def check_ray_workload(workload) -> None:
+    """What the reference pipeline can run, as SpecErrors naming the field."""
+    from jigsaw_plugin.errors import SpecError
+
+    for i, p in enumerate(workload.pipelines):
+        if p.model not in RAY_MODELS:
+            raise SpecError(f"pipelines[{i}].model", p.model,
+                            f"{', '.join(RAY_MODELS)} (the Ray backend runs the reference pipeline)")
+        if p.algorithm not in RAY_ALGORITHMS:
+            raise SpecError(f"pipelines[{i}].algorithm", p.algorithm,
+                            f"{', '.join(RAY_ALGORITHMS)} (the reference pipeline has no critic)")
+
+
+def _model_dir(name: str, seed: int) -> Path:
+    from jigsaw_plugin.runtime.tiny_model import build_tiny_qwen2
+
+    key = (name, seed)
+    if key not in _MODELS:
+        root = Path(os.environ.get("JIGSAW_MODEL_CACHE", Path(tempfile.gettempdir()) / "jigsaw-models"))
+        _MODELS[key] = build_tiny_qwen2(root / f"tiny-qwen2-seed{seed}", seed=seed)
+    return _MODELS[key]
+
+
+async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, options: dict) -> dict:
+    """One run of ``workload`` under ``policy`` on real engines (called in the coordinator)."""
+    import ray
+
+    from jigsaw_plugin.runtime.engine_pool import EnginePool
+    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.reference import ReferenceStageRunner, ReferenceTrainer
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim.engine import Simulation
+    from jigsaw_plugin.sim.result import build_result
+    from jigsaw_plugin.workload import parse_workload
+
+    global _POOL
+    wl = parse_workload(workload, base_dir=options.get("base_dir", "."))
+    check_ray_workload(wl)
+    seed = int(options.get("seed", 0))
+    if _POOL is None:
+        _POOL = EnginePool(options.get("engine_kwargs"), pin=bool(options.get("pin", True)))
+    devices = range(wl.cluster.gpus)
+    models = {p.name: _model_dir(p.name, int(options.get("model_seed", 0))) for p in wl.pipelines}
+    t0 = time.perf_counter()
+    for p in wl.pipelines:
+        await _POOL.ensure(p.name, models[p.name], devices)
+    start_s = time.perf_counter() - t0
+
+    trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0)
+    trainers = {p.name: trainer_cls.remote(str(models[p.name]), seed=seed, **options.get("trainer_kwargs", {}))
+                for p in wl.pipelines}
+    try:
+        for name, tr in trainers.items():  # every engine starts the run on the trainer's weights
+            await _POOL.reset(name, await tr.state_dict_bf16.remote())
+        runner = ReferenceStageRunner(trainers, pin_devices=bool(options.get("pin", True)))
+        sim = Simulation(wl, get_policy(policy, **policy_options), seed)
+        live = LiveWorld(sim, lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights),
+                         stage_runner=runner, sampling=options.get("sampling", {"greedy": False, "temperature": 1.0,
+                                                                                  "sampling_seed": seed}))
+        t_run = time.perf_counter()
+        await live.run()
+        wall = time.perf_counter() - t_run
+        sim.world = live
+        sim.decision_us = live.decision_us
+        result = build_result(sim)
+        versions = {n: int(await t.get_version.remote()) for n, t in trainers.items()}
+    finally:
+        for tr in trainers.values():
+            ray.kill(tr)
+    result["backend"] = "ray"
+    rewards = {}
+    for (name, step), r in sorted(runner.rewards.items()):
+        rewards.setdefault(name, []).append(round(sum(r) / len(r), 4))
+    result["measured"] = {
+        "wall_s": wall,
+        "engine_start_s": start_s,
+        "engines": len(_POOL.engines),
+        "reward_mean_by_step": rewards,
+        "weight_sync": {k: v["mode"] for k, v in runner.sync.items()},
+        "trainer_versions": versions,
+        "engine_weight_versions": {f"{p}@{d}": st["version"] for (p, d), st in _POOL.state.items()},
+        "stage_wall_s": _stage_wall(runner.records),
+    }
+    return result
+
+
+def _stage_wall(records) -> dict:
+    out: dict = {}
+    for r in records:
+        out.setdefault(r.pipeline, {}).setdefault(r.stage, []).append(r.wall_s)
+    return {p: {s: statistics.mean(v) for s, v in st.items()} for p, st in out.items()}
+
+
+def shutdown_pool() -> None:
+    """Stop the pooled engines (before the coordinator goes: vLLM processes exit cleanly)."""
+    global _POOL
+    if _POOL is not None:
+        _POOL.shutdown()
+        _POOL = None
+
+
+# ---- the driver side -------------------------------------------------------------------------
+class _PeakMemory:
+    """Peak memory of this process and all its descendants (the local Ray cluster, its
+    workers and the vLLM processes), sampled every ``period`` s, as the sum of their PSS
+    (proportional set size: a page shared by k processes counts 1/k in each, so the sum
+    is the memory the tree really holds; the RSS sum counts shared pages k times and is
+    kept as ``peak_rss``, an upper bound)."""
+
+    def __init__(self, period: float = 0.5):
+        self.period, self.peak, self.peak_rss, self._stop = period, 0, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> tuple[int, int]:
+        import psutil
+
+        me = psutil.Process()
+        pss = rss = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                full = p.memory_full_info()
+                pss, rss = pss + full.pss, rss + full.rss
+            except psutil.Error:
+                pass
+        return pss, rss
+
+    def _run(self):
+        while not self._stop.is_set():
+            pss, rss = self._sample()
+            self.peak, self.peak_rss = max(self.peak, pss), max(self.peak_rss, rss)
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _one_step(data: dict) -> dict:
+    return {**data, "pipelines": [{**p, "steps": 1} for p in data["pipelines"]]}
+
+
+def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats: int = 3, seed: int = 0,
+               baseline_options: dict | None = None, candidate_options: dict | None = None,
+               log=print, warmup: bool = True, **options) -> dict:
+    """Baseline and candidate, ``repeats`` times side by side (order alternating), on real
+    engines. Returns the bench JSON with the median run of each and the medians' ratio."""
+    import ray
+    import yaml
+
+    from jigsaw_plugin.runtime.coordinator import connect_coordinator
+    from jigsaw_plugin.sim import simulate
+    from jigsaw_plugin.workload import load_workload
+
+    wl = load_workload(workload_path)
+    check_ray_workload(wl)
+    data = yaml.safe_load(Path(workload_path).read_text())
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(num_cpus=os.cpu_count(), resources={"jigsaw_device": wl.cluster.gpus}, include_dashboard=False,
+                 log_to_driver=False, namespace="jigsaw-bench")
+    runs: dict[str, list] = {baseline: [], candidate: []}
+    opts = {baseline: baseline_options or {}, candidate: candidate_options or {}}
+    client = None
+    try:
+        with _PeakMemory() as mem:
+            client = connect_coordinator(name=f"jigsaw-bench-{os.getpid()}", devices=wl.cluster.gpus)
+            if warmup:  # untimed: engine start and first-request costs fall on neither policy
+                res = client.run_workload(_one_step(data), baseline, opts[baseline], seed=seed + 1,
+                                          base_dir=str(Path(workload_path).parent), **options)
+                log(f"warm-up: engines started in {res['measured']['engine_start_s']:.0f} s")
+            for r in range(repeats):
+                order = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
+                for pol in order:
+                    res = client.run_workload(data, pol, opts[pol], seed=seed,
+                                              base_dir=str(Path(workload_path).parent), **options)
+                    runs[pol].append(res)
+                    log(f"run {r + 1}/{repeats} {pol:>10}: {res['samples_per_s']:.2f} samples/s, "
+                        f"makespan {res['makespan_s']:.1f} s, busy {res['gpu_busy_fraction']:.2f} "
+                        f"(engines started in {res['measured']['engine_start_s']:.0f} s)")
+            client.shutdown_pool()
+    finally:
+        if client is not None:
+            client.shutdown()
+        if own_ray:
+            ray.shutdown()
+
+    def median_run(rs):
+        return sorted(rs, key=lambda x: x["samples_per_s"])[len(rs) // 2]
+
+    base, cand = median_run(runs[baseline]), median_run(runs[candidate])
+    sim_b = simulate(wl, baseline, seed=seed)
+    sim_c = simulate(wl, candidate, seed=seed)
+    return {
+        "backend": "ray",
+        "baseline": base,
+        "candidate": cand,
+        "throughput_ratio": cand["samples_per_s"] / base["samples_per_s"],
+        "ratios_per_repeat": [c["samples_per_s"] / b["samples_per_s"]
+                              for b, c in zip(runs[baseline], runs[candidate])],
+        "samples_per_s": {k: [x["samples_per_s"] for x in v] for k, v in runs.items()},
+        "gpu_busy_fraction": {k: [x["gpu_busy_fraction"] for x in v] for k, v in runs.items()},
+        "peak_memory_gib": mem.peak / 2**30,  # PSS sum of every process of the run
+        "peak_rss_sum_gib": mem.peak_rss / 2**30,
+        "simulated": {"baseline": sim_b["samples_per_s"], "candidate": sim_c["samples_per_s"],
+                      "throughput_ratio": sim_c["samples_per_s"] / sim_b["samples_per_s"],
+                      "gpu_busy_fraction": [sim_b["gpu_busy_fraction"], sim_c["gpu_busy_fraction"]]},
+    }
