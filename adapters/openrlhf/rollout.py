@@ -127,7 +127,9 @@ class JigsawSamplesGenerator(SamplesGenerator):
 
     # ---- OpenRLHF entry points ----------------------------------------------------------
     def generate_samples(self, **generate_kwargs):
-        self.clock.begin()
+        # step_start fires when this step's generation really begins (in _generate) or, for a
+        # batch served from the buffer, when training begins: a call that only finds the
+        # loader exhausted starts no step.
         self.training_gen = True
         try:
             return super().generate_samples(**generate_kwargs)
@@ -162,7 +164,7 @@ class JigsawSamplesGenerator(SamplesGenerator):
         sampling_params = self._sampling_params(kw)
         max_length = kw.get("max_len", 2048)
         n_samples = kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-        step = self.clock.step
+        step = self.clock.begin() if self.training_gen else self.clock.step
 
         devices = self.hooks.acquire("rollout", self.active)
         self.batch = batch = _Batch(self, list(range(len(devices))), devices)
@@ -254,15 +256,11 @@ class JigsawSamplesGenerator(SamplesGenerator):
                 router.retiring.add(i)  # no new requests here
                 draining.add(i)
                 for rec in recs.get(i, []):
-                    state = batch.table.get(rec.request_id)
-                    before = len(state.tokens) + progress.get(f"{rec.request_id}#{rec.segments}", 0)
                     try:
                         await router.migrate(rec.request_id, target)
                     except RouterError:
                         continue  # it finished meanwhile
                     self.stats["migrations"] += 1
-                    self._request_hook("jigsaw_request_migrated", rec.request_id, turn=state.turn, src_replica=i,
-                                       dst_replica=target, generated_tokens=before)
 
     # ---- hooks --------------------------------------------------------------------------
     def _stage_event(self, hook, stage, devices, samples, tokens):
@@ -282,9 +280,17 @@ class JigsawSamplesGenerator(SamplesGenerator):
                            prompt_tokens=prompt_tokens, max_tokens=max_tokens)
 
     def _on_abort(self, rid, replica, generated):
-        state = self.batch.table[rid] if self.batch else None
-        self._request_hook("jigsaw_request_aborted", rid, turn=state.turn if state else 0, replica=replica,
-                           generated_tokens=generated, reason="migrate")
+        """A segment ended aborted: report it, and the move if the router is moving it
+        (token counts: everything this turn generated so far, the prefix it resumes with)."""
+        if self.batch is None:
+            return
+        state = self.batch.table[rid]
+        rec = self.batch.router.requests.get(rid)
+        self._request_hook("jigsaw_request_aborted", rid, turn=state.turn, replica=replica,
+                           generated_tokens=len(state.tokens), reason="migrate")
+        if rec is not None and rec.move_to is not None:
+            self._request_hook("jigsaw_request_migrated", rid, turn=state.turn, src_replica=replica,
+                               dst_replica=rec.move_to, generated_tokens=len(state.tokens))
 
     def _on_router_event(self, name, **kw):
         pass  # finished/migrated are reported by this class, with token counts the router lacks
