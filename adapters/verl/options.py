@@ -83,3 +83,17 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         lookahead_s=float(lookahead),
         events_path=raw.get("events_path"),
     )
+
+
+def algorithm_of(adv_estimator: str, use_critic: bool, use_reference: bool) -> str:
+    """The jigsaw algorithm (``jigsaw_plugin.algorithms``) whose stage set a verl run has.
+
+    The stage set is what the sub-stage graph needs: a critic means ``ppo`` (values,
+    update_critic), a reference pass without one ``grpo`` (``reinforce`` for verl's
+    REINFORCE-family estimators), neither ``dapo``.
+    """
+    if use_critic:
+        return "ppo"
+    if not use_reference:
+        return "dapo"
+    return "reinforce" if str(adv_estimator).startswith(("reinforce", "rloo")) else "grpo"

@@ -31,7 +31,7 @@ through a property, so verl's own logic runs exactly as in that mode.
 
 from __future__ import annotations
 
-from jigsaw_plugin.adapters.verl.options import TRAINER_MODES, parse_options
+from jigsaw_plugin.adapters.verl.options import TRAINER_MODES, algorithm_of, parse_options
 from jigsaw_plugin.adapters.verl.reporter import batch_sizes
 from jigsaw_plugin.adapters.verl.session import JigsawSession
 
@@ -120,7 +120,8 @@ class JigsawTrainerMixin:
     def _jigsaw_spec(self) -> dict:
         cfg = self.config
         return {
-            "algorithm": str(cfg.algorithm.adv_estimator),
+            "algorithm": algorithm_of(cfg.algorithm.adv_estimator, self.use_critic, self.use_reference_policy),
+            "adv_estimator": str(cfg.algorithm.adv_estimator),
             "mode": "sync" if self._jigsaw_base_mode == "sync" else "async",
             "trainer_mode": self._jigsaw_requested_mode if hasattr(self, "_jigsaw_requested_mode") else None,
             "model": str(cfg.actor_rollout_ref.model.path),
