@@ -103,8 +103,10 @@ class RunHooks:
         self.emit.jigsaw_lease_released(pipeline=self.pipeline, devices=devices, t=self.now())
 
     def close(self) -> None:
+        """End of the run: deliver pending events; leave the shared pool (frees any lease)."""
         if self.client is not None:
             self.client.flush()
+            self.client.unregister_pipeline(self.pipeline)
 
 
 @contextmanager
