@@ -190,6 +190,19 @@ class _CoordinatorImpl:
 
         shutdown_pool()
 
+    async def pool_pids(self) -> list[int]:
+        """Pids of the run's trainer actors, the pooled engine actors and their vLLM
+        processes (clean-up tests)."""
+        from jigsaw_plugin.runtime import ray_bench
+
+        pool = ray_bench._POOL
+        if pool is None:
+            return []
+        out = list(ray_bench._TRAINER_PIDS)
+        for engine in list(pool.engines.values()):
+            out += await engine.handle.pids.remote()
+        return out
+
     def pid(self) -> int:
         import os
 

@@ -18,6 +18,7 @@ On CPU, device k is core k (cpu_affinity.py): the engine's processes are pinned 
 from __future__ import annotations
 
 import asyncio
+import os
 
 from jigsaw_plugin.runtime.engines.vllm_engine import ActorEngine, engine_actor_class
 
@@ -57,6 +58,10 @@ class PooledEngine:
         if version is not None:
             self._state["version"] = int(version)
 
+    def mark_dead(self) -> None:
+        """The engine died (LiveWorld saw EngineDead): the pool replaces it at the next lend."""
+        self._state["dead"] = True
+
 
 class EnginePool:
     """Engine actors keyed by (pipeline, device), started once and reused across runs."""
@@ -83,13 +88,7 @@ class EnginePool:
             key = (pipeline, int(d))
             if key in self.engines and self.models[key] == str(model_path):
                 continue
-            kwargs = dict(self.engine_kwargs)
-            if self.pin:
-                kwargs["pin_devices"] = (int(d),)
-                kwargs.setdefault("omp_threads_bind", str(int(d) % (__import__("os").cpu_count() or 1)))
-            # No Ray CPU or device claim: the policy accounts for devices, pinning enforces them.
-            handle = engine_actor_class().options(num_cpus=0, max_concurrency=1000).remote(str(model_path), kwargs)
-            self.engines[key], self.models[key] = ActorEngine(handle), str(model_path)
+            self.engines[key], self.models[key] = self._new_actor(model_path, d), str(model_path)
             self.state[key] = {"version": 0}
             new.append(key)
         await asyncio.gather(*(start(k) for k in new))
@@ -102,12 +101,26 @@ class EnginePool:
             self.state[k]["version"] = 0
 
     def lend(self, pipeline: str, devices, weights_of) -> PooledEngine:
-        """The engine of ``pipeline`` on the replica's first device (TP 1 on CPU)."""
+        """The engine of ``pipeline`` on the replica's first device (TP 1 on CPU). A dead
+        one is replaced by a fresh actor, which starts (and loads the latest weights) on
+        its first request."""
         key = (pipeline, int(devices[0]))
         if key not in self.engines:
             raise KeyError(f"no pooled engine for pipeline {pipeline!r} on device {devices[0]}; "
                            f"pool: {sorted(self.engines)}")
+        if self.state[key].get("dead"):
+            self.engines[key] = self._new_actor(self.models[key], key[1])
+            self.state[key] = {"version": -1, "restarts": self.state[key].get("restarts", 0) + 1}
         return PooledEngine(self.engines[key], pipeline, weights_of, self.state[key])
+
+    def _new_actor(self, model_path, device: int) -> ActorEngine:
+        kwargs = dict(self.engine_kwargs)
+        if self.pin:
+            kwargs["pin_devices"] = (int(device),)
+            kwargs.setdefault("omp_threads_bind", str(int(device) % (os.cpu_count() or 1)))
+        # No Ray CPU or device claim: the policy accounts for devices, pinning enforces them.
+        handle = engine_actor_class().options(num_cpus=0, max_concurrency=1000).remote(str(model_path), kwargs)
+        return ActorEngine(handle)
 
     def shutdown(self) -> None:
         for engine in self.engines.values():

@@ -109,6 +109,7 @@ class LiveWorld(World):
         self.time_scale = time_scale
         self.stage_runner = stage_runner
         self.sampling = dict(sampling or {})  # Router SAMPLING_KEYS; a seed is made per request
+        self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._wake: asyncio.Event | None = None
@@ -163,7 +164,27 @@ class LiveWorld(World):
                 self.migrations += 1
                 step = int(kw["request_id"].split("/")[1])
                 p.steps[step].migrations += 1
+            elif name == "replica_died":
+                self._replica_died(pipeline, kw["replica"], kw["request_id"], kw["generated_tokens"])
         return on_event
+
+    def _replica_died(self, pipeline: str, replica: int, request_id: str, generated: int) -> None:
+        """A fault: the router already resumes the replica's requests elsewhere; here the
+        replica is closed (its devices go back to the policy, which may launch another)
+        and the engine is reported dead to whoever lent it (``mark_dead``)."""
+        rep = self.replicas.get(replica)
+        if rep is None:
+            return
+        engine = self.routers[pipeline].engines.get(replica)
+        if hasattr(engine, "mark_dead"):
+            engine.mark_dead()
+        self.faults.append({"pipeline": pipeline, "replica": replica, "devices": rep.devices,
+                            "request_id": request_id, "t": self.t})
+        sample, turn = request_id.rsplit("/", 1)  # router ids are "<pipeline>/<step>/<i>/<turn>"
+        self._emit("jigsaw_request_aborted", pipeline=pipeline, step=int(sample.split("/")[1]), request_id=sample,
+                   turn=int(turn), replica=replica, generated_tokens=generated, reason="fault", t=self.t)
+        self._close(rep)
+        self.dirty = True
 
     # ---- decisions ----------------------------------------------------------------------
     def _start_gen(self, d: StartGen) -> None:

@@ -29,6 +29,7 @@ RAY_ALGORITHMS = ("grpo", "dapo", "reinforce")
 
 _POOL = None  # the coordinator process's EnginePool (engines outlive one run)
 _MODELS: dict[tuple, Path] = {}
+_TRAINER_PIDS: list[int] = []  # of the run in progress (clean-up tests)
 
 
 def check_ray_workload(workload) -> None:
@@ -82,6 +83,7 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0)
     trainers = {p.name: trainer_cls.remote(str(models[p.name]), seed=seed, **options.get("trainer_kwargs", {}))
                 for p in wl.pipelines}
+    _TRAINER_PIDS[:] = [await t.__ray_call__.remote(lambda self: os.getpid()) for t in trainers.values()]
     try:
         for name, tr in trainers.items():  # every engine starts the run on the trainer's weights
             await _POOL.reset(name, await tr.state_dict_bf16.remote())
