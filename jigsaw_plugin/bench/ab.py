@@ -14,7 +14,7 @@ from jigsaw_plugin.errors import SpecError
 __all__ = ["ABLATIONS", "BACKENDS", "run_ab", "format_ab"]
 
 ABLATIONS = ("migration", "resize", "lookahead", "multiplex")
-BACKENDS = ("sim",)  # "ray" arrives with the Ray runtime (docs/architecture.md)
+BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
 
 
 def _policy(name: str, ablate: list[str], options: dict | None = None):
@@ -30,13 +30,34 @@ def _policy(name: str, ablate: list[str], options: dict | None = None):
     return get_policy(name, **opts)
 
 
+def ray_backend_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("ray", "vllm", "torch", "psutil"))
+
+
 def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
-           ablate: list[str] | None = None, baseline_options: dict | None = None) -> dict:
-    """Run both policies; the bench JSON of DESIGN.md section 5."""
+           ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
+           repeats: int = 3) -> dict:
+    """Run both policies; the bench JSON of DESIGN.md section 5. ``backend="ray"`` runs
+    them ``repeats`` times side by side on real engines (``workload_path`` needed)."""
     from jigsaw_plugin.sim import simulate
 
     if backend not in BACKENDS:
-        raise SpecError("--backend", backend, ", ".join(BACKENDS) + " (the Ray backend is not built yet)")
+        raise SpecError("--backend", backend, ", ".join(BACKENDS))
+    if backend == "ray":
+        if not ray_backend_available():
+            raise SpecError("--backend", backend, "sim here: the ray backend needs torch, vLLM and psutil "
+                            "(`make venv-cpu`, then `.venv-cpu/bin/jigsaw bench ... --backend ray`)")
+        from jigsaw_plugin.runtime.ray_bench import check_ray_workload, run_ab_ray
+
+        check_ray_workload(workload)
+        _policy(candidate, ablate or [])  # validates the ablations
+        ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
+                        baseline_options=baseline_options, candidate_options={a: False for a in ablate or []})
+        if ablate:
+            ab["candidate"]["ablate"] = list(ablate)
+        return ab
     base = simulate(workload, _policy(baseline, [], baseline_options), seed=seed)
     cand = simulate(workload, _policy(candidate, ablate or []), seed=seed)
     if base["samples"] != cand["samples"]:
@@ -63,6 +84,15 @@ def format_ab(ab: dict) -> str:
         cp = c["pipelines"][name]
         lines.append(f"  {name:<20}{bp['mean_step_s']:>14.1f}{cp['mean_step_s']:>14.1f}")
     lines.append(f"throughput_ratio {c['policy']}/{b['policy']}: {ab['throughput_ratio']:.2f}x")
+    if ab.get("backend") == "ray":  # measured on real engines: repeats, memory, the simulator's view
+        sim = ab["simulated"]
+        lines += [
+            f"  median of {len(ab['ratios_per_repeat'])} side-by-side runs; per run: "
+            + ", ".join(f"{r:.2f}x" for r in ab["ratios_per_repeat"]),
+            f"  peak memory of all processes (PSS sum): {ab['peak_memory_gib']:.1f} GiB",
+            f"  the simulator predicts {sim['throughput_ratio']:.2f}x for this workload "
+            f"({sim['baseline']:.2f} / {sim['candidate']:.2f} samples/s)",
+        ]
     return "\n".join(lines)
 
 
