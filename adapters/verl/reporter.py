@@ -58,12 +58,19 @@ class StageReporter:
         self.step = -1  # jigsaw step index of the step in progress
         self.version = 0  # policy version last published to the rollout replicas
         self._open: dict[str, tuple] = {}
+        self._callers: dict = {}  # hook name -> pluggy HookCaller, bound once
 
     def now(self) -> float:
         return self._clock() - self._t0
 
     def emit(self, hook: str, **kwargs) -> None:
-        call(self.pm, hook, **kwargs)
+        caller = self._callers.get(hook)
+        if caller is None:  # first use (or historic): validated by manager.call
+            call(self.pm, hook, **kwargs)
+            if not getattr(self.pm.hook, hook).is_historic():
+                self._callers[hook] = getattr(self.pm.hook, hook)
+            return
+        caller(**kwargs)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def register_pipeline(self, spec: dict) -> None:

@@ -15,6 +15,8 @@ forward pass is cheap, so the stages do real (small) work.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -224,3 +226,33 @@ def make_prompts(n_batches: int, batch_size: int, seed: int = 0) -> list[dict]:
             raw[i] = [{"role": "user", "content": f"prompt {i}"}]
         out.append({"raw_prompt": raw, "prompt_ids": prompts})
     return out
+
+
+def prepare_trainer(trainer, model_path: str, n_workers: int = 2, steps: int = 2, n: int = 2, batch: int = 2):
+    """Give a constructed v1 trainer what ``PPOTrainer._setup`` would (``trainer_base.py:226-394``),
+    on CPU: a colocated ``RayWorkerGroup`` of actor + critic stand-ins on a ``RayResourcePool``
+    without GPUs, and the stand-ins above. Returns the agent loop stand-in to pass to ``fit``."""
+    import ray
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.single_controller.ray import create_colocated_worker_cls
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    pool = RayResourcePool(process_on_nodes=[n_workers], use_gpu=False, max_colocate_count=1)
+    class_dict = {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(ActorStandIn), model_path=model_path),
+                  "critic": RayClassWithInitArgs(cls=ray.remote(CriticStandIn))}
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
+                        device_name="cpu")
+    groups = wg.spawn(prefix_set=class_dict.keys())
+    trainer.actor_rollout_wg = trainer.ref_policy_wg = groups["actor_rollout"]
+    trainer.critic_wg = groups["critic"]
+    trainer.ref_in_actor = False
+    trainer.actor_rollout_wg.init_model()
+    trainer.critic_wg.reset()
+    trainer.resource_pool_manager = ResourcePoolManager(resource_pool_spec={"global_pool": [n_workers]}, mapping={})
+    trainer.tokenizer = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    trainer.reward_loop_manager = RewardStandIn()
+    trainer.checkpoint_manager = CheckpointStandIn()
+    trainer.train_dataloader, trainer.train_dataloader_it = make_prompts(steps * 2, batch), None
+    trainer.global_steps, trainer.total_training_steps, trainer.steps_per_epoch = 0, steps, steps
+    trainer._init_dump_executor()
+    return AgentLoopStandIn(n=n)

@@ -15,8 +15,6 @@ and fails with "Total available GPUs 0 is less than total desired GPUs" (``base.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from conftest import compose_verl
@@ -30,10 +28,6 @@ WG_ORDER = ["actor_rollout_compute_log_prob", "actor_rollout_compute_ref_log_pro
 @pytest.fixture(scope="module")
 def fitted(ray_tq, tiny_model):
     """Two steps of verl's fit on the jigsaw trainer; returns (trainer, agent, wg calls)."""
-    import ray
-    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from verl.single_controller.ray import create_colocated_worker_cls
-    from verl.single_controller.ray.base import ResourcePoolManager
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     import cpu_standins as cs
@@ -48,26 +42,7 @@ def fitted(ray_tq, tiny_model):
             calls.append(method)
 
     trainer = get_trainer_cls("jigsaw")(config=cfg)
-    # What PPOTrainer._setup does (trainer_base.py:281-309), on a CPU pool.
-    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
-    class_dict = {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(cs.ActorStandIn), model_path=tiny_model),
-                  "critic": RayClassWithInitArgs(cls=ray.remote(cs.CriticStandIn))}
-    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
-                        device_name="cpu")
-    groups = wg.spawn(prefix_set=class_dict.keys())
-    trainer.actor_rollout_wg = trainer.ref_policy_wg = groups["actor_rollout"]
-    trainer.critic_wg = groups["critic"]
-    trainer.ref_in_actor = False
-    trainer.actor_rollout_wg.init_model()
-    trainer.critic_wg.reset()
-    trainer.resource_pool_manager = ResourcePoolManager(resource_pool_spec={"global_pool": [2]}, mapping={})
-    trainer.tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1)
-    trainer.reward_loop_manager = cs.RewardStandIn()
-    trainer.checkpoint_manager = cs.CheckpointStandIn()
-    trainer.train_dataloader, trainer.train_dataloader_it = cs.make_prompts(4, 2), None
-    trainer.global_steps, trainer.total_training_steps, trainer.steps_per_epoch = 0, 2, 2
-    trainer._init_dump_executor()
-    agent = cs.AgentLoopStandIn(n=2)
+    agent = cs.prepare_trainer(trainer, tiny_model)
     verl_func_generator.add_observer(observer)
     try:
         trainer.fit(agent)
