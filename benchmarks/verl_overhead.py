@@ -16,7 +16,7 @@ Two measurements, both on CPU:
 Usage::
 
     .venv/bin/python benchmarks/verl_overhead.py                 # micro only
-    .venv-verl/bin/python benchmarks/verl_overhead.py --verl --steps 6
+    .venv-verl/bin/python benchmarks/verl_overhead.py --verl --steps 6 --out /tmp/verl_overhead.json
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--verl", action="store_true", help="also time verl's real fit (needs .venv-verl)")
     ap.add_argument("--steps", type=int, default=6, help="verl steps for --verl (default 6)")
     ap.add_argument("--micro-steps", type=int, default=2000)
+    ap.add_argument("--out", help="also write the JSON here (verl prints its metrics to stdout)")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.micro_steps < 1:
         print("verl_overhead.py: --steps and --micro-steps must be >= 1", file=sys.stderr)
@@ -144,7 +145,10 @@ def main(argv=None) -> int:
     out = {"micro": micro(args.micro_steps)}
     if args.verl:
         out["verl"] = in_verl(args.steps)
-    print(json.dumps(out, indent=2))
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
     return 0
 
 

@@ -18,6 +18,8 @@ from jigsaw_plugin.manager import register
 
 __all__ = ["JigsawSession", "PHASE_OF_STAGE"]
 
+_RECORDED_BY_COORDINATOR = frozenset({"jigsaw_register_pipeline", "jigsaw_lease_granted", "jigsaw_lease_released"})
+
 #: Which lease a stage runs under.
 PHASE_OF_STAGE = {
     "gen": "rollout", "reward": "rollout",
@@ -59,7 +61,10 @@ class JigsawSession:
             ray.init(address=self.options.address or "auto", namespace=self.options.namespace)
         self.client = connect_coordinator(name=self.options.coordinator, namespace=self.options.namespace,
                                           devices=self.n_devices)
-        register(self.reporter.pm, CoordinatorForwarder(self.client))
+        forwarder = CoordinatorForwarder(self.client)
+        # The coordinator records these itself (register_pipeline, acquire, release): not twice.
+        forwarder._hooks = forwarder._hooks - _RECORDED_BY_COORDINATOR
+        register(self.reporter.pm, forwarder)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, spec: dict) -> None:
