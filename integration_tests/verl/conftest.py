@@ -89,3 +89,9 @@ def ray_tq():
         tq.close()
     finally:
         ray.shutdown()
+
+
+def pytest_configure(config):
+    # verl probes optional training engines at import and warns for each one missing here.
+    config.addinivalue_line("filterwarnings", "ignore:.* engine is not available:UserWarning")
+    config.addinivalue_line("filterwarnings", "ignore:Ray state API is no longer experimental:DeprecationWarning")
