@@ -140,3 +140,55 @@ def test_drain_and_resize_change_the_routing_set(stack):
     assert ray.get(lb.get_all_servers.remote()) == ["cpu-1:8000"]
     ray.get(lb.add_servers.remote({"cpu-0:8000": servers[0]}))
     assert sorted(ray.get(lb.get_all_servers.remote())) == ["cpu-0:8000", "cpu-1:8000"]
+
+
+class ReplicaStandIn:
+    """CPU stand-in for a ``RolloutReplica`` (``workers/rollout/replica.py:70``): verl's replicas
+    launch their servers on GPU workers (``vllm_async_server.py:1342-1394``). Same surface as
+    verl's: ``server_address``, ``server_handle``, ``servers``, async ``sleep``/``wake_up`` that
+    call the servers (``replica.py:265-271``)."""
+
+    def __init__(self, address, handle):
+        self.server_address, self.server_handle, self.servers = address, handle, [handle]
+
+    async def wake_up(self):
+        await asyncio.gather(*[s.wake_up.remote() for s in self.servers])
+
+    async def sleep(self):
+        await asyncio.gather(*[s.sleep.remote() for s in self.servers])
+
+
+def test_resize_through_verls_checkpoint_engine_manager(stack):
+    import ray
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.workers.config import CheckpointEngineConfig
+
+    from jigsaw_plugin.adapters.verl.resize import ReplicaResizer
+
+    mgr, client, servers = stack
+    lb = mgr.global_load_balancer
+    replicas = [ReplicaStandIn(a, h) for a, h in zip(mgr.server_addresses, servers, strict=True)]
+    cem = CheckpointEngineManager(config=CheckpointEngineConfig(backend="naive"), actor_wg=None, replicas=list(replicas))
+    resizer = ReplicaResizer(cem, lb)
+
+    async def scenario():
+        long = asyncio.ensure_future(client.generate("long", prompt_ids=[3, 4, 5], sampling_params={"max_tokens": 150}))
+        while ray.get(lb.get_status.remote())["total_inflight"] == 0:
+            await asyncio.sleep(0.05)
+        victim = next(r for r in replicas if ray.get(lb.get_inflight_count.remote(r.server_address)) > 0)
+        await asyncio.sleep(0.3)  # let it generate a prefix there
+        moved = await resizer.shrink(victim)
+        out = await long
+        return victim, moved, out
+
+    victim, moved, out = asyncio.run(scenario())
+    assert moved == ["long"] and len(out.token_ids) == 150  # migrated off the shrinking replica, finished once
+    assert victim not in cem.replicas and ray.get(victim.server_handle.state.remote())["asleep"]
+    assert ray.get(lb.get_all_servers.remote()) == [r.server_address for r in cem.replicas]
+    cem.sleep_replicas()  # verl's manager now only drives the active replica
+    calls = ray.get(victim.server_handle.state.remote())["calls"]
+    assert calls == ["sleep"]
+    asyncio.run(resizer.grow(victim))
+    assert victim in cem.replicas and not ray.get(victim.server_handle.state.remote())["asleep"]
+    assert sorted(ray.get(lb.get_all_servers.remote())) == sorted(mgr.server_addresses)
+    cem.wake_up_replicas()

