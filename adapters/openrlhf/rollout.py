@@ -211,6 +211,8 @@ class JigsawSamplesGenerator(SamplesGenerator):
                     self._stage_event("jigsaw_stage_end", "reward", (), len(accepted), 0)
                 self._stage_event("jigsaw_stage_end", "gen", devices, len(batch.table), generated)
             self.hooks.release([batch.devices[i] for i in batch.router.engines])
+            if self.hooks.client is not None:
+                self.hooks.client.flush()  # this batch's events reach the coordinator before it returns
             self.stats["requests"] += len(batch.table)
             self.stats["segments"] += sum(s.segments for s in batch.table.values())
             self.batch = None

@@ -68,6 +68,16 @@ class JigsawTrainerMixin:
         n_train = args_.actor.num_nodes * args_.actor.num_gpus_per_node
         first_train = 0 if args_.train.colocate_all else n_engines
         hooks.set_static_devices(rollout=range(n_engines), train=range(first_train, first_train + n_train))
+        if hooks.client is not None and args_.train.async_enable:
+            # Async mode: the generator holds OpenRLHF's VLLMLock while it waits for its rollout
+            # lease, and the trainer holds its train lease while it waits for that lock in
+            # broadcast_to_vllm (ppo_trainer_async.py:255-265): both leases must fit at once.
+            active = min(n_engines, int(settings.get("active_engines") or n_engines))
+            pool = hooks.client.info()["devices"]
+            if pool < active + n_train:
+                raise ValueError(f"--train.async_enable with --jigsaw.coordinator {settings['coordinator']!r}: the "
+                                 f"shared pool has {pool} device(s), async mode needs {active} (rollout) + {n_train} "
+                                 f"(train) = {active + n_train} at once")
         self._jigsaw_n_train = n_train
         self._jigsaw_train_devices: tuple = ()
         self._jigsaw_weight_bytes = _weight_bytes(pretrain)
@@ -173,8 +183,18 @@ class JigsawAsyncDriverMixin:
     def __init__(self, *args, **kwargs):
         import openrlhf.trainer.ppo_trainer_async as m
 
-        m.GenerateSamplesActor = make_remote(JigsawGeneratorMixin, m.GenerateSamplesActor, self.jigsaw_settings)
-        m.TrainingActor = make_remote(JigsawTrainerMixin, m.TrainingActor, self.jigsaw_settings)
+        replace = {
+            "GenerateSamplesActor": make_remote(JigsawGeneratorMixin, m.GenerateSamplesActor, self.jigsaw_settings),
+            "TrainingActor": make_remote(JigsawTrainerMixin, m.TrainingActor, self.jigsaw_settings),
+        }
+        # The base class reached this worker by value (its module attribute is this class in
+        # the driver), so its __init__ reads a copy of the module's globals: patch that too.
+        for klass in type(self).__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is not None and "GenerateSamplesActor" in getattr(init, "__globals__", {}):
+                init.__globals__.update(replace)
+        for name, value in replace.items():
+            setattr(m, name, value)
         super().__init__(*args, **kwargs)
 
     def jigsaw_stats(self) -> dict:

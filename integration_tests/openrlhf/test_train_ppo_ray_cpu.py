@@ -91,11 +91,13 @@ def test_sync_run_two_steps_hooks_per_request_routing_and_migration(orl_data, tm
     assert gen_steps <= {0, 1}
 
 
-def test_shared_coordinator_two_runs_one_device_pool(orl_data, tmp_path):
-    """Two OpenRLHF runs (separate drivers, different algorithms) share one coordinator and
-    a pool of ONE device: every stage waits for its lease, and no device is ever held by two
-    pipelines at once. Run B uses a reward model and a critic (PPO with GAE), so the
-    ``reward`` and ``values`` stages of make_experience and ``update_critic`` fire too."""
+def test_shared_coordinator_two_runs_one_pool(orl_data, tmp_path):
+    """Two OpenRLHF runs (separate drivers) share one coordinator and a pool of TWO devices:
+    every stage waits for its lease, and no device is ever held by two pipelines at once.
+    Run A is asynchronous (OpenRLHF's PPOTrainerAsync: generator and training actors, the
+    rollout of step t+1 overlapping the training of step t); run B is PPO with GAE, a reward
+    model and a critic, so the ``reward`` and ``values`` stages of make_experience and
+    ``update_critic`` fire too."""
     import ray
 
     from jigsaw_plugin.runtime.coordinator import connect_coordinator
@@ -103,13 +105,13 @@ def test_shared_coordinator_two_runs_one_device_pool(orl_data, tmp_path):
     ray.init(num_cpus=8, num_gpus=4, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
              runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
     try:
-        client = connect_coordinator(name="jigsaw-it", namespace="jigsaw", devices=1)
+        client = connect_coordinator(name="jigsaw-it", namespace="jigsaw", devices=2)
         address = ray.get_runtime_context().gcs_address
         shared = ["--jigsaw.enable", "--jigsaw.coordinator", "jigsaw-it", "--jigsaw.lease_timeout_s", "400"]
         a_out, b_out = tmp_path / "a", tmp_path / "b"
         a = base_args(orl_data, a_out, engines=1, max_new_tokens=64) + [
             "--reward.remote_url", str(orl_data.reward), "--algo.advantage.estimator", "group_norm",
-            *shared, "--jigsaw.pipeline", "grpo-a"]
+            "--train.async_enable", *shared, "--jigsaw.pipeline", "grpo-a"]
         b = base_args(orl_data, b_out, engines=1, max_new_tokens=64) + [
             "--reward.model_name_or_path", str(orl_data.model), "--algo.advantage.estimator", "gae",
             "--critic.num_gpus_per_node", "1", "--reward.num_gpus_per_node", "1",
@@ -132,21 +134,24 @@ def test_shared_coordinator_two_runs_one_device_pool(orl_data, tmp_path):
     b_stages = {e["stage"] for e in ev if e["hook"] == "jigsaw_stage_start" and e["pipeline"] == "ppo-b"}
     assert {"gen", "reward", "old_log_prob", "values", "ref", "adv", "update_critic", "update_actor",
             "weight_sync"} <= b_stages
-    # one device, two pipelines: leases alternate, never overlap
+    a_gen = [e["step"] for e in ev if e["hook"] == "jigsaw_stage_end" and e["pipeline"] == "grpo-a"
+             and e["stage"] == "gen"]
+    assert a_gen == [0, 1]  # the async generator actor's batches, routed by jigsaw
+    # two devices, two pipelines (three lease holders: A's generator and trainer, B): no overlap
     holder = {}
     grants = Counter()
     for e in ev:
         if e["hook"] == "jigsaw_lease_granted":
             for d in e["devices"]:
-                assert d == 0 and d not in holder, (e, holder)
+                assert d in (0, 1) and d not in holder, (e, holder)
                 holder[d] = e["pipeline"]
             grants[e["pipeline"]] += 1
         elif e["hook"] == "jigsaw_lease_released":
             for d in e["devices"]:
                 assert holder.pop(d) == e["pipeline"]
     assert grants["grpo-a"] >= 4 and grants["ppo-b"] >= 4  # rollout + train leases, two steps each
-    # stages ran on the leased device only
-    assert all(tuple(e["devices"]) in ((), (0,)) for e in ev if e["hook"] == "jigsaw_stage_start")
+    # stages ran on leased devices of the pool only
+    assert all(set(e["devices"]) <= {0, 1} for e in ev if e["hook"] == "jigsaw_stage_start")
 
 
 def test_bad_use_exits_2_in_the_real_environment(tmp_path):
