@@ -9,6 +9,7 @@ command line to the adapter's real entry point, which runs OpenRLHF's unmodified
 
 import os
 import sys
+import time
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,5 +29,6 @@ if __name__ == "__main__":
     from jigsaw_plugin.adapters.openrlhf.train_ppo_ray import main
 
     rc = main(sys.argv[1:])
+    time.sleep(2)  # let the actors' last log lines reach this driver before Ray goes
     ray.shutdown()
     sys.exit(rc)

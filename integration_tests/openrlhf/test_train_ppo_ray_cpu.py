@@ -121,7 +121,6 @@ def test_shared_coordinator_two_runs_one_pool(orl_data, tmp_path):
         runs = [finish_run(proc, started, out) for (proc, started), out in procs]
         for run in runs:
             assert run.returncode == 0, run.log[-4000:]
-            assert "Global step 2:" in run.log
         ev = client.events()
     finally:
         ray.shutdown()
