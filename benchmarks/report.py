@@ -8,6 +8,7 @@ policy); only wall times and decision latencies are measured and vary with machi
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import control_plane  # noqa: E402
 import decision_latency  # noqa: E402
 import policies  # noqa: E402
+import real_ab  # noqa: E402
 import sim_speed  # noqa: E402
 from common import ROOT  # noqa: E402
 
@@ -34,8 +36,9 @@ Every figure below is produced by `python benchmarks/report.py` (simulator, `--b
 sim`), which rewrites this file. Machine: {platform.machine()}, {platform.python_version()},
 2 cores; each run is a separate process. Throughput figures are deterministic (seed 0,
 the same samples for every policy); wall times and decision latencies are measured and
-move with machine load. Real-engine (Ray + vLLM) figures will be added by the runtime
-issue; none of the numbers here come from real GPUs.
+move with machine load. The last section holds real-engine figures (Ray + vLLM on this
+machine's CPU cores), written by `benchmarks/real_ab.py`; none of the numbers here come
+from real GPUs.
 
 ## Cost model calibration (docs/calibration.md)
 
@@ -101,6 +104,8 @@ the number of requests (about linearly) and only weakly with the pool size.
 
 {speed}
 """
+    if real_ab.RESULTS.exists():  # measured separately (needs .venv-cpu): kept from its JSON
+        text += f"\n{real_ab.START}\n{real_ab.render(json.loads(real_ab.RESULTS.read_text()))}\n{real_ab.END}\n"
     (ROOT / "docs" / "benchmarks.md").write_text(text)
     print(text)
 

@@ -1,0 +1,115 @@
+"""The real A/B on this machine: reference GRPO pipelines on real vLLM engines and torch
+trainers (``jigsaw bench --backend ray``), verl-sync's static partition against jigsaw.
+
+    .venv-cpu/bin/python benchmarks/real_ab.py     # ~10 min on the 2-core machine
+
+Needs ``.venv-cpu`` (``make venv-cpu``). Writes benchmarks/results/real_ab.json and the
+"Real engines" section of docs/benchmarks.md (report.py renders the same section from
+the JSON when it rewrites the file). Run it on a quiet machine: each row is the median
+of side-by-side repeats, but heavy background load still moves the ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "real_ab.json"
+START, END = "<!-- real-ab:start -->", "<!-- real-ab:end -->"
+
+CASES = [
+    # (label, workload file, steps of each pipeline or None for the file's)
+    ("2 pipelines x 4 steps (same work)", "examples/workloads/real_ab_2cpu.yaml", None),
+    ("grpo-b stops after 2 steps", "examples/workloads/real_ab_2cpu.yaml", {"grpo-b": 2}),
+]
+
+
+def _workload_file(path: str, steps: dict | None, tmp: Path) -> Path:
+    import yaml
+
+    if not steps:
+        return ROOT / path
+    data = yaml.safe_load((ROOT / path).read_text())
+    for p in data["pipelines"]:
+        p["steps"] = steps.get(p["name"], p["steps"])
+    out = tmp / f"{Path(path).stem}-{'-'.join(f'{k}{v}' for k, v in steps.items())}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def run(repeats: int = 3) -> dict:
+    import tempfile
+
+    from jigsaw_plugin.runtime.ray_bench import run_ab_ray
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, path, steps in CASES:
+            ab = run_ab_ray(_workload_file(path, steps, Path(tmp)), "verl-sync", "jigsaw", repeats=repeats)
+            rows.append({"case": label, "workload": path, "steps": steps, **{
+                k: ab[k] for k in ("throughput_ratio", "ratios_per_repeat", "samples_per_s", "gpu_busy_fraction",
+                                   "peak_memory_gib", "peak_rss_sum_gib", "simulated")},
+                "migrations": {s: sum(p["migrations"] for p in ab[s]["pipelines"].values())
+                               for s in ("baseline", "candidate")},
+                "stage_s": {s: {n: p["stage_s"] for n, p in ab[s]["pipelines"].items()}
+                            for s in ("baseline", "candidate")},
+                "engine_weight_versions": ab["candidate"]["measured"]["engine_weight_versions"],
+                "reward_mean_by_step": ab["candidate"]["measured"]["reward_mean_by_step"]})
+    return {"machine": f"{platform.machine()}, Python {platform.python_version()}", "repeats": repeats,
+            "rows": rows}
+
+
+def render(data: dict) -> str:
+    """The markdown section (also used by report.py)."""
+    lines = [
+        "## Real engines on this machine (`--backend ray`: Ray + vLLM + torch, no emulation)",
+        "",
+        "Reference GRPO pipelines (`runtime/reference/`) on the tiny Qwen2, 2 devices = the 2",
+        "cores, one vLLM engine per (pipeline, device) started once and pinned to its core;",
+        "trainer stages pinned to the cores the policy grants. Response lengths: the PolyTrace",
+        "verl trace / 8 (`examples/workloads/real_ab_2cpu.yaml`). Each row: verl-sync (static",
+        f"partition) and jigsaw run {data['repeats']} times side by side (order alternating, after",
+        "an untimed warm-up); samples/s are medians. Memory: the PSS sum of every process of",
+        "the run (driver, Ray, engines, trainers). `python benchmarks/real_ab.py` in `.venv-cpu`.",
+        "",
+        "| case | verl-sync samples/s | jigsaw samples/s | ratio (median) | per repeat | busy verl-sync / jigsaw | simulator predicts | peak memory GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        sps = r["samples_per_s"]
+        med = {k: sorted(v)[len(v) // 2] for k, v in sps.items()}
+        busy = {k: sorted(v)[len(v) // 2] for k, v in r["gpu_busy_fraction"].items()}
+        lines.append(
+            f"| {r['case']} | {med['verl-sync']:.2f} | {med['jigsaw']:.2f} | {r['throughput_ratio']:.2f}x | "
+            + ", ".join(f"{x:.2f}" for x in r["ratios_per_repeat"])
+            + f" | {busy['verl-sync']:.2f} / {busy['jigsaw']:.2f} | {r['simulated']['throughput_ratio']:.2f}x "
+            f"({r['simulated']['baseline']:.1f} samples/s) | {r['peak_memory_gib']:.1f} |")
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    doc = ROOT / "docs" / "benchmarks.md"
+    body = doc.read_text()
+    block = f"{START}\n{text}\n{END}"
+    if START in body:
+        body = body[: body.index(START)] + block + body[body.index(END) + len(END):]
+    else:
+        body = body.rstrip() + "\n\n" + block + "\n"
+    doc.write_text(body)
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    data = run(repeats)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1))
+    text = render(data)
+    write_section(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
