@@ -312,6 +312,10 @@ def test_balancer_routes_least_in_flight_sticky_and_migrates():
     hooks = [e["hook"] for e in lb.events() if e["request_id"] == "r1"]
     assert hooks == ["jigsaw_request_submitted", "jigsaw_request_aborted", "jigsaw_request_migrated",
                      "jigsaw_request_submitted", "jigsaw_request_finished"]
+    lb.set_step(3, t0_wall=__import__("time").time() - 100.0)
+    lb.acquire_server("r2", jigsaw_vllm_id="r2#1")
+    late = lb.events()[-1]
+    assert late["step"] == 3 and late["t"] >= 100.0  # the trainer's step and clock
     lb.drain("a")
     assert lb.get_all_servers() == ["b"]
     lb.remove_servers(["b"])

@@ -55,6 +55,7 @@ class StageReporter:
         register(self.pm, self.recorder)
         self._clock = clock
         self._t0 = clock()
+        self.t0_wall = time.time() - (clock() - self._t0)  # wall-clock origin, for other processes
         self.step = -1  # jigsaw step index of the step in progress
         self.version = 0  # policy version last published to the rollout replicas
         self._open: dict[str, tuple] = {}

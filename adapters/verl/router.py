@@ -7,6 +7,8 @@ verl 0.9.1 builds its one global balancer actor in ``get_router_handle``
     # jigsaw_router.yaml
     router_class: jigsaw_plugin.adapters.verl.router.JigsawLoadBalancer
     pipeline: grpo-a          # optional: the pipeline its request events belong to
+    coordinator: jigsaw       # optional: forward the request events to this coordinator
+    namespace: jigsaw         # optional: its Ray namespace
 
 verl calls ``ray.remote(cls).remote(servers, yaml_config)``; ``LLMServerManager(...,
 load_balancer_cls=JigsawLoadBalancer)`` (``llm_server.py:373-387``) works too. The class
@@ -64,6 +66,11 @@ class JigsawLoadBalancer:
         self.pm = get_plugin_manager(load_entrypoints=False)
         self.recorder = EventRecorder(include_progress=False)
         register(self.pm, self.recorder)
+        if config.get("coordinator"):  # runs inside verl's Ray cluster: Ray is up
+            from jigsaw_plugin.runtime.coordinator import CoordinatorForwarder, connect_coordinator
+
+            client = connect_coordinator(name=str(config["coordinator"]), namespace=str(config.get("namespace", "jigsaw")))
+            register(self.pm, CoordinatorForwarder(client))
         self.add_servers(servers)
 
     # ---- verl's protocol ------------------------------------------------------------------
@@ -194,8 +201,12 @@ class JigsawLoadBalancer:
         self.running.pop(request_id, None)
         self._turns[request_id] = turn + 1
 
-    def set_step(self, step: int) -> None:
+    def set_step(self, step: int, t0_wall: float | None = None) -> None:
+        """The trainer's current step (request events carry it), and optionally its clock origin
+        (``time.time()`` at its start) so that request ``t`` and stage ``t`` share one clock."""
         self.step = int(step)
+        if t0_wall is not None:
+            self._t0 = time.perf_counter() - (time.time() - float(t0_wall))
 
     def events(self) -> list[dict]:
         return list(self.recorder.events)

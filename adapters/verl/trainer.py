@@ -142,8 +142,19 @@ class JigsawTrainerMixin:
 
     def on_step_begin(self):
         self.jigsaw.start(self._jigsaw_spec())  # fit() may skip on_train_begin's caller paths
-        self.jigsaw.reporter.step_start()
+        step = self.jigsaw.reporter.step_start()
+        balancer = self._jigsaw_balancer()
+        if balancer is not None:  # request events of this step carry its index and clock
+            balancer.set_step.remote(step, self.jigsaw.reporter.t0_wall)
         return super().on_step_begin()
+
+    def _jigsaw_balancer(self):
+        """verl's global balancer actor if it is a ``JigsawLoadBalancer``, else ``None``."""
+        manager = getattr(self, "llm_server_manager", None)
+        handle = getattr(manager, "global_load_balancer", None)
+        if handle is None or not hasattr(handle, "set_step"):
+            return None
+        return handle
 
     def on_step_end(self):
         rep = self.jigsaw.reporter

@@ -192,3 +192,29 @@ def test_resize_through_verls_checkpoint_engine_manager(stack):
     assert victim in cem.replicas and not ray.get(victim.server_handle.state.remote())["asleep"]
     assert sorted(ray.get(lb.get_all_servers.remote())) == sorted(mgr.server_addresses)
     cem.wake_up_replicas()
+
+
+def test_request_events_reach_the_coordinator_with_the_trainers_step(stack, tmp_path):
+    import ray
+    from verl.workers.rollout.router import get_router_handle
+
+    from jigsaw_plugin.runtime.coordinator import connect_coordinator
+
+    _, _, servers = stack
+    coordinator = connect_coordinator(name="jigsaw-router-test", namespace="jigsaw", devices=2)
+    yaml_path = tmp_path / "router.yaml"
+    yaml_path.write_text("router_class: jigsaw_plugin.adapters.verl.router.JigsawLoadBalancer\n"
+                         "pipeline: verl-r\ncoordinator: jigsaw-router-test\n")
+    lb = get_router_handle(servers={"cpu-0:8000": servers[0]}, router_config_path=str(yaml_path))
+    ray.get(lb.set_step.remote(2))
+    ray.get(lb.acquire_server.remote("x", jigsaw_vllm_id="x#0", jigsaw_prompt_tokens=3, jigsaw_max_tokens=5))
+    ray.get(lb.attempt_done.remote("x", "cpu-0:8000", 5, "completed"))
+    deadline = time.monotonic() + 30
+    mine = []
+    while len(mine) < 2 and time.monotonic() < deadline:  # the balancer's emits are fire-and-forget
+        mine = [e for e in coordinator.events() if e.get("pipeline") == "verl-r"]
+        time.sleep(0.1)
+    assert [e["hook"] for e in mine] == ["jigsaw_request_submitted", "jigsaw_request_finished"]
+    assert all(e["step"] == 2 for e in mine) and mine[0]["prompt_tokens"] == 3
+    ray.kill(lb)
+    coordinator.shutdown()
