@@ -321,3 +321,13 @@ def test_balancer_routes_least_in_flight_sticky_and_migrates():
     lb.remove_servers(["b"])
     with pytest.raises(RuntimeError, match="No available servers in load balancer"):
         lb.acquire_server("r9")
+
+
+def test_entry_point_on_an_unsupported_verl_says_so_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(plugin, "LOADED", {})
+    monkeypatch.setattr(plugin, "ERRORS", [])
+    monkeypatch.setattr(plugin, "verl_version", lambda: "0.8.2")
+    plugin.load()
+    err = capsys.readouterr().err
+    assert "verl '0.8.2' is not a supported version (0.9.x); trainer.v1.trainer_mode=jigsaw will refuse to start" in err
+    assert plugin.LOADED["verl_version"] == "0.8.2" and plugin.ERRORS == []
