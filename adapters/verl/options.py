@@ -13,12 +13,11 @@ from typing import Any, Mapping
 
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["JigsawOptions", "parse_options", "TRAINER_MODES", "BASE_MODE", "OPTION_PREFIX"]
+__all__ = ["JigsawOptions", "parse_options", "algorithm_of", "TRAINER_MODES", "OPTION_PREFIX"]
 
 OPTION_PREFIX = "+jigsaw"
 #: verl ``trainer.v1.trainer_mode`` values this adapter registers -> the verl mode it extends.
 TRAINER_MODES = {"jigsaw": "sync", "jigsaw_colocate_async": "colocate_async"}
-BASE_MODE = TRAINER_MODES  # alias kept short for callers that ask "which verl mode is this"
 _POLICIES = ("jigsaw", "observe")
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
