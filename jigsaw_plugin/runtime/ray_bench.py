@@ -237,6 +237,11 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
         "ratios_per_repeat": [c["samples_per_s"] / b["samples_per_s"]
                               for b, c in zip(runs[baseline], runs[candidate])],
         "samples_per_s": {k: [x["samples_per_s"] for x in v] for k, v in runs.items()},
+        "runs": {k: [{"samples_per_s": x["samples_per_s"], "makespan_s": x["makespan_s"],
+                      "gpu_busy_fraction": x["gpu_busy_fraction"],
+                      "migrations": sum(p["migrations"] for p in x["pipelines"].values()),
+                      "stage_s": {n: p["stage_s"] for n, p in x["pipelines"].items()}} for x in v]
+                 for k, v in runs.items()},
         "gpu_busy_fraction": {k: [x["gpu_busy_fraction"] for x in v] for k, v in runs.items()},
         "peak_memory_gib": mem.peak / 2**30,  # PSS sum of every process of the run
         "peak_rss_sum_gib": mem.peak_rss / 2**30,
