@@ -141,7 +141,7 @@ def test_bench_on_real_engines_writes_the_simulator_result_json(ray_local, tmp_p
 
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(_workload(2, 2, 2, 4, 64)))
-    ab = run_ab_ray(path, "verl-sync", "jigsaw", repeats=1, log=lambda *a: None, warmup=False)
+    ab = run_ab_ray(path, "verl-sync", "jigsaw", repeats=1, log=lambda *a: None, warmup=False, record_events=True)
     for side in ("baseline", "candidate"):
         r = ab[side]
         assert r["backend"] == "ray" and r["samples"] == 2 * 2 * 16
@@ -151,3 +151,11 @@ def test_bench_on_real_engines_writes_the_simulator_result_json(ray_local, tmp_p
     # same samples and seeds under both policies: the same rewards step by step
     assert ab["baseline"]["measured"]["reward_mean_by_step"] == ab["candidate"]["measured"]["reward_mean_by_step"]
     assert ab["throughput_ratio"] > 0 and ab["peak_memory_gib"] > 0 and "simulated" in ab
+    # the sub-stage graph of the real run, from its hook events (as for a host adapter)
+    from jigsaw_plugin.graph import build_from_events
+
+    g = build_from_events(ab["events"]["candidate"], pipeline="p0")
+    kinds = {n.kind for n in g.nodes()}
+    g.validate()
+    assert {"rollout_request", "gen_turn", "update_actor", "weight_sync"} <= kinds, kinds
+    assert sum(1 for n in g.nodes() if n.kind == "rollout_request") == 2 * 16  # one per sample

@@ -31,3 +31,23 @@ def test_live_run_processes_every_sample_once(policy):
         assert pr["steps"] == 2
         assert pr["max_staleness"] <= bound[name]
     assert r["scheduler"]["decisions"] > 0
+
+
+def test_a_live_run_emits_the_hook_events_its_sub_stage_graph_is_built_from():
+    from jigsaw_plugin.events import EventRecorder
+    from jigsaw_plugin.graph import build_from_events
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+
+    wl = small_workload(gpus=4, pipelines=2, prompts=2, samples=4, steps=2, median=100)
+    pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+    rec = EventRecorder(include_progress=False)
+    register(pm, rec, name="recorder")
+    run_live(wl, get_policy("jigsaw"), factory, time_scale=0.02, hooks=Emitter(pm), record_requests=True)
+    hooks = [e["hook"] for e in rec.events]
+    assert hooks[:4] == ["jigsaw_register_pipeline", "jigsaw_pipeline_start"] * 2
+    # one submission and one finish per turn (samples may have several turns)
+    assert hooks.count("jigsaw_request_submitted") == hooks.count("jigsaw_request_finished") >= 2 * 2 * 8
+    g = build_from_events(rec.events, pipeline=wl.pipelines[0].name)
+    g.validate()
+    kinds = [n.kind for n in g.nodes()]
+    assert kinds.count("rollout_request") == 2 * 8 and {"update_actor", "weight_sync"} <= set(kinds)

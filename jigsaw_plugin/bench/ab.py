@@ -53,8 +53,10 @@ def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, ba
 
         check_ray_workload(workload)
         _policy(candidate, ablate or [])  # validates the ablations
+        # the hook events of the median runs go to --out (events_*.jsonl: `jigsaw graph --from-events`)
         ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
-                        baseline_options=baseline_options, candidate_options={a: False for a in ablate or []})
+                        baseline_options=baseline_options, candidate_options={a: False for a in ablate or []},
+                        record_events=True)
         if ablate:
             ab["candidate"]["ablate"] = list(ablate)
         return ab
@@ -102,7 +104,10 @@ def write_ab(ab: dict, out_dir: str | None, json_path: str | None) -> None:
         d.mkdir(parents=True, exist_ok=True)
         (d / "baseline.json").write_text(json.dumps(ab["baseline"], indent=2))
         (d / "candidate.json").write_text(json.dumps(ab["candidate"], indent=2))
-        (d / "bench.json").write_text(json.dumps(ab, indent=2))
+        for side, events in ab.get("events", {}).items():  # a real run's hook events
+            with open(d / f"events_{side}.jsonl", "w") as f:
+                f.writelines(json.dumps(e) + "\n" for e in events)
+        (d / "bench.json").write_text(json.dumps({k: v for k, v in ab.items() if k != "events"}, indent=2))
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(ab, indent=2))
+        Path(json_path).write_text(json.dumps({k: v for k, v in ab.items() if k != "events"}, indent=2))

@@ -201,6 +201,10 @@ class LiveWorld(World):
         prompt, mask = list(context), []  # mask: 1 on generated tokens, 0 on observations
         for turn in range(turns):
             while True:
+                if self.record_requests:  # the router picks the replica: None here
+                    self._emit("jigsaw_request_submitted", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
+                               replica=None, prompt_tokens=len(context), max_tokens=int(smp.gen_tokens[off + turn]),
+                               t=self.t)
                 try:
                     out = await router.generate(f"{rid}/{turn}", context, int(smp.gen_tokens[off + turn]), sticky=rid,
                                                 sampling=self._sampling(f"{rid}/{turn}"))
@@ -348,6 +352,9 @@ class LiveWorld(World):
     async def run(self, max_rounds: int = 8) -> None:
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
+        for p in self.order:  # as Simulation.run does
+            self._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
+            self._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
         self._error = None
         self.decision_us = []
         while not all(p.done for p in self.order):

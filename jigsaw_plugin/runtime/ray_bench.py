@@ -88,7 +88,18 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
         for name, tr in trainers.items():  # every engine starts the run on the trainer's weights
             await _POOL.reset(name, await tr.state_dict_bf16.remote())
         runner = ReferenceStageRunner(trainers, pin_devices=bool(options.get("pin", True)))
-        sim = Simulation(wl, get_policy(policy, **policy_options), seed)
+        recorder = None
+        hooks = None
+        if options.get("record_events"):  # the run's hook events, as a host adapter emits them
+            from jigsaw_plugin.events import EventRecorder
+            from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+
+            pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+            recorder = EventRecorder(include_progress=False)
+            register(pm, recorder, name="recorder")
+            hooks = Emitter(pm)
+        sim = Simulation(wl, get_policy(policy, **policy_options), seed, hooks=hooks,
+                         record_requests=recorder is not None)
         live = LiveWorld(sim, lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights),
                          stage_runner=runner, sampling=options.get("sampling", {"greedy": False, "temperature": 1.0,
                                                                                   "sampling_seed": seed}))
@@ -103,6 +114,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
         for tr in trainers.values():
             ray.kill(tr)
     result["backend"] = "ray"
+    if recorder is not None:
+        result["events"] = recorder.events
     rewards = {}
     for (name, step), r in sorted(runner.rewards.items()):
         rewards.setdefault(name, []).append(round(sum(r) / len(r), 4))
@@ -227,6 +240,10 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
         return sorted(rs, key=lambda x: x["samples_per_s"])[len(rs) // 2]
 
     base, cand = median_run(runs[baseline]), median_run(runs[candidate])
+    events = {side: r.pop("events") for side, r in (("baseline", base), ("candidate", cand)) if "events" in r}
+    for rs in runs.values():
+        for r in rs:
+            r.pop("events", None)
     sim_b = simulate(wl, baseline, seed=seed)
     sim_c = simulate(wl, candidate, seed=seed)
     return {
@@ -243,6 +260,7 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
                       "stage_s": {n: p["stage_s"] for n, p in x["pipelines"].items()}} for x in v]
                  for k, v in runs.items()},
         "gpu_busy_fraction": {k: [x["gpu_busy_fraction"] for x in v] for k, v in runs.items()},
+        **({"events": events} if events else {}),  # of the median runs (record_events=True)
         "peak_memory_gib": mem.peak / 2**30,  # PSS sum of every process of the run
         "peak_rss_sum_gib": mem.peak_rss / 2**30,
         "simulated": {"baseline": sim_b["samples_per_s"], "candidate": sim_c["samples_per_s"],
