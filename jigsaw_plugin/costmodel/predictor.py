@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
-__all__ = ["EfficiencyFactors", "CostModel"]
+__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,16 @@ class EfficiencyFactors:
     rollout_mem_util: float = 0.80  # vLLM gpu_memory_utilization
     activation_reserve_gb: float = 4.0  # vLLM activation / CUDA graph reserve per device
     max_num_seqs: int = 1024  # verl's rollout default
+    adv_s: float = 0.5  # advantage computation on the driver (a fixed, small cost)
+
+
+#: Factors fitted per hardware profile where the GPU fit (the defaults) does not carry
+#: over: see docs/calibration.md for each entry's measurements.
+HARDWARE_FACTORS: dict[str, EfficiencyFactors] = {}
+
+
+def default_factors(hardware: HardwareProfile) -> EfficiencyFactors:
+    return HARDWARE_FACTORS.get(hardware.name, EfficiencyFactors())
 
 
 class CostModel:
@@ -43,7 +53,7 @@ class CostModel:
 
     def __init__(self, hardware: HardwareProfile, factors: EfficiencyFactors | None = None):
         self.hw = hardware
-        self.f = factors or EfficiencyFactors()
+        self.f = factors or default_factors(hardware)
 
     # ---- rollout (one replica of ``tp`` devices) --------------------------------------
     def kv_capacity_tokens(self, model: ModelProfile, tp: int, other_bytes: float = 0.0) -> int:

@@ -10,8 +10,6 @@ from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F
 
 __all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun"]
 
-ADV_S = 0.5  # advantage computation on the driver (a fixed, small cost)
-
 
 @dataclass
 class StepRun:

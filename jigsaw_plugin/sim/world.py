@@ -10,7 +10,7 @@ from __future__ import annotations
 from jigsaw_plugin.costmodel import CostModel
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.sim.events import ReplicaTick, RewardDone, StageDone, ToolDone
-from jigsaw_plugin.sim.pipeline_state import ADV_S, HOST_STAGES, PipelineRun, StepRun, sample_tokens
+from jigsaw_plugin.sim.pipeline_state import HOST_STAGES, PipelineRun, StepRun, sample_tokens
 from jigsaw_plugin.sim.replica import Replica, Request
 
 __all__ = ["World", "PolicyViolation"]
@@ -299,7 +299,7 @@ class World:
             raise PolicyViolation(f"{p.name}: step {d.step} staleness {staleness} > bound {self._bound(p)}")
         devices = tuple(d.devices)
         if d.stage in HOST_STAGES:
-            dur, devices = ADV_S, ()
+            dur, devices = self.cost.f.adv_s, ()
         else:
             if not devices:
                 raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
