@@ -80,6 +80,11 @@ class JigsawTrainerMixin:
         n_devices = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
         self.jigsaw = JigsawSession(self.jigsaw_options, n_devices)
         self._jigsaw_batch = None
+        import sys
+
+        print(f"jigsaw-plugin (verl): trainer_mode={mode} -> {type(self).__name__} (verl "
+              f"{plugin.verl_version()}), pipeline {self.jigsaw_options.pipeline!r}, policy "
+              f"{self.jigsaw_options.policy!r}", file=sys.stderr, flush=True)
         self._jigsaw_wrap_replay_buffer()
 
     def _jigsaw_wrap_replay_buffer(self) -> None:
