@@ -108,9 +108,14 @@ class CPUPolicyActor(_CPUModelActor):
 
         from jigsaw_plugin.runtime.engines.vllm_engine import _tensor_to_wire
 
+        engines = [e for e in self.vllm_engines if hasattr(e, "jigsaw_load_weights")]
+        if len(engines) < len(self.vllm_engines):
+            # CPU stand-in limit: OpenRLHF's own engines (run without the adapter) take weights
+            # only over NCCL/CUDA IPC; such a baseline run keeps the initial weights.
+            print("CPU stand-in: engines without jigsaw_load_weights keep their weights (no NCCL on CPU)")
         state = self.model.model.state_dict()  # the HF model inside OpenRLHF's Actor
         payload = [_tensor_to_wire(k, v.to(torch.bfloat16)) for k, v in state.items()]
-        ray.get([e.jigsaw_load_weights.remote(payload) for e in self.vllm_engines])
+        ray.get([e.jigsaw_load_weights.remote(payload) for e in engines])
 
     def save_model(self):
         pass
