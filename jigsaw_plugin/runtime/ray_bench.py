@@ -246,8 +246,12 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
             r.pop("events", None)
     sim_b = simulate(wl, baseline, seed=seed)
     sim_c = simulate(wl, candidate, seed=seed)
+    for rs in runs.values():
+        for r in rs:
+            r["workload"] = str(workload_path)
     return {
         "backend": "ray",
+        "workload_spec": data,  # the spec as run (calibrate_cpu.py re-simulates it)
         "baseline": base,
         "candidate": cand,
         "throughput_ratio": cand["samples_per_s"] / base["samples_per_s"],
