@@ -15,7 +15,7 @@ def factory(pipeline, devices):
     return EmulatedEngine(COST, pipeline.model, tp=len(devices), time_scale=0.02)
 
 
-@pytest.mark.parametrize("policy", ["verl-sync", "one-step-off", "jigsaw"])
+@pytest.mark.parametrize("policy", ["verl-sync", "one-step-off", "areal", "streamrl", "jigsaw"])
 def test_live_run_processes_every_sample_once(policy):
     wl = small_workload(gpus=8, pipelines=2, prompts=4, samples=4, steps=2, median=200,
                         modes=("sync", "async"), staleness=(0, 1))
@@ -51,3 +51,22 @@ def test_a_live_run_emits_the_hook_events_its_sub_stage_graph_is_built_from():
     g.validate()
     kinds = [n.kind for n in g.nodes()]
     assert kinds.count("rollout_request") == 2 * 8 and {"update_actor", "weight_sync"} <= set(kinds)
+
+
+def test_areal_interrupts_live_rollouts_on_a_weight_sync_and_loses_nothing():
+    aborts = []
+
+    class Counting(EmulatedEngine):
+        async def abort(self, request_id):
+            aborts.append(request_id)
+            return await super().abort(request_id)
+
+    wl = small_workload(gpus=8, pipelines=2, prompts=4, samples=4, steps=3, median=400,
+                        modes=("async", "async"), staleness=(1, 1))
+    log = HookLog()
+    r = run_live(wl, get_policy("areal"), lambda p, d: Counting(COST, p.model, tp=len(d), time_scale=0.02),
+                 time_scale=0.02, hooks=log, record_requests=True)
+    assert aborts  # weight syncs landed mid-generation and interrupted running segments
+    assert r["samples"] == 2 * 3 * 16
+    finished = [(e["request_id"], e["turn"]) for e in log.by("jigsaw_request_finished")]
+    assert len(finished) == len(set(finished))  # each turn finished exactly once despite the interrupts

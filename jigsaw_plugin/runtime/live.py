@@ -43,8 +43,10 @@ class _RequestView:
 class LiveReplica:
     """A live engine as the policies see a replica."""
 
-    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, time_scale: float):
+    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, time_scale: float,
+                 spawn=None):
         self.id, self.pipeline, self.devices, self.tp = rid, pipeline, devices, len(devices)
+        self.spawn = spawn  # runs a coroutine on the world's loop (interrupt's aborts)
         self.router, self.model, self.cost, self.time_scale = router, model, cost, time_scale
         self.cap = cost.kv_capacity_tokens(model, self.tp)
         self.max_seqs = cost.f.max_num_seqs
@@ -88,6 +90,22 @@ class LiveReplica:
         if self.load == 0:
             return 0.0
         return self.max_finish_p * self.cost.decode_step_s(self.model, self.tp, max(1, self.n), self.kv_tokens)
+
+    # ---- what World calls on a weight sync with interrupt_on_sync (AReaL) -----------------
+    def sync(self, t: float) -> None:
+        """The simulator's replicas advance a clock here; a live engine runs by itself."""
+
+    def interrupt(self, t: float) -> None:
+        """New weights arrived mid-generation: abort every running segment; the router
+        resumes each with its tokens so far (sticky: on this replica), and the engine
+        recomputes their KV under the new weights (AReaL's interruptible rollout)."""
+        segments = [(self.router.engines[self.id], f"{r.request_id}#{r.segments}") for r in self._records()]
+        if segments and self.spawn is not None:
+            async def abort_all():
+                for engine, segment in segments:
+                    await engine.abort(segment)
+
+            self.spawn(abort_all())
 
 
 def _tokens(seed: str, n: int) -> list[int]:
@@ -148,6 +166,9 @@ class LiveWorld(World):
         if not task.cancelled() and task.exception() is not None:
             self._error = task.exception()
             self.dirty = True
+
+    def _schedule(self, rep) -> None:
+        """The simulator's replica clock ticks; live engines advance by themselves."""
 
     def _schedule_event(self, ev) -> None:
         delay = max(0.0, ev.t - self.t) * self.time_scale
@@ -264,7 +285,8 @@ class LiveWorld(World):
         self._next_replica += 1
         self._claim(devices, ("replica", p.name, rid))
         self._switch_s(p, devices, "rollout")
-        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.time_scale)
+        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.time_scale,
+                          spawn=self._spawn)
         rep.start_t = self.t
         self.routers[p.name].add_replica(rid, self.engine_factory(p, devices))
         self.replicas[rid] = rep
