@@ -44,12 +44,17 @@ def test_two_trainer_drivers_share_the_coordinators_device_pool(ray_tq):
     events = client.events()
     registered = [e["pipeline"] for e in events if e["hook"] == "jigsaw_register_pipeline"]
     assert sorted(registered) == ["verl-a", "verl-b"]
+    ordered = [e for e in events if e["hook"] == "jigsaw_register_pipeline"]
     for p in ("verl-a", "verl-b"):
         mine = [e for e in events if e.get("pipeline") == p]
         assert [e["hook"] for e in mine].count("jigsaw_step_end") == 3
-        assert mine[-1]["hook"] == "jigsaw_pipeline_end"
+        assert [e["hook"] for e in mine].count("jigsaw_pipeline_end") == 1
         assert sum(e["hook"] == "jigsaw_lease_granted" for e in mine) == 6
-    graph = build_from_events(events)
+        # The coordinator (an async actor) may record fire-and-forget emits out of order;
+        # each trainer's own clock t orders its events again (leases carry the coordinator's clock).
+        ordered += sorted((e for e in mine if e["hook"].startswith(("jigsaw_step", "jigsaw_stage", "jigsaw_weight"))),
+                          key=lambda e: e["t"])
+    graph = build_from_events(ordered)
     assert {n.pipeline for n in graph.nodes(kind="update_actor")} == {"verl-a", "verl-b"}
     assert client.info()  # still alive; both pipelines left it
     client.shutdown()
