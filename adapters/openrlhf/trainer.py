@@ -80,6 +80,7 @@ class JigsawTrainerMixin:
                                  f"(train) = {active + n_train} at once")
         self._jigsaw_n_train = n_train
         self._jigsaw_train_devices: tuple = ()
+        self._jigsaw_sizes = (0, 0)
         self._jigsaw_weight_bytes = _weight_bytes(pretrain)
         if hasattr(self, "samples_generator"):  # sync trainer: it generates too
             _replace_generator(self, hooks, clock, settings)
@@ -109,6 +110,9 @@ class JigsawTrainerMixin:
     def train_step(self, rollout_samples, global_step):
         clock = self.jigsaw_clock
         clock.begin()
+        # sizes of the update stages: the step's samples and their tokens (prompt + response)
+        self._jigsaw_sizes = (len(rollout_samples),
+                              int(sum(int(s.attention_mask.sum()) for s in rollout_samples)))
         self._jigsaw_train_devices = self.jigsaw.acquire("train", self._jigsaw_n_train)
         try:
             status, next_step = super().train_step(rollout_samples, global_step)
@@ -129,13 +133,14 @@ class JigsawTrainerMixin:
         if global_steps > args.critic.freezing_steps and self.actor_model_group is not None:
             names.append("update_actor")
         hooks, step, devices = self.jigsaw, self.jigsaw_clock.step, self._jigsaw_train_devices
+        samples, tokens = self._jigsaw_sizes
         for name in names:  # OpenRLHF runs both fits at once and gathers them together
             hooks.emit.jigsaw_stage_start(pipeline=hooks.pipeline, step=step, stage=name, devices=devices,
-                                          samples=0, tokens=0, t=hooks.now())
+                                          samples=samples, tokens=tokens, t=hooks.now())
         status = super().ppo_train(global_steps)
         for name in names:
             hooks.emit.jigsaw_stage_end(pipeline=hooks.pipeline, step=step, stage=name, devices=devices,
-                                        samples=0, tokens=0, t=hooks.now())
+                                        samples=samples, tokens=tokens, t=hooks.now())
         return status
 
     def broadcast_to_vllm(self):
