@@ -24,7 +24,7 @@ def _stage_order(events, step):
     return [e["stage"] for e in events if e["hook"] == "jigsaw_stage_start" and e.get("step") == step]
 
 
-def _check_request_accounting(events, max_new_tokens):
+def _check_request_accounting(events):
     """Every request finishes exactly once; a migrated one resumes on its destination with
     prompt + prefix and the remaining budget, and still ends with the full length."""
     finished = Counter(e["request_id"] for e in events if e["hook"] == "jigsaw_request_finished")
@@ -80,7 +80,7 @@ def test_sync_run_two_steps_hooks_per_request_routing_and_migration(orl_data, tm
             by_prompt[e["request_id"].rsplit("-n", 1)[0]].add(e["replica"])
     assert any(len(r) == 2 for r in by_prompt.values())
 
-    moves = _check_request_accounting(ev, 128)
+    moves = _check_request_accounting(ev)
     assert moves, "the long-tail consolidation moved no request"
     aborted = [e for e in ev if e["hook"] == "jigsaw_request_aborted"]
     assert {e["reason"] for e in aborted} == {"migrate"} and len(aborted) == len(moves)
@@ -129,14 +129,15 @@ def test_shared_coordinator_two_runs_one_pool(orl_data, tmp_path):
     assert pipelines == {"grpo-a", "ppo-b"}
     for name in pipelines:
         ends = [e for e in ev if e["hook"] == "jigsaw_step_end" and e["pipeline"] == name]
-        assert [e["step"] for e in ends] == [0, 1]
+        assert sorted(e["step"] for e in ends) == [0, 1]  # emits reach the async coordinator in any order
     b_stages = {e["stage"] for e in ev if e["hook"] == "jigsaw_stage_start" and e["pipeline"] == "ppo-b"}
     assert {"gen", "reward", "old_log_prob", "values", "ref", "adv", "update_critic", "update_actor",
             "weight_sync"} <= b_stages
-    a_gen = [e["step"] for e in ev if e["hook"] == "jigsaw_stage_end" and e["pipeline"] == "grpo-a"
-             and e["stage"] == "gen"]
+    a_gen = sorted(e["step"] for e in ev if e["hook"] == "jigsaw_stage_end" and e["pipeline"] == "grpo-a"
+                   and e["stage"] == "gen")
     assert a_gen == [0, 1]  # the async generator actor's batches, routed by jigsaw
-    # two devices, two pipelines (three lease holders: A's generator and trainer, B): no overlap
+    # two devices, two pipelines (three lease holders: A's generator and trainer, B): no overlap.
+    # Lease events are recorded by the coordinator itself as it grants and takes back, in order.
     holder = {}
     grants = Counter()
     for e in ev:
