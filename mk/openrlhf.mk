@@ -16,7 +16,7 @@ ORL_REQS := accelerate aiohttp bitsandbytes datasets deepspeed==0.19.6 einops 'g
 	pylatexenc 'pynvml>=12.0.0' 'ray[default]==2.60.0' sympy tensorboard torchdata torchmetrics \
 	tqdm transformers-stream-generator wandb wheel
 
-.PHONY: venv-openrlhf integration-openrlhf
+.PHONY: venv-openrlhf integration-openrlhf clean-openrlhf
 
 venv-openrlhf: $(STAMP_ORL)
 
@@ -36,3 +36,7 @@ $(STAMP_ORL): pyproject.toml mk/openrlhf.mk
 # Integration tests of the OpenRLHF adapter: the unmodified train()/PPOTrainer loop on CPU.
 integration-openrlhf: venv-openrlhf
 	$(VENV_ORL)/bin/python -m pytest -q integration_tests/openrlhf
+
+# The Makefile's `clean` does not know this venv (4.3 GB): remove it here.
+clean-openrlhf:
+	rm -rf $(VENV_ORL)
