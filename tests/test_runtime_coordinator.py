@@ -51,11 +51,18 @@ def test_forwarder_sends_every_event_hook_with_its_arguments():
     register(pm, CoordinatorForwarder(client), name="fwd")
     emit = Emitter(pm)
     emit.jigsaw_stage_start(pipeline="p", step=1, stage="gen", devices=(0,), samples=8, tokens=100, t=0.5)
-    emit.jigsaw_register_pipeline(pipeline="p", spec={"algorithm": "grpo"})
+    emit.jigsaw_register_pipeline(pipeline="p", spec={"algorithm": "grpo"})  # the coordinator's own record
+    emit.jigsaw_lease_granted(pipeline="p", devices=(0,), purpose="gen", t=0.6)  # likewise
+    emit.jigsaw_step_end(pipeline="p", step=1, t=0.7)
     assert client.sent == [
         ("jigsaw_stage_start", dict(pipeline="p", step=1, stage="gen", devices=(0,), samples=8, tokens=100, t=0.5)),
-        ("jigsaw_register_pipeline", dict(pipeline="p", spec={"algorithm": "grpo"})),
+        ("jigsaw_step_end", dict(pipeline="p", step=1, t=0.7)),
     ]
+    everything = _Client()
+    pm2 = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+    register(pm2, CoordinatorForwarder(everything, hooks=["jigsaw_register_pipeline"]), name="fwd")
+    Emitter(pm2).jigsaw_register_pipeline(pipeline="p", spec={})
+    assert everything.sent == [("jigsaw_register_pipeline", {"pipeline": "p", "spec": {}})]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +96,16 @@ def test_coordinator_actor_leases_events_and_death(ray_local):
     with pytest.raises(ValueError, match="unknown hook 'jigsaw_nope'"):
         client.emit("jigsaw_nope", pipeline="a")
     client.emit("jigsaw_step_start", pipeline="a", step=0, t=1.0)
+    for k in range(300):  # fire-and-forget, yet recorded in the order emitted
+        client.emit("jigsaw_step_end", pipeline="a", step=k, t=2.0 + k)
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(client))  # as shipped to another process: its own numbering
+    copy.emit("jigsaw_pipeline_end", pipeline="a", t=999.0)
+    copy.flush()
     events = client.events()
+    assert [e["step"] for e in events if e["hook"] == "jigsaw_step_end"] == list(range(300))
+    assert [e["t"] for e in events if e["hook"] == "jigsaw_pipeline_end"] == [999.0]
     names = [e["hook"] for e in events]
     assert names.count("jigsaw_register_pipeline") == 2 and "jigsaw_step_start" in names
     assert names.count("jigsaw_lease_granted") == 2 and names.count("jigsaw_lease_released") == 1

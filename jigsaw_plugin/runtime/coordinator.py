@@ -134,6 +134,8 @@ class _CoordinatorImpl:
         self.pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
         register(self.pm, self.recorder, name="recorder")
         self.started = time.time()
+        self._next: dict[str, int] = {}  # client -> sequence number of its next event
+        self._held: dict[str, dict] = {}  # client -> events that arrived before their turn
 
     def info(self) -> dict:
         return {"devices": len(self.pool.devices), "pipelines": dict(self.pipelines),
@@ -153,8 +155,20 @@ class _CoordinatorImpl:
 
         call(self.pm, hook_name, **kwargs)
 
-    def emit(self, hook_name: str, kwargs: dict) -> None:
-        self._emit(hook_name, kwargs)
+    def emit(self, hook_name: str, kwargs: dict, client: str | None = None, seq: int | None = None) -> None:
+        """Record an event. An async actor may run fire-and-forget calls out of order, so
+        a client numbers its emits and they are recorded in that order (a later one waits
+        here until the earlier ones arrived)."""
+        if client is None:
+            self._emit(hook_name, kwargs)
+            return
+        held = self._held.setdefault(client, {})
+        held[int(seq)] = (hook_name, kwargs)
+        nxt = self._next.get(client, 0)
+        while nxt in held:
+            self._emit(*held.pop(nxt))
+            nxt += 1
+        self._next[client] = nxt
 
     def events(self) -> list[dict]:
         return list(self.recorder.events)
@@ -219,8 +233,15 @@ class CoordinatorClient:
     """A handle on the coordinator; every call raises ``CoordinatorDied`` if it is gone."""
 
     def __init__(self, handle, name: str):
+        import uuid
+
         self.handle, self.name = handle, name
         self._unsent: list = []  # refs of emits not yet known to have run
+        self._id, self._seq = uuid.uuid4().hex, 0  # emits are numbered: recorded in order
+
+    def __reduce__(self):
+        # a copy in another process numbers its own emits: it gets a fresh client id
+        return (CoordinatorClient, (self.handle, self.name))
 
     def flush(self) -> None:
         """Wait until every event this client emitted is recorded (an async actor does not
@@ -255,7 +276,8 @@ class CoordinatorClient:
         """Fire-and-forget; the hook name is checked here, where a typo can be reported."""
         if hook_name not in HOOK_NAMES:
             raise ValueError(f"unknown hook {hook_name!r}; valid hooks: {', '.join(HOOK_NAMES)}")
-        self._unsent.append(self.handle.emit.remote(hook_name, kwargs))
+        self._unsent.append(self.handle.emit.remote(hook_name, kwargs, self._id, self._seq))
+        self._seq += 1
         if len(self._unsent) >= 256:  # keep the list short: drop the refs that have run
             import ray
 
@@ -311,15 +333,25 @@ def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices
     return client
 
 
+#: Hooks the coordinator records itself (from register_pipeline, acquire and release):
+#: a forwarder leaves them out, or they would be logged twice.
+RECORDED_BY_COORDINATOR = ("jigsaw_register_pipeline", "jigsaw_lease_granted", "jigsaw_lease_released")
+
+
 class CoordinatorForwarder(EventRecorder):
-    """A pluggy plugin forwarding every observation hook to the coordinator (``client.emit``).
+    """A pluggy plugin forwarding observation hooks to the coordinator (``client.emit``).
 
     It is an ``EventRecorder`` whose record step sends instead of keeping: one list of
-    hook implementations for both.
+    hook implementations for both. ``hooks``: which to forward (default: every
+    observation hook but ``RECORDED_BY_COORDINATOR``).
     """
 
-    def __init__(self, client: CoordinatorClient, include_progress: bool = False):
-        super().__init__(include_progress=include_progress)
+    def __init__(self, client: CoordinatorClient, include_progress: bool = False, hooks=None):
+        if hooks is None:
+            from jigsaw_plugin.events import OBSERVATION_HOOKS
+
+            hooks = [h for h in OBSERVATION_HOOKS if h not in RECORDED_BY_COORDINATOR]
+        super().__init__(include_progress=include_progress, hooks=hooks)
         self.client = client
 
     def _record(self, hook_name: str, arguments: dict) -> None:
