@@ -18,10 +18,6 @@ from jigsaw_plugin.events import EventRecorder
 
 __all__ = ["RunHooks", "stage"]
 
-#: Hooks the coordinator records itself (register_pipeline via client.register_pipeline,
-#: lease events via acquire/release): not forwarded, or they would be recorded twice.
-_COORDINATOR_OWN = ("jigsaw_register_pipeline", "jigsaw_lease_granted", "jigsaw_lease_released")
-
 
 class _JsonlLog(EventRecorder):
     """A plugin appending every observation hook call to a JSONL file as it happens (the
@@ -62,9 +58,9 @@ class RunHooks:
 
             self.client = connect_coordinator(name=self.settings["coordinator"],
                                               namespace=self.settings["namespace"])
-            forwarder = CoordinatorForwarder(self.client)
-            forwarder._hooks = frozenset(forwarder._hooks - set(_COORDINATOR_OWN))
-            register(self.pm, forwarder, name="jigsaw-coordinator-forwarder")
+            # The coordinator records register_pipeline and the lease events itself: the
+            # forwarder's default leaves them out, so they are not recorded twice.
+            register(self.pm, CoordinatorForwarder(self.client), name="jigsaw-coordinator-forwarder")
         self._static: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
 
