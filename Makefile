@@ -52,5 +52,5 @@ integration: venv-cpu
 include $(wildcard mk/*.mk)
 
 clean:
-	rm -rf $(VENV) $(VENV_CPU) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv .venv-* build dist *.egg-info .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
