@@ -29,16 +29,23 @@ CASES = [
 ]
 
 
+def _spec(path: str, steps: dict | None) -> dict:
+    """The case's workload: the file's, with some pipelines' step counts replaced."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / path).read_text())
+    for p in data["pipelines"]:
+        p["steps"] = (steps or {}).get(p["name"], p["steps"])
+    return data
+
+
 def _workload_file(path: str, steps: dict | None, tmp: Path) -> Path:
     import yaml
 
     if not steps:
         return ROOT / path
-    data = yaml.safe_load((ROOT / path).read_text())
-    for p in data["pipelines"]:
-        p["steps"] = steps.get(p["name"], p["steps"])
     out = tmp / f"{Path(path).stem}-{'-'.join(f'{k}{v}' for k, v in steps.items())}.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    out.write_text(yaml.safe_dump(_spec(path, steps), sort_keys=False))
     return out
 
 
@@ -70,16 +77,11 @@ def run(repeats: int = 3) -> dict:
 def resimulate(data: dict) -> None:
     """The simulator's prediction for each row with the cost model as committed now (the
     cpu factors are fitted to this very run by calibrate_cpu.py after it)."""
-    import yaml
-
     from jigsaw_plugin.sim import simulate
     from jigsaw_plugin.workload import parse_workload
 
     for r in data["rows"]:
-        spec = yaml.safe_load((ROOT / r["workload"]).read_text())
-        for p in spec["pipelines"]:
-            p["steps"] = (r["steps"] or {}).get(p["name"], p["steps"])
-        wl = parse_workload(spec)
+        wl = parse_workload(_spec(r["workload"], r["steps"]))
         b, c = simulate(wl, "verl-sync"), simulate(wl, "jigsaw")
         r["simulated"] = {"baseline": b["samples_per_s"], "candidate": c["samples_per_s"],
                           "throughput_ratio": c["samples_per_s"] / b["samples_per_s"],

@@ -49,10 +49,9 @@ def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, ba
         if not ray_backend_available():
             raise SpecError("--backend", backend, "sim here: the ray backend needs torch, vLLM and psutil "
                             "(`make venv-cpu`, then `.venv-cpu/bin/jigsaw bench ... --backend ray`)")
-        from jigsaw_plugin.runtime.ray_bench import check_ray_workload, run_ab_ray
+        from jigsaw_plugin.runtime.ray_bench import run_ab_ray
 
-        check_ray_workload(workload)
-        _policy(candidate, ablate or [])  # validates the ablations
+        _policy(candidate, ablate or [])  # validates the ablations (run_ab_ray checks the workload)
         # the hook events of the median runs go to --out (events_*.jsonl: `jigsaw graph --from-events`)
         ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
                         baseline_options=baseline_options, candidate_options={a: False for a in ablate or []},

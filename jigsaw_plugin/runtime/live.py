@@ -402,18 +402,26 @@ class LiveWorld(World):
             self._close(rep)
 
 
+async def run_simulation_live(sim, engine_factory, time_scale: float = 1.0, stage_runner=None,
+                              sampling: dict | None = None) -> dict:
+    """Take over ``sim`` (a ``Simulation``, not run) and run it on live engines, on the
+    running event loop; the result JSON of DESIGN.md 5."""
+    from jigsaw_plugin.sim.result import build_result
+
+    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner, sampling=sampling)
+    await live.run()
+    sim.world = live
+    sim.decision_us = live.decision_us
+    return build_result(sim)
+
+
 def run_live(workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0, backend: str = "emulated",
              stage_runner=None, sampling: dict | None = None, **sim_kw) -> dict:
     """Run ``workload`` under ``policy`` on live engines; the result JSON of DESIGN.md 5."""
     from jigsaw_plugin.sim.engine import Simulation
-    from jigsaw_plugin.sim.result import build_result
 
     sim = Simulation(workload, policy, seed, **sim_kw)
-    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner, sampling=sampling)
-    asyncio.run(live.run())
-    sim.world = live
-    sim.decision_us = live.decision_us
-    result = build_result(sim)
+    result = asyncio.run(run_simulation_live(sim, engine_factory, time_scale, stage_runner, sampling))
     result["backend"] = backend
     result["time_scale"] = time_scale
     return result

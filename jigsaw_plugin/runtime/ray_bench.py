@@ -28,7 +28,7 @@ RAY_MODELS = ("tiny-qwen2",)
 RAY_ALGORITHMS = ("grpo", "dapo", "reinforce")
 
 _POOL = None  # the coordinator process's EnginePool (engines outlive one run)
-_MODELS: dict[tuple, Path] = {}
+_MODELS: dict[int, Path] = {}  # seed -> folder (every pipeline starts from the same tiny model)
 _TRAINER_PIDS: list[int] = []  # of the run in progress (clean-up tests)
 
 
@@ -45,14 +45,13 @@ def check_ray_workload(workload) -> None:
                             f"{', '.join(RAY_ALGORITHMS)} (the reference pipeline has no critic)")
 
 
-def _model_dir(name: str, seed: int) -> Path:
+def _model_dir(seed: int) -> Path:
     from jigsaw_plugin.runtime.tiny_model import build_tiny_qwen2
 
-    key = (name, seed)
-    if key not in _MODELS:
+    if seed not in _MODELS:
         root = Path(os.environ.get("JIGSAW_MODEL_CACHE", Path(tempfile.gettempdir()) / "jigsaw-models"))
-        _MODELS[key] = build_tiny_qwen2(root / f"tiny-qwen2-seed{seed}", seed=seed)
-    return _MODELS[key]
+        _MODELS[seed] = build_tiny_qwen2(root / f"tiny-qwen2-seed{seed}", seed=seed)
+    return _MODELS[seed]
 
 
 async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, options: dict) -> dict:
@@ -60,11 +59,10 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     import ray
 
     from jigsaw_plugin.runtime.engine_pool import EnginePool
-    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.live import run_simulation_live
     from jigsaw_plugin.runtime.reference import ReferenceStageRunner, ReferenceTrainer
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim.engine import Simulation
-    from jigsaw_plugin.sim.result import build_result
     from jigsaw_plugin.workload import parse_workload
 
     global _POOL
@@ -74,7 +72,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     if _POOL is None:
         _POOL = EnginePool(options.get("engine_kwargs"), pin=bool(options.get("pin", True)))
     devices = range(wl.cluster.gpus)
-    models = {p.name: _model_dir(p.name, int(options.get("model_seed", 0))) for p in wl.pipelines}
+    model = _model_dir(int(options.get("model_seed", 0)))
+    models = {p.name: model for p in wl.pipelines}
     t0 = time.perf_counter()
     for p in wl.pipelines:
         await _POOL.ensure(p.name, models[p.name], devices)
@@ -100,15 +99,11 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
             hooks = Emitter(pm)
         sim = Simulation(wl, get_policy(policy, **policy_options), seed, hooks=hooks,
                          record_requests=recorder is not None)
-        live = LiveWorld(sim, lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights),
-                         stage_runner=runner, sampling=options.get("sampling", {"greedy": False, "temperature": 1.0,
-                                                                                  "sampling_seed": seed}))
         t_run = time.perf_counter()
-        await live.run()
+        result = await run_simulation_live(
+            sim, lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights), stage_runner=runner,
+            sampling=options.get("sampling", {"greedy": False, "temperature": 1.0, "sampling_seed": seed}))
         wall = time.perf_counter() - t_run
-        sim.world = live
-        sim.decision_us = live.decision_us
-        result = build_result(sim)
         versions = {n: int(await t.get_version.remote()) for n, t in trainers.items()}
     finally:
         for tr in trainers.values():
@@ -117,8 +112,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     if recorder is not None:
         result["events"] = recorder.events
     rewards = {}
-    for (name, step), r in sorted(runner.rewards.items()):
-        rewards.setdefault(name, []).append(round(sum(r) / len(r), 4))
+    for name, step in sorted(runner.rewards):
+        rewards.setdefault(name, []).append(round(runner.mean_reward(name, step), 4))
     result["measured"] = {
         "wall_s": wall,
         "engine_start_s": start_s,
