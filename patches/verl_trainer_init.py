@@ -54,38 +54,39 @@ def check_not_forgotten(config, trainer_cls) -> None:
     )
 
 
-def install_v1(module, verl_version: str | None) -> bool:
-    check_version(verl_version, what="jigsaw patch of PPOTrainer.__init__")
-    cls = module.PPOTrainer
+def _wrap_init(cls, wrap) -> bool:
+    """Replace ``cls.__init__`` by ``wrap(original)`` once; ``False`` if already done."""
     original = cls.__init__
     if getattr(original, "_jigsaw", False):
         return False
-
-    @functools.wraps(original)
-    def __init__(self, config, *args, **kwargs):
-        check_not_forgotten(config, type(self))
-        original(self, config, *args, **kwargs)
-
+    __init__ = functools.wraps(original)(wrap(original))
     __init__._jigsaw = True
     cls.__init__ = __init__
     return True
+
+
+def install_v1(module, verl_version: str | None) -> bool:
+    check_version(verl_version, what="jigsaw patch of PPOTrainer.__init__")
+
+    def wrap(original):
+        def __init__(self, config, *args, **kwargs):
+            check_not_forgotten(config, type(self))
+            original(self, config, *args, **kwargs)
+        return __init__
+
+    return _wrap_init(module.PPOTrainer, wrap)
 
 
 def install_v0(module, verl_version: str | None) -> bool:
     check_version(verl_version, what="jigsaw patch of RayPPOTrainer.__init__")
-    cls = module.RayPPOTrainer
-    original = cls.__init__
-    if getattr(original, "_jigsaw", False):
-        return False
 
-    @functools.wraps(original)
-    def __init__(self, config, *args, **kwargs):
-        original(self, config, *args, **kwargs)
-        if jigsaw_requested(config):
-            from jigsaw_plugin.adapters.verl.v0 import attach
+    def wrap(original):
+        def __init__(self, config, *args, **kwargs):
+            original(self, config, *args, **kwargs)
+            if jigsaw_requested(config):
+                from jigsaw_plugin.adapters.verl.v0 import attach
 
-            attach(self, module)
+                attach(self, module)
+        return __init__
 
-    __init__._jigsaw = True
-    cls.__init__ = __init__
-    return True
+    return _wrap_init(module.RayPPOTrainer, wrap)
