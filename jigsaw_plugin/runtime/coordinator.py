@@ -217,11 +217,6 @@ class _CoordinatorImpl:
             out += await engine.handle.pids.remote()
         return out
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
 
 def coordinator_actor_class():
     import ray

@@ -72,18 +72,14 @@ class EnginePool:
         self.engines: dict[tuple, ActorEngine] = {}
         self.models: dict[tuple, str] = {}
         self.state: dict[tuple, dict] = {}
-        self.start_s: dict[tuple, float] = {}
 
     async def ensure(self, pipeline: str, model_path, devices) -> None:
         """Start (in parallel) the engines of ``pipeline`` on ``devices`` not running yet."""
-        import time
 
         async def start(key):
-            t0 = time.perf_counter()
             await self.engines[key].start()
             # one short request: the first one pays one-off costs no run should be charged
             await self.engines[key].generate(f"warm-up-{key[0]}-{key[1]}", [1, 2, 3, 4], 8)
-            self.start_s[key] = time.perf_counter() - t0
 
         new = []
         for d in devices:

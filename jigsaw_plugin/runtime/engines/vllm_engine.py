@@ -302,8 +302,6 @@ class _EngineActorImpl:
         self._reaper = None
 
     async def _get(self) -> VLLMEngine:
-        import os
-
         if self._engine is None:
             if self._lock is None:
                 self._lock = asyncio.Lock()
@@ -322,8 +320,6 @@ class _EngineActorImpl:
 
     async def pids(self) -> list[int]:
         """This actor's pid and its vLLM processes' (for tests of clean-up)."""
-        import os
-
         import psutil
 
         await self._get()
