@@ -21,7 +21,7 @@ from jigsaw_plugin.hookspecs import HOOK_NAMES, hookimpl
 __all__ = ["EventRecorder", "OBSERVATION_HOOKS"]
 
 # firstresult hooks answer questions; recording them would also mean answering them.
-_QUESTION_HOOKS = ("jigsaw_schedule", "jigsaw_predict_duration")
+_QUESTION_HOOKS = ("jigsaw_schedule", "jigsaw_predict_duration", "jigsaw_predict_remaining")
 #: The hooks an EventRecorder implements: every hook except the firstresult ones.
 OBSERVATION_HOOKS = tuple(h for h in HOOK_NAMES if h not in _QUESTION_HOOKS)
 _PROGRESS = "jigsaw_request_progress"

@@ -356,6 +356,28 @@ def jigsaw_predict_duration(
     """
 
 
+@hookspec(firstresult=True)
+def jigsaw_predict_remaining(pipeline: str, requests: tuple, history: Any) -> Any:
+    """Predict how many tokens each in-flight request still has to generate.
+
+    Called by an executor while it builds the scheduler's state, once per pipeline and
+    round, for all of the pipeline's in-flight requests at once. A live engine does not know
+    when a response ends, so this is the only way remaining work enters a policy.
+
+    :param pipeline: The pipeline's name.
+    :param requests: ``scheduler.state.RequestView``-like records (``id``, ``group``,
+        ``prompt_key``, ``turn``, ``generated``, ``max_tokens``, ``in_flight_s``), without
+        ``predicted_remaining``.
+    :param history: The pipeline's ``predict.LengthHistory``: lengths of finished turns,
+        by step and GRPO group (read-only for implementations).
+
+    firstresult: the first plugin returning a non-``None`` value wins; the value is a
+    sequence of floats (predicted remaining tokens, one per request, each at most the
+    request's ``max_tokens - generated``). The built-in ``predict`` plugin answers it; an
+    oracle reading true lengths exists only as a labelled ablation.
+    """
+
+
 @hookspec
 def jigsaw_lease_granted(pipeline: str, devices: tuple[int, ...], purpose: str, t: float) -> None:
     """Called when devices are handed to a pipeline.

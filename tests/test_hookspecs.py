@@ -37,6 +37,7 @@ CONTRACT = {
     "jigsaw_tool_call_end": ("pipeline", "step", "request_id", "turn", "observation_tokens", "t"),
     "jigsaw_schedule": ("state",),
     "jigsaw_predict_duration": ("kind", "pipeline", "sizes", "devices"),
+    "jigsaw_predict_remaining": ("pipeline", "requests", "history"),
     "jigsaw_lease_granted": ("pipeline", "devices", "purpose", "t"),
     "jigsaw_lease_released": ("pipeline", "devices", "t"),
     "jigsaw_context_switch": ("devices", "from_pipeline", "to_pipeline", "duration_s", "t"),
@@ -84,7 +85,7 @@ def test_stages():
 def test_result_semantics_flags(pm):
     firstresult = {n for n in HOOK_NAMES if getattr(pm.hook, n).spec.opts["firstresult"]}
     historic = {n for n in HOOK_NAMES if getattr(pm.hook, n).spec.opts["historic"]}
-    assert firstresult == {"jigsaw_schedule", "jigsaw_predict_duration"}
+    assert firstresult == {"jigsaw_schedule", "jigsaw_predict_duration", "jigsaw_predict_remaining"}
     assert historic == {"jigsaw_register_pipeline"}
 
 

@@ -1,0 +1,203 @@
+"""What a scheduling policy sees: typed, frozen views of what a live system observes.
+
+Each executor (the simulator, the live runtime) builds a ``SchedulerState`` before every
+decide round and hands it to ``jigsaw_schedule``; a policy receives nothing else. The views
+hold observations only: tokens generated so far, time in flight, loads, KV use, the
+history of finished work. A request's final length is not among them: its remaining work
+is a *prediction* (``RequestView.predicted_remaining``), answered through the
+``jigsaw_predict_remaining`` hook from the pipeline's history (``predict/``).
+
+Request-level views are built lazily (a decide round that never looks at requests does
+not pay for them); they are read during the round they were built for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Mapping
+
+from jigsaw_plugin.ids import RequestId
+
+__all__ = [
+    "RequestView",
+    "ReplicaView",
+    "StepView",
+    "PipelineView",
+    "DeviceTask",
+    "DeviceView",
+    "SchedulerState",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One in-flight generation turn, as its engine and router observe it."""
+
+    id: RequestId  # pipeline, step, sample, turn
+    group: int  # GRPO group: samples of one prompt share it
+    prompt_key: str | None  # stable across epochs where the host knows the prompt
+    context_tokens: int  # prompt + earlier turns + observations: what a move re-prefills
+    generated: int  # tokens of this turn generated so far
+    max_tokens: int  # this turn's budget as the user configured it (spec max_response_len - used)
+    in_flight_s: float  # since this turn was submitted
+    replica: int | None
+    queued: bool  # waiting for a batch slot (not admitted)
+    predicted_remaining: float  # tokens, from the length predictor (never the true figure)
+
+    @property
+    def turn(self) -> int:
+        return self.id.turn or 0
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.context_tokens + self.generated
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One rollout engine: its load and memory as the engine reports them."""
+
+    id: int
+    pipeline: str
+    devices: tuple[int, ...]
+    running: int  # sequences in the decode batch
+    queued: int  # requests waiting for a slot
+    kv_tokens: float  # KV cache in use (tokens)
+    kv_capacity: float  # KV cache size (tokens)
+    max_seqs: int  # the engine's batch limit (vLLM max_num_seqs)
+    retiring: bool
+    step_s: float  # the current decode step time (observed tokens/s of the batch)
+    stall_s: float  # prefill or weight load still ahead of decoding
+    _requests: Callable[[], tuple] = field(repr=False, compare=False)
+
+    @property
+    def tp(self) -> int:
+        return len(self.devices)
+
+    @property
+    def load(self) -> int:
+        return self.running + self.queued
+
+    @cached_property
+    def requests(self) -> tuple[RequestView, ...]:
+        """Its requests, running then queued (built on first use)."""
+        return tuple(self._requests())
+
+    @cached_property
+    def predicted_tokens_left(self) -> float:
+        """Decode steps until the predicted longest request ends."""
+        return max((r.predicted_remaining for r in self.requests), default=0.0)
+
+    @cached_property
+    def predicted_work_tokens(self) -> float:
+        return sum(r.predicted_remaining for r in self.requests)
+
+    def predicted_drain_s(self) -> float:
+        """Projected time until it is empty: the longer of its predicted longest request and
+        its predicted work at the current batch, at the current step time."""
+        if self.load == 0:
+            return 0.0
+        steps = max(self.predicted_tokens_left, self.predicted_work_tokens / max(1, self.running))
+        return self.stall_s + steps * self.step_s
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """One started step of a pipeline: progress of its samples and stages."""
+
+    step: int
+    samples: int
+    gen_done: int  # trajectories whose generation ended
+    rewarded: int
+    tokens: int  # prompt + generated tokens of the finished trajectories (what training reads)
+    gen_start_t: float
+    stage_start_t: Mapping[str, float]  # stages started so far
+    stage_end_t: Mapping[str, float]  # stages ended so far
+    min_version: int  # oldest policy version that generated any of its tokens
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """One pipeline: where its step is, its versions, and what it has finished before."""
+
+    name: str
+    index: int
+    spec: Any  # the pipeline's user configuration (workload.PipelineSpec); policies read
+    # its scalar settings (mode, staleness, samples_per_step, max_response_len, steps,
+    # rollout_tp), never its length distributions, which a live host does not have
+    model: Any  # costmodel.ModelProfile
+    stages: tuple[str, ...]  # training-side stages in order
+    static_devices: tuple[int, ...]
+    gen_next: int  # next step whose generation has not started
+    train_next: int
+    stage_next: int  # index into ``stages`` of train_next's next stage
+    stage_running: bool
+    version: int
+    rollout_version: int
+    done: bool
+    generating: bool
+    pending: int  # requests waiting for a replica
+    replicas: tuple[ReplicaView, ...]  # live replicas, retiring ones included
+    steps: Mapping[int, StepView]
+    history: Any  # predict.LengthHistory (read-only here): finished lengths of earlier work
+    stage_history_s: Mapping[str, tuple[float, ...]]  # measured durations of finished stages
+    running_stage_end_t: float | None  # predicted end of the stage running now
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec.steps
+
+    @property
+    def next_stage(self) -> str | None:
+        """The next training-side stage, if its batch is ready and nothing runs."""
+        if self.done or self.stage_running:
+            return None
+        s = self.steps.get(self.train_next)
+        if s is None or s.rewarded < s.samples:
+            return None
+        return self.stages[self.stage_next]
+
+    def load(self) -> int:
+        return sum(r.load for r in self.replicas) + self.pending
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTask:
+    """What a device is doing: a rollout replica or a training stage."""
+
+    kind: str  # "replica" | "stage"
+    pipeline: str
+    replica: int | None = None
+    stage: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    id: int
+    node: int
+    task: DeviceTask | None
+    resident: tuple[str, ...]  # pipelines whose rollout weights are resident (LRU order)
+    train_resident: str | None  # the pipeline whose training state is resident
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """Everything a policy may read in one decide round."""
+
+    t: float
+    gpus: int
+    gpus_per_node: int
+    devices: tuple[DeviceView, ...]
+    free: frozenset[int]
+    order: tuple[PipelineView, ...]
+    cost: Any  # costmodel.CostModel: pure pricing functions
+    memo: Any = None  # what the policy declared at setup (Policy.setup); read-only
+
+    @cached_property
+    def pipelines(self) -> Mapping[str, PipelineView]:
+        return {p.name: p for p in self.order}
+
+    @cached_property
+    def replicas(self) -> Mapping[int, ReplicaView]:
+        return {r.id: r for p in self.order for r in p.replicas}
