@@ -53,7 +53,10 @@ def _segment_sampling(sampling: dict, segment: int) -> dict:
 
 
 class Router:
-    """Routes one pipeline's requests across its replicas (least in flight, sticky)."""
+    """Routes one pipeline's requests across its replicas (least in flight, sticky).
+
+    Other modules use the public methods below; ``engines``, ``inflight``, ``retiring``,
+    ``on_replica`` and ``_sticky`` are its implementation."""
 
     def __init__(self, engines: dict | None = None, on_event=None):
         self.engines: dict[int, object] = dict(engines or {})
@@ -62,43 +65,138 @@ class Router:
         self.requests: dict[str, RequestRecord] = {}
         self.on_replica: dict[int, dict[str, RequestRecord]] = {}  # replica -> its running records
         self._sticky: dict[str, int] = {}
+        self._unwound: dict[int, list[asyncio.Future]] = {}  # replica -> drain_to calls waiting for it to empty
         self._on_event = on_event or (lambda name, **kw: None)
         self.finished = 0
 
     # ---- replicas -----------------------------------------------------------------------
     def add_replica(self, replica_id: int, engine) -> None:
+        """Attach a replica: new requests may go to it at once."""
         if replica_id in self.engines:
             raise RouterError(f"replica {replica_id} already exists")
         self.engines[replica_id] = engine
         self.inflight[replica_id] = 0
 
-    async def remove_replica(self, replica_id: int, to: int | None = None) -> int:
-        """Stop routing to a replica and migrate its requests away; returns how many moved."""
-        self.retiring.add(replica_id)
-        moved = 0
-        for rec in [r for r in self.requests.values() if r.replica == replica_id]:
-            dst = to if to is not None else self._choose(rec, exclude={replica_id})
-            await self.migrate(rec.request_id, dst)
-            moved += 1
-        self.engines.pop(replica_id, None)
-        self.inflight.pop(replica_id, None)
-        self.retiring.discard(replica_id)
-        return moved
+    def replicas(self) -> list[int]:
+        """Every attached replica, retiring ones included."""
+        return list(self.engines)
 
     def live_replicas(self) -> list[int]:
+        """Attached replicas that take new requests (not retiring)."""
         return [i for i in self.engines if i not in self.retiring]
 
+    def engine(self, replica_id: int) -> object:
+        """The engine handle of an attached replica."""
+        self._require(replica_id)
+        return self.engines[replica_id]
+
     def load(self, replica_id: int) -> int:
+        """Requests in flight on a replica (0 for one not attached)."""
         return self.inflight.get(replica_id, 0)
 
+    def records_on(self, replica_id: int) -> list[RequestRecord]:
+        """The records of the requests whose current segment runs on the replica."""
+        return list(self.on_replica.get(replica_id, {}).values())
+
+    def mark_retiring(self, replica_id: int) -> None:
+        """Stop routing new requests to the replica (those running there stay)."""
+        self._require(replica_id)
+        self.retiring.add(replica_id)
+
+    def unmark_retiring(self, replica_id: int) -> None:
+        """Route new requests to the replica again."""
+        self._require(replica_id)
+        self.retiring.discard(replica_id)
+
+    def detach_replica(self, replica_id: int, force: bool = False) -> None:
+        """Forget the replica (engine, counts, records, sticky entries); refuses while
+        requests run there unless ``force`` (their segments then end without it)."""
+        self._require(replica_id)
+        running = max(self.load(replica_id), len(self.on_replica.get(replica_id, {})))
+        if running and not force:
+            raise RouterError(f"replica {replica_id} still has {running} request(s) in flight; "
+                              f"drain_to() it first, or detach_replica(..., force=True)")
+        self.engines.pop(replica_id)
+        self.inflight.pop(replica_id, None)
+        self.retiring.discard(replica_id)
+        self.on_replica.pop(replica_id, None)
+        for key in [k for k, r in self._sticky.items() if r == replica_id]:
+            del self._sticky[key]
+
+    async def drain_to(self, replica_id: int, target: int | None = None) -> int:
+        """Stop routing to the replica, move each of its requests once (to ``target`` or the
+        router's choice), wait until every one runs elsewhere, then detach it; returns how
+        many moved (a request that finished before its abort landed is not counted)."""
+        self._require(replica_id)
+        others = [i for i in self.live_replicas() if i != replica_id]
+        if target is not None and target not in others:
+            raise RouterError(f"drain_to({replica_id}): target replica {target} is not live; "
+                              f"live replicas besides it: {others}")
+        if self.records_on(replica_id) and not others:
+            raise RouterError(f"drain_to({replica_id}): no other live replica to move its requests to")
+        self.retiring.add(replica_id)
+        ours: list[tuple[RequestRecord, int]] = []  # (record, its migrations before) we aborted
+        aborts = []
+        for rec in self.records_on(replica_id):
+            if rec.move_to is not None:
+                continue  # already moving away (its abort is out): it must not move twice
+            before = rec.migrations
+            pending = self.begin_migrate(rec.request_id, target if target is not None
+                                         else self.choose_replica(rec, exclude={replica_id}))
+            if pending is not None:
+                ours.append((rec, before))
+                aborts.append(pending)
+        results = await asyncio.gather(*(engine.abort(segment) for engine, segment in aborts),
+                                       return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, EngineDead):
+                raise res  # a dead engine's segments end with EngineDead and resume elsewhere
+        while self.on_replica.get(replica_id):  # aborted segments unwind, then resume elsewhere
+            waiter = asyncio.get_running_loop().create_future()
+            self._unwound.setdefault(replica_id, []).append(waiter)
+            await waiter
+        if replica_id in self.engines:
+            self.detach_replica(replica_id, force=True)  # only external acquire() counts can remain
+        return sum(rec.migrations > before for rec, before in ours)
+
+    async def remove_replica(self, replica_id: int, to: int | None = None) -> int:
+        """``drain_to(replica_id, to)`` (the older name)."""
+        return await self.drain_to(replica_id, to)
+
     # ---- requests -----------------------------------------------------------------------
-    def _choose(self, rec: RequestRecord, exclude=frozenset()) -> int:
+    def choose_replica(self, rec: RequestRecord, exclude=frozenset()) -> int:
+        """Where the request's next segment goes: its trajectory's replica if live, else
+        the live replica with the fewest in flight (ties: lowest id)."""
         live = [i for i in self.live_replicas() if i not in exclude]
         if not live:
             raise RouterError(f"no live replica for request {rec.request_id}")
         if rec.sticky is not None and self._sticky.get(rec.sticky) in live:
             return self._sticky[rec.sticky]
         return min(live, key=lambda i: (self.inflight[i], i))
+
+    def trajectory_replica(self, sticky: str) -> int | None:
+        """The replica a trajectory (sticky key) last ran on, or ``None``."""
+        return self._sticky.get(sticky)
+
+    def clear_sticky(self) -> int:
+        """Forget every trajectory's replica; returns how many were forgotten."""
+        cleared = len(self._sticky)
+        self._sticky.clear()
+        return cleared
+
+    def acquire(self, replica_id: int, sticky: str | None = None) -> None:
+        """Count a request dispatched to the replica outside ``generate`` (verl's balancer)."""
+        self._require(replica_id)
+        if replica_id in self.retiring:
+            raise RouterError(f"replica {replica_id} is retiring; live: {self.live_replicas()}")
+        self.inflight[replica_id] += 1
+        if sticky is not None:
+            self._sticky[sticky] = replica_id
+
+    def release_slot(self, replica_id: int) -> None:
+        """Uncount one ``acquire``; a replica detached meanwhile is ignored."""
+        if self.inflight.get(replica_id, 0) > 0:
+            self.inflight[replica_id] -= 1
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                        sticky: str | None = None, sampling: dict | None = None) -> list[int]:
@@ -115,7 +213,7 @@ class Router:
         self.requests[request_id] = rec
         try:
             while True:
-                target = rec.move_to if rec.move_to is not None else self._choose(rec)
+                target = rec.move_to if rec.move_to is not None else self.choose_replica(rec)
                 rec.move_to = None
                 done = await self._segment(rec, target)
                 if done:
@@ -145,8 +243,16 @@ class Router:
                                         on_progress=progress, **_segment_sampling(rec.sampling, rec.segments))
             rec.prefix = rec.prefix + list(out)
             return True
-        except RequestAborted as e:  # migrated: keep the prefix, go on where migrate() said
+        except RequestAborted as e:  # keep the prefix (the abort's result), go on where migrate() said
             rec.prefix = rec.prefix + list(e.tokens)
+            if rec.move_to is not None:  # a migration (an interrupt leaves move_to unset)
+                if rec.move_to not in self.live_replicas():  # its destination retired meanwhile
+                    rec.move_to = self.choose_replica(rec)
+                rec.migrations += 1
+                # Counted here, from the segment's result: a remote engine's progress
+                # never reaches rec.live, and a request that finished first did not move.
+                self._on_event("migrated", request_id=rec.request_id, src_replica=replica, dst_replica=rec.move_to,
+                               generated_tokens=len(rec.prefix))
             return False
         except EngineDead:  # fault: the prefix seen through progress survives
             rec.prefix = rec.prefix + rec.live
@@ -159,6 +265,10 @@ class Router:
                 self.inflight[replica] -= 1
             self.on_replica.get(replica, {}).pop(rec.request_id, None)
             rec.replica = None
+            if not self.on_replica.get(replica):
+                for waiter in self._unwound.pop(replica, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     def end_trajectory(self, sticky: str) -> None:
         """Forget a finished trajectory's sticky replica (keeps memory flat per request)."""
@@ -166,8 +276,10 @@ class Router:
 
     def begin_migrate(self, request_id: str, dst: int):
         """Mark a request to move to ``dst``; returns ``(engine, segment_id)`` to abort on the
-        source, or ``None`` if there is nothing to move. Synchronous, so an executor can
-        release the source's devices at once and abort right after."""
+        source, or ``None`` if there is nothing to abort: not running, already on ``dst``,
+        or already moving (its abort is out; only its destination changes, so it never
+        moves twice). Synchronous, so an executor can release the source's devices at once
+        and abort right after. The ``migrated`` event follows when the aborted segment ends."""
         rec = self.requests.get(request_id)
         if rec is None:
             raise RouterError(f"request {request_id} is not in flight")
@@ -176,10 +288,10 @@ class Router:
         src = rec.replica
         if src is None or src == dst:
             return None
+        if rec.move_to is not None:
+            rec.move_to = dst
+            return None
         rec.move_to = dst
-        rec.migrations += 1
-        self._on_event("migrated", request_id=request_id, src_replica=src, dst_replica=dst,
-                       generated_tokens=len(rec.prefix) + len(rec.live))
         return self.engines[src], f"{request_id}#{rec.segments}"
 
     async def migrate(self, request_id: str, dst: int) -> None:
@@ -190,3 +302,8 @@ class Router:
         engine, segment = pending
         await engine.abort(segment)
         await asyncio.sleep(0)  # let the aborted segment unwind
+
+    # ---- internals ----------------------------------------------------------------------
+    def _require(self, replica_id: int) -> None:
+        if replica_id not in self.engines:
+            raise RouterError(f"replica {replica_id} is not attached; attached: {self.replicas()}")

@@ -1,0 +1,145 @@
+"""Per-pipeline bookkeeping of a run: steps, samples, versions, stage progress, and what
+has been observed of finished work (the predictor's history, stage durations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F401  (re-exported)
+
+__all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun", "ObservedLengths", "static_shares",
+           "build_pipelines", "sample_tokens"]
+
+
+@dataclass
+class StepRun:
+    """One step of one pipeline: its samples and when each part happened."""
+
+    step: int
+    samples: object  # workload.StepSamples
+    n: int
+    gen_start_t: float | None = None
+    gen_end_t: float | None = None  # last response returned
+    reward_end_t: float | None = None  # last reward computed: the batch is trainable
+    n_rewarded: int = 0
+    n_gen_done: int = 0
+    min_version: int | None = None  # oldest policy version that generated any sample
+    tokens: int = 0  # prompt + generated tokens of the whole batch (what training reads)
+    generated: int = 0
+    stage_t: dict = field(default_factory=dict)  # stage -> (start, end)
+    trained_version: int | None = None
+    migrations: int = 0
+
+
+class PipelineRun:
+    """The live state of one pipeline in a run (read by policies, written by the executor)."""
+
+    def __init__(self, index: int, spec, model, static_devices: tuple):
+        self.index = index
+        self.spec = spec
+        self.name = spec.name
+        self.model = model
+        self.stages = STAGES_BY_ALGORITHM[spec.algorithm]
+        self.static_devices = static_devices  # the share a static-partition baseline uses
+        self.steps: dict[int, StepRun] = {}
+        self.gen_next = 0  # next step whose generation has not started
+        self.train_next = 0  # next step to train
+        self.stage_next = 0  # index into ``stages`` of train_next's next stage
+        self.stage_running = False
+        self.version = 0  # updates applied to the trainer's weights
+        self.rollout_version = 0  # weights the rollout replicas hold
+        self.replicas: list = []  # live replicas of this pipeline
+        self.pending: list = []  # requests waiting for a replica
+        self.max_staleness = 0
+        self.context_switches = 0
+        self.finished_t: float | None = None
+        from jigsaw_plugin.predict import LengthHistory  # lazy: numpy-only, but keeps imports light
+
+        self.history = LengthHistory(max_tokens=spec.max_response_len)  # finished turn lengths
+        self.observed = ObservedLengths()  # per-trajectory figures of finished samples
+        self.stage_history: dict[str, list] = {}  # stage -> measured durations, in order
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec.steps
+
+    @property
+    def done(self) -> bool:
+        return self.train_next >= self.spec.steps
+
+    @property
+    def generating(self) -> bool:
+        """Some started step still has responses to generate."""
+        return any(s.gen_end_t is None for s in self.steps.values())
+
+    def batch_ready(self, step: int) -> bool:
+        s = self.steps.get(step)
+        return s is not None and s.reward_end_t is not None
+
+    @property
+    def next_stage(self) -> str | None:
+        """The next training-side stage to run (None if none is ready or one is running)."""
+        if self.done or self.stage_running or not self.batch_ready(self.train_next):
+            return None
+        return self.stages[self.stage_next]
+
+    def load(self) -> int:
+        return sum(r.load for r in self.replicas) + len(self.pending)
+
+
+def sample_tokens(samples) -> tuple[int, int]:
+    """(prompt + generated + observation tokens, generated tokens) of a StepSamples."""
+    gen = int(np.sum(samples.gen_tokens))
+    obs = int(np.sum(samples.observation_len))
+    return int(np.sum(samples.prompt_len)) + gen + obs, gen
+
+
+class ObservedLengths:
+    """Running means of finished trajectories (what a live host has seen): prompt tokens,
+    generated tokens, whole context, turns. Empty until the first trajectory finishes."""
+
+    __slots__ = ("count", "_prompt", "_generated", "_context", "_turns")
+
+    def __init__(self):
+        self.count = 0
+        self._prompt = self._generated = self._context = self._turns = 0.0
+
+    def record(self, prompt: int, generated: int, context: int, turns: int) -> None:
+        self.count += 1
+        self._prompt += prompt
+        self._generated += generated
+        self._context += context
+        self._turns += turns
+
+    def mean(self, what: str, default: float) -> float:
+        """``what`` in prompt | generated | context | turns; ``default`` before any finished."""
+        if not self.count:
+            return default
+        return getattr(self, "_" + what) / self.count
+
+
+def static_shares(workload) -> list[tuple]:
+    """Each pipeline's static device share (spec ``gpus`` or an equal split), as device ids."""
+    total = workload.cluster.gpus
+    explicit = [p.gpus for p in workload.pipelines]
+    rest = [i for i, g in enumerate(explicit) if g is None]
+    left = total - sum(g for g in explicit if g is not None)
+    shares, start = [], 0
+    for i, g in enumerate(explicit):
+        if g is None:
+            k = rest.index(i)
+            g = left // len(rest) + (1 if k < left % len(rest) else 0)
+        shares.append(tuple(range(start, start + g)))
+        start += g
+    return shares
+
+
+def build_pipelines(workload) -> list[PipelineRun]:
+    """The run's pipelines, each with its model profile and static share."""
+    from jigsaw_plugin.costmodel import model_profile
+
+    shares = static_shares(workload)
+    return [PipelineRun(i, spec, model_profile(spec.model, f"pipelines[{i}].model"), shares[i])
+            for i, spec in enumerate(workload.pipelines)]
