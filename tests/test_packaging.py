@@ -1,10 +1,13 @@
-"""The wheel installs one top-level package, `jigsaw_plugin`, and never requires torch."""
+"""The wheel installs one top-level package, `jigsaw_plugin`, never requires torch, ships
+the bundled workloads, and its installed `jigsaw` command works outside the checkout."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -14,7 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 # Where each package's folder is in the source tree (pyproject's package-dir).
-MAPPED = {"jigsaw_plugin.adapters": "adapters", "jigsaw_plugin.patches": "patches"}
+MAPPED = {"jigsaw_plugin.adapters": "adapters", "jigsaw_plugin.patches": "patches",
+          "jigsaw_plugin.example_workloads": "examples/workloads"}
+# Data-only packages (no __init__.py): their files ship as package data.
+DATA_PACKAGES = {"jigsaw_plugin.example_workloads"}
+BUNDLED = sorted(p.name for p in (ROOT / "examples" / "workloads").glob("*.yaml"))
 
 
 def _pyproject() -> dict:
@@ -31,7 +38,7 @@ def _folder(pkg: str) -> Path:
 
 def _packages_on_disk() -> set[str]:
     found = set()
-    for pkg in ("jigsaw_plugin", *MAPPED):
+    for pkg in ("jigsaw_plugin", *(m for m in MAPPED if m not in DATA_PACKAGES)):
         root = _folder(pkg)
         for init in root.rglob("__init__.py"):
             found.add(".".join((pkg, *init.parent.relative_to(root).parts)))
@@ -53,6 +60,9 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 def test_every_listed_package_has_an_init():
     for pkg in _pyproject()["tool"]["setuptools"]["packages"]:
+        if pkg in DATA_PACKAGES:
+            assert any(_folder(pkg).glob("*.yaml")), f"{pkg}: no workload in {_folder(pkg)}"
+            continue
         assert (_folder(pkg) / "__init__.py").is_file(), f"{pkg}: {_folder(pkg)}/__init__.py is missing"
 
 
@@ -108,3 +118,61 @@ def test_wheel_metadata(wheel):
     for line in metadata.splitlines():
         if line.startswith("Requires-Dist:") and any(w in line for w in ("torch", "vllm")):
             assert "extra ==" in line, f"torch/vLLM must only come with an extra: {line}"
+
+
+def test_wheel_ships_the_bundled_workloads(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assert "demo.yaml" in BUNDLED and "real_ab_2cpu.yaml" in BUNDLED
+    for name in BUNDLED:
+        assert f"jigsaw_plugin/example_workloads/{name}" in names
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh venv holding the wheel. Its dependencies are this environment's (a .pth
+    line; no download), without this environment's editable jigsaw_plugin: the `.pth`
+    files of an added path are not processed, so only the wheel's copy can be imported."""
+    venv = tmp_path_factory.mktemp("venv") / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps",
+                           "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def _run_installed(venv: Path, cwd: Path, *args):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([str(venv / "bin" / "jigsaw"), *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_installed_demo_finds_its_workload_in_the_package_and_writes_a_report(installed, tmp_path):
+    p = _run_installed(installed, tmp_path, "demo", "--out", "demo-report", "--quiet")
+    assert p.returncode == 0, p.stdout + p.stderr
+    first = p.stdout.splitlines()[0]
+    assert "example_workloads/demo.yaml" in first and str(installed) in first, first
+    assert str(ROOT) not in p.stdout  # nothing read from the checkout
+    policy_rows = [line.split()[0] for line in p.stdout.splitlines() if line.split()[:1] and
+                   line.split()[0] in ("verl-sync", "jigsaw", "rollmux", "streamrl", "areal", "one-step-off")]
+    assert sorted(policy_rows) == sorted(set(policy_rows)) and len(policy_rows) == 6  # each policy once
+    for name in ("result.json", "spans.json"):
+        assert (tmp_path / "demo-report" / name).is_file()
+    for name in ("report.md", "gantt.png", "utilisation.png", "trace_candidate.json"):
+        assert (tmp_path / "demo-report" / name).is_file()
+        assert f"demo-report/{name}" in p.stdout  # the demo shows where its files are
+
+
+def test_installed_doctor_reports_and_gives_a_verdict(installed, tmp_path):
+    p = _run_installed(installed, tmp_path, "doctor")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert str(installed) in p.stdout  # the installed copy answers
+    assert "console script `jigsaw`: jigsaw_plugin.cli:main" in p.stdout
+    assert "verl.plugins entry point `jigsaw = jigsaw_plugin.adapters.verl.entrypoint`" in p.stdout
+    assert "READY       sim" in p.stdout
+    p = _run_installed(installed, tmp_path, "doctor", "--host", "nonsense")
+    assert p.returncode == 2 and "--host" in p.stderr and "sim, ray, verl, openrlhf" in p.stderr

@@ -6,12 +6,12 @@ step and seed, not by policy), so ``throughput_ratio`` compares like with like.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from dataclasses import dataclass
 
+from jigsaw_plugin.bench.spans import Timeline
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["ABLATIONS", "BACKENDS", "run_ab", "format_ab"]
+__all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
 
 ABLATIONS = ("migration", "resize", "lookahead", "multiplex")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
@@ -36,40 +36,97 @@ def ray_backend_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("ray", "vllm", "torch", "psutil"))
 
 
-def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
-           ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
-           repeats: int = 3) -> dict:
-    """Run both policies; the bench JSON of DESIGN.md section 5. ``backend="ray"`` runs
-    them ``repeats`` times side by side on real engines (``workload_path`` needed)."""
-    from jigsaw_plugin.sim import simulate
+@dataclass(frozen=True)
+class RecordedAB:
+    """An A/B run: the bench JSON and what each side did on each device."""
 
+    bench: dict
+    baseline: Timeline
+    candidate: Timeline
+
+
+def check_backend(backend: str, workload) -> None:
+    """Refuse, before anything starts, a backend that is unknown, not installed, or cannot
+    run this workload (the ray backend runs the reference pipeline only)."""
     if backend not in BACKENDS:
         raise SpecError("--backend", backend, ", ".join(BACKENDS))
     if backend == "ray":
         if not ray_backend_available():
             raise SpecError("--backend", backend, "sim here: the ray backend needs torch, vLLM and psutil "
-                            "(`make venv-cpu`, then `.venv-cpu/bin/jigsaw bench ... --backend ray`)")
+                            "(`pip install 'jigsaw-plugin[cpu]' torch==2.13.0`, or `make venv-cpu` in a checkout; "
+                            "`jigsaw doctor --host ray` says what is missing)")
+        from jigsaw_plugin.runtime.ray_bench import check_ray_workload
+
+        check_ray_workload(workload)
+
+
+def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
+           ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
+           repeats: int = 3) -> dict:
+    """Run both policies; the bench JSON of DESIGN.md section 5. ``backend="ray"`` runs
+    them ``repeats`` times side by side on real engines (``workload_path`` needed)."""
+    return run_ab_recorded(workload, baseline, candidate, seed, backend, ablate, baseline_options,
+                           workload_path, repeats).bench
+
+
+def _simulate_recorded(workload, policy, seed: int, progress: bool) -> tuple[dict, Timeline]:
+    """One simulated run through a plugin manager (user plugins included, as ``jigsaw sim``)
+    that also records the migrations and drives the progress line."""
+    from jigsaw_plugin.bench.progress import SimProgress
+    from jigsaw_plugin.bench.spans import MIGRATION_HOOKS, timeline_of
+    from jigsaw_plugin.events import EventRecorder
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+    from jigsaw_plugin.sim import Simulation
+
+    pm = get_plugin_manager()
+    recorder = EventRecorder(include_progress=False, hooks=MIGRATION_HOOKS)
+    register(pm, recorder, "bench-migrations")
+    total = sum(p.steps for p in workload.pipelines)
+    with SimProgress(f"simulating {policy.name}", total, progress) as bar:
+        register(pm, bar, "bench-progress")
+        sim = Simulation(workload, policy, seed=seed, hooks=Emitter(pm), pm=pm)
+        result = sim.run()
+    return result, timeline_of(sim, recorder.events)
+
+
+def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
+                    ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
+                    repeats: int = 3, progress: bool = False, log=None) -> RecordedAB:
+    """:func:`run_ab` that also keeps each side's :class:`Timeline` (the report's figures
+    and Perfetto traces). ``progress``: draw progress on stderr; ``log``: a callable that
+    receives the real runs' messages (default: the ``jigsaw_plugin`` logger)."""
+    import logging
+
+    from jigsaw_plugin.bench.spans import timeline_from_events
+
+    log = log or logging.getLogger("jigsaw_plugin").info
+    check_backend(backend, workload)
+    if backend == "ray":
         from jigsaw_plugin.runtime.ray_bench import run_ab_ray
 
         _policy(candidate, ablate or [])  # validates the ablations (run_ab_ray checks the workload)
         # the hook events of the median runs go to --out (events_*.jsonl: `jigsaw graph --from-events`)
         ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
                         baseline_options=baseline_options, candidate_options={a: False for a in ablate or []},
-                        record_events=True)
+                        record_events=True, log=log)
         if ablate:
             ab["candidate"]["ablate"] = list(ablate)
-        return ab
-    base = simulate(workload, _policy(baseline, [], baseline_options), seed=seed)
-    cand = simulate(workload, _policy(candidate, ablate or []), seed=seed)
+        events = ab.get("events", {})
+        gpus, gpn = workload.cluster.gpus, workload.cluster.gpus_per_node
+        return RecordedAB(ab, timeline_from_events(events.get("baseline", []), gpus, gpn),
+                          timeline_from_events(events.get("candidate", []), gpus, gpn))
+    base, base_tl = _simulate_recorded(workload, _policy(baseline, [], baseline_options), seed, progress)
+    cand, cand_tl = _simulate_recorded(workload, _policy(candidate, ablate or []), seed, progress)
     if base["samples"] != cand["samples"]:
         raise RuntimeError(f"runs processed different samples: {base['samples']} vs {cand['samples']}")
     if ablate:
         cand["ablate"] = list(ablate)
-    return {
+    bench = {
         "baseline": base,
         "candidate": cand,
         "throughput_ratio": cand["samples_per_s"] / base["samples_per_s"],
     }
+    return RecordedAB(bench, base_tl, cand_tl)
 
 
 def format_ab(ab: dict) -> str:
@@ -95,18 +152,3 @@ def format_ab(ab: dict) -> str:
             f"({sim['baseline']:.2f} / {sim['candidate']:.2f} samples/s)",
         ]
     return "\n".join(lines)
-
-
-def write_ab(ab: dict, out_dir: str | None, json_path: str | None) -> None:
-    if out_dir:
-        d = Path(out_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "baseline.json").write_text(json.dumps(ab["baseline"], indent=2))
-        (d / "candidate.json").write_text(json.dumps(ab["candidate"], indent=2))
-        for side, events in ab.get("events", {}).items():  # a real run's hook events
-            with open(d / f"events_{side}.jsonl", "w") as f:
-                f.writelines(json.dumps(e) + "\n" for e in events)
-        (d / "bench.json").write_text(json.dumps({k: v for k, v in ab.items() if k != "events"}, indent=2))
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps({k: v for k, v in ab.items() if k != "events"}, indent=2))

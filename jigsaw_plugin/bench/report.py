@@ -1,0 +1,171 @@
+"""``report.md``, the figures and one Perfetto trace per run, rendered from a saved run.
+
+Everything here reads a :class:`~jigsaw_plugin.bench.rundir.SavedRun` (``result.json`` +
+``spans.json``), so ``jigsaw bench --out DIR`` and ``jigsaw report DIR`` write the same
+files. Numbers in the Markdown are printed from ``result.json`` as they are there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jigsaw_plugin.bench.figures import render_figures
+from jigsaw_plugin.bench.perfetto import write_perfetto_trace
+from jigsaw_plugin.bench.rundir import SIDES, SavedRun
+
+__all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
+
+REPORT_FILE = "report.md"
+TRACE_FILES = {side: f"trace_{side}.json" for side in SIDES}
+_NO_RATIO = ("samples (", "max staleness", "scheduler decisions")  # rows where a ratio says nothing
+_BOUND_KEYS = ("work_s", "critical_path_s", "makespan_lower_bound_s")
+
+
+def _name(run: dict) -> str:
+    return run["policy"] + (f" (no {', '.join(run['ablate'])})" if run.get("ablate") else "")
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:,.{digits if abs(v) < 1000 else 0}f}"
+    return str(v)
+
+
+def _ratio(b, c) -> str:
+    if isinstance(b, (int, float)) and isinstance(c, (int, float)) and b:
+        return f"{c / b:.2f}x"
+    return ""
+
+
+def _totals(run: dict, key: str, combine=sum):
+    """``key`` over the run's pipelines (sum, or max for staleness)."""
+    return combine([p.get(key, 0) for p in run["pipelines"].values()] or [0])
+
+
+def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
+    rows = [("samples/s", b["samples_per_s"], c["samples_per_s"]),
+            ("tokens/s", b.get("tokens_per_s"), c.get("tokens_per_s")),
+            ("makespan s", b["makespan_s"], c["makespan_s"]),
+            ("samples (the same on both sides)", b["samples"], c["samples"]),
+            ("busy fraction (busy device-s / pool device-s)", b["gpu_busy_fraction"], c["gpu_busy_fraction"])]
+    if "effective_utilisation" in b or "effective_utilisation" in c:
+        rows.append(("effective utilisation", b.get("effective_utilisation"), c.get("effective_utilisation")))
+    if "active_samples_per_s" in b or "active_samples_per_s" in c:
+        rows.append(("samples/s while every pipeline runs", b.get("active_samples_per_s"),
+                     c.get("active_samples_per_s")))
+    for key in _BOUND_KEYS:
+        if key in b.get("bounds", {}) or key in c.get("bounds", {}):
+            rows.append((f"bound: {key}", b.get("bounds", {}).get(key), c.get("bounds", {}).get(key)))
+    rows += [("migrations (requests)", _totals(b, "migrations"), _totals(c, "migrations")),
+             ("context switches", _totals(b, "context_switches"), _totals(c, "context_switches")),
+             ("max staleness", _totals(b, "max_staleness", max), _totals(c, "max_staleness", max))]
+    sb, sc = b.get("scheduler", {}), c.get("scheduler", {})
+    if sb or sc:
+        rows += [("scheduler decisions", sb.get("decisions"), sc.get("decisions")),
+                 ("decision p50 us", sb.get("decision_p50_us"), sc.get("decision_p50_us")),
+                 ("decision p99 us", sb.get("decision_p99_us"), sc.get("decision_p99_us"))]
+    return rows
+
+
+def _gap_lines(bench: dict) -> list[str]:
+    """``gap_recovered`` (and the other gap fields), when the result carries them."""
+    lines = []
+    for where, data in (("", bench), ("candidate ", bench["candidate"])):
+        for key, value in data.items():
+            if key.startswith("gap_"):
+                lines.append(f"- {where}{key}: **{_fmt(value, 3)}**")
+    return lines
+
+
+def _real_run_lines(bench: dict) -> list[str]:
+    if bench.get("backend") != "ray" or "ratios_per_repeat" not in bench:
+        return []
+    lines = ["", "## Real run", "",
+             f"- median of {len(bench['ratios_per_repeat'])} side-by-side runs; ratio per run: "
+             + ", ".join(f"{r:.2f}x" for r in bench["ratios_per_repeat"])]
+    if "peak_memory_gib" in bench:
+        lines.append(f"- peak memory of all processes (PSS sum): {bench['peak_memory_gib']:.1f} GiB")
+    sim = bench.get("simulated")
+    if sim:
+        lines.append(f"- the simulator predicts {sim['throughput_ratio']:.2f}x for this workload "
+                     f"({sim['baseline']:.2f} / {sim['candidate']:.2f} samples/s)")
+    for side in SIDES:
+        m = bench[side].get("measured", {})
+        if "engine_start_s" in m:
+            lines.append(f"- {side} ({_name(bench[side])}): engines started in {m['engine_start_s']:.0f} s, "
+                         f"run wall time {m.get('wall_s', 0):.1f} s")
+    return lines
+
+
+def report_markdown(saved: SavedRun, figures: list[str], traces: dict[str, str]) -> str:
+    bench = saved.bench
+    b, c = bench["baseline"], bench["candidate"]
+    workload = c.get("workload") or b.get("workload") or "-"
+    lines = [f"# {_name(c)} vs {_name(b)}: {Path(str(workload)).name}", "",
+             f"**Throughput {_name(c)} / {_name(b)}: {bench['throughput_ratio']:.2f}x** "
+             f"({c['samples_per_s']:.2f} vs {b['samples_per_s']:.2f} samples/s, the same "
+             f"{c['samples']} samples, backend {bench.get('backend', c.get('backend', 'sim'))}, "
+             f"seed {bench.get('seed', c.get('seed'))})", ""]
+    lines += _gap_lines(bench)
+    lines += ["", "## Summary", "", f"| metric | {_name(b)} (baseline) | {_name(c)} (candidate) | candidate / baseline |",
+              "|---|---|---|---|"]
+    for label, vb, vc in _summary_rows(b, c):
+        ratio = "" if label.startswith(_NO_RATIO) else _ratio(vb, vc)
+        lines.append(f"| {label} | {_fmt(vb)} | {_fmt(vc)} | {ratio} |")
+    lines += ["", "## Per pipeline: the latency trade-off", "",
+              "Mean step time of each pipeline under the baseline and under the candidate "
+              "(ratio < 1: the candidate's steps are shorter).", "",
+              f"| pipeline | {_name(b)} step s | {_name(c)} step s | ratio | samples/s base / cand "
+              "| migrations base / cand | context switches base / cand | max staleness base / cand |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, pb in b["pipelines"].items():
+        pc = c["pipelines"].get(name, {})
+        lines.append(
+            f"| {name} | {_fmt(pb['mean_step_s'], 1)} | {_fmt(pc.get('mean_step_s'), 1)} | "
+            f"{_ratio(pb['mean_step_s'], pc.get('mean_step_s'))} | {_fmt(pb.get('samples_per_s'))} / "
+            f"{_fmt(pc.get('samples_per_s'))} | {pb.get('migrations', 0)} / {pc.get('migrations', 0)} | "
+            f"{pb.get('context_switches', 0)} / {pc.get('context_switches', 0)} | "
+            f"{pb.get('max_staleness', 0)} / {pc.get('max_staleness', 0)} |")
+    lines += _real_run_lines(bench)
+    lines += ["", "## Figures", ""]
+    lines += [f"![{Path(f).stem}]({f})" for f in figures]
+    lines += ["", "## Traces", "",
+              "Open in https://ui.perfetto.dev (one track per device; migrations as markers and flows):", ""]
+    lines += [f"- {side}: `{name}`" for side, name in traces.items()]
+    lines += ["", "## Reproduce", "", "```", bench.get("command", "(command not recorded)"), "```", ""]
+    versions = bench.get("versions", {})
+    if versions:
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render_report(saved: SavedRun) -> list[Path]:
+    """Write the figures, one Perfetto trace per side and ``report.md`` into the run's
+    folder; returns the paths written (report first)."""
+    d = saved.folder
+    figures = render_figures(saved.bench, saved.baseline, saved.candidate, d)
+    traces = {}
+    for side, timeline in (("baseline", saved.baseline), ("candidate", saved.candidate)):
+        write_perfetto_trace(timeline, d / TRACE_FILES[side], title=f"{side} {_name(saved.bench[side])}")
+        traces[side] = TRACE_FILES[side]
+    report = d / REPORT_FILE
+    report.write_text(report_markdown(saved, [f.name for f in figures], traces))
+    return [report, *figures, *(d / t for t in traces.values())]
+
+
+def compare_markdown(runs: list[SavedRun]) -> str:
+    """One row per saved run: what was compared and the headline numbers."""
+    lines = ["| run | workload | backend | baseline | candidate | baseline samples/s | candidate samples/s "
+             "| ratio | busy base / cand |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        b, c = r.bench["baseline"], r.bench["candidate"]
+        lines.append(f"| {r.folder} | {Path(str(c.get('workload') or '-')).name} | "
+                     f"{r.bench.get('backend', c.get('backend', 'sim'))} | {_name(b)} | {_name(c)} | "
+                     f"{b['samples_per_s']:.2f} | {c['samples_per_s']:.2f} | {r.bench['throughput_ratio']:.2f}x | "
+                     f"{b['gpu_busy_fraction']:.2f} / {c['gpu_busy_fraction']:.2f} |")
+    return "\n".join(lines)
