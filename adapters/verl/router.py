@@ -14,8 +14,8 @@ verl calls ``ray.remote(cls).remote(servers, yaml_config)``; ``LLMServerManager(
 load_balancer_cls=JigsawLoadBalancer)`` (``llm_server.py:373-387``) works too. The class
 implements verl's ``RequestLoadBalancer`` protocol (``router.py:19-130``) and keeps its
 replica set, in-flight counts and sticky sessions in a jigsaw ``Router``
-(``runtime/router.py``): the routing decision is the jigsaw router's ``_choose``
-(sticky, else least in flight, ties to the lowest replica index).
+(``runtime/router.py``, through its public methods): the routing decision is the jigsaw
+router's ``choose_replica`` (sticky, else least in flight, ties to the lowest replica index).
 
 On top of verl's protocol it offers what jigsaw needs:
 
@@ -89,9 +89,8 @@ class JigsawLoadBalancer:
         if move is not None and move in self._index and self._index[move] in self.router.live_replicas():
             replica = self._index[move]
         else:
-            replica = self.router._choose(rec)  # the jigsaw router's decision
-        self.router._sticky[request_id] = replica
-        self.router.inflight[replica] += 1
+            replica = self.router.choose_replica(rec)  # the jigsaw router's decision
+        self.router.acquire(replica, sticky=request_id)
         server_id = self._ids[replica]
         prev = self.running.get(request_id)
         turn = self._turns.get(request_id, 0) if prev is None or not prev.get("aborted") else prev["turn"]
@@ -99,12 +98,12 @@ class JigsawLoadBalancer:
                                     "prompt_tokens": int(jigsaw_prompt_tokens), "aborted": False}
         self._emit("jigsaw_request_submitted", request_id=request_id, turn=turn, replica=server_id,
                    prompt_tokens=int(jigsaw_prompt_tokens), max_tokens=int(jigsaw_max_tokens))
-        return server_id, self.router.engines[replica]
+        return server_id, self.router.engine(replica)
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
         replica = self._index.get(server_id)
-        if replica is not None and self.router.inflight.get(replica, 0) > 0:
-            self.router.inflight[replica] -= 1
+        if replica is not None:  # a server removed meanwhile has nothing to release
+            self.router.release_slot(replica)
 
     def add_servers(self, servers: dict[str, Any]) -> None:
         for sid, handle in servers.items():
@@ -120,9 +119,7 @@ class JigsawLoadBalancer:
             if idx is None:
                 continue
             self._ids.pop(idx, None)
-            self.router.engines.pop(idx, None)
-            self.router.inflight.pop(idx, None)
-            self.router.retiring.discard(idx)
+            self.router.detach_replica(idx, force=True)  # as verl's own: requests there finish unaccounted
 
     def get_inflight_count(self, server_id: str) -> int:
         idx = self._index.get(server_id)
@@ -132,17 +129,17 @@ class JigsawLoadBalancer:
         return [self._ids[i] for i in self.router.live_replicas()]
 
     def clear_sticky_cache(self) -> dict:
-        cleared = len(self.router._sticky)
-        self.router._sticky.clear()
-        return {"cleared_entries": cleared, "server_loads": self._loads()}
+        return {"cleared_entries": self.router.clear_sticky(), "server_loads": self._loads()}
 
     def get_status(self) -> dict:
         loads = self._loads()
+        live = set(self.router.live_replicas())
         return {"servers": loads, "total_inflight": sum(loads.values()), "active_servers": len(loads),
-                "registered_handles": list(self._index), "retiring": [self._ids[i] for i in self.router.retiring]}
+                "registered_handles": list(self._index),
+                "retiring": [self._ids[i] for i in self.router.replicas() if i not in live]}
 
     def get_total_inflight(self) -> int:
-        return sum(self.router.inflight.values())
+        return sum(self.router.load(i) for i in self.router.replicas())
 
     # ---- jigsaw control -------------------------------------------------------------------
     def migrate(self, request_id: str, dst_server: str):
@@ -160,24 +157,24 @@ class JigsawLoadBalancer:
             raise RouterError(f"migrate({request_id!r}): no stable vLLM id; route with JigsawLLMServerClient")
         run["aborted"], run["moving_to"] = True, dst_server
         self._moves[request_id] = dst_server
-        handle = self.router.engines[self._index[run["server"]]]
+        handle = self.router.engine(self._index[run["server"]])
         return handle.abort_request.remote(run["vllm_id"])
 
     def drain(self, server_id: str) -> list[str]:
         """Stop routing new requests to ``server_id`` and migrate its requests away."""
         idx = self._index[server_id]
-        self.router.retiring.add(idx)
+        self.router.mark_retiring(idx)
         moved = []
         for rid, run in list(self.running.items()):
             if run["server"] == server_id and not run["aborted"]:
                 rec = RequestRecord(rid, [], 0, sticky=None)
-                dst = self._ids[self.router._choose(rec, exclude={idx})]
+                dst = self._ids[self.router.choose_replica(rec, exclude={idx})]
                 self.migrate(rid, dst)
                 moved.append(rid)
         return moved
 
     def undrain(self, server_id: str) -> None:
-        self.router.retiring.discard(self._index[server_id])
+        self.router.unmark_retiring(self._index[server_id])
 
     def attempt_done(self, request_id: str, server_id: str, generated_tokens: int, stop_reason: str | None) -> None:
         """Told by the client when one attempt (one vLLM request) has returned."""
