@@ -12,7 +12,14 @@ import sys
 import pytest
 
 from jigsaw_plugin.adapters.openrlhf import version as version_mod
-from jigsaw_plugin.adapters.openrlhf.config import FLAGS, JigsawConfig, JigsawUsageError, parse_jigsaw_flags
+from jigsaw_plugin.adapters.openrlhf.config import (
+    FLAGS,
+    MIGRATION_FLAGS,
+    JigsawConfig,
+    JigsawUsageError,
+    MigrationSettings,
+    parse_jigsaw_flags,
+)
 
 MODULE = "jigsaw_plugin.adapters.openrlhf.train_ppo_ray"
 
@@ -22,7 +29,7 @@ def test_flags_are_taken_out_and_host_arguments_kept_in_order():
             "--jigsaw.policy", "least-in-flight", "--jigsaw.tail_fraction=0.5", "--train.colocate_all"]
     config, rest = parse_jigsaw_flags(argv)
     assert rest == ["--actor.model_name_or_path", "m", "--vllm.num_engines", "2", "--train.colocate_all"]
-    assert config == JigsawConfig(enable=True, policy="least-in-flight", tail_fraction=0.5)
+    assert config == JigsawConfig(enable=True, policy="least-in-flight", migration=MigrationSettings(tail_fraction=0.5))
 
 
 def test_every_flag_parses():
@@ -32,9 +39,22 @@ def test_every_flag_parses():
             "--jigsaw.events", "/tmp/e.jsonl", "--jigsaw.lease_timeout_s", "30"]
     config, rest = parse_jigsaw_flags(argv)
     assert rest == []
-    assert set(FLAGS) == set(config.to_dict())
+    settings = config.to_dict()  # what install() ships to the trainer actors
+    assert set(FLAGS) == set(settings) - {"migration"} | set(MIGRATION_FLAGS)
     assert (config.coordinator, config.namespace, config.active_engines) == ("pool", "ns", 3)
-    assert (config.migrate_min_tokens, config.poll_interval_s, config.lease_timeout_s) == (0, 0.05, 30.0)
+    assert settings["migration"] == MigrationSettings(tail_fraction=1.0, migrate_min_tokens=0, poll_interval_s=0.05)
+    assert config.lease_timeout_s == 30.0
+
+
+def test_migration_settings_have_one_default_and_check_python_values_like_flags():
+    assert JigsawConfig().migration == MigrationSettings() == parse_jigsaw_flags(["--jigsaw.enable"])[0].migration
+    assert MigrationSettings().migrate_min_tokens == 8
+    with pytest.raises(JigsawUsageError, match=r"--jigsaw.tail_fraction: got '1.5'; allowed: float > 0.0 and <= 1.0"):
+        MigrationSettings(tail_fraction=1.5)
+    with pytest.raises(JigsawUsageError, match=r"--jigsaw.migrate_min_tokens: got '2.5'; allowed: int >= 0"):
+        MigrationSettings(migrate_min_tokens=2.5)
+    with pytest.raises(JigsawUsageError, match=r"--jigsaw.poll_interval_s: got None; allowed: a number"):
+        MigrationSettings(poll_interval_s=None)
 
 
 def test_no_jigsaw_flags_means_disabled():
@@ -48,6 +68,8 @@ def test_no_jigsaw_flags_means_disabled():
                                                             "least-in-flight"),
     (["--jigsaw.enable", "--jigsaw.tail_fraction", "0"], "--jigsaw.tail_fraction: got '0'; allowed: float > 0.0"),
     (["--jigsaw.enable", "--jigsaw.tail_fraction", "1.5"], "and <= 1.0"),
+    (["--jigsaw.enable", "--jigsaw.migrate_min_tokens", "-1"], "--jigsaw.migrate_min_tokens: got '-1'; allowed: int >= 0"),
+    (["--jigsaw.enable", "--jigsaw.poll_interval_s", "soon"], "--jigsaw.poll_interval_s: got 'soon'; allowed: float > 0.0"),
     (["--jigsaw.enable", "--jigsaw.active_engines", "two"], "--jigsaw.active_engines: got 'two'; allowed: int >= 1"),
     (["--jigsaw.enable", "--jigsaw.policy"], "--jigsaw.policy needs a value"),
     (["--jigsaw.enable", "--jigsaw.pipeline", "--x"], "--jigsaw.pipeline needs a value"),
@@ -91,6 +113,13 @@ def test_cli_unknown_flag_exits_2_with_the_allowed_list():
     r = _cli("--actor.model_name_or_path", "m", "--jigsaw.enable", "--jigsaw.bogus", "1")
     assert r.returncode == 2
     assert "unknown flag '--jigsaw.bogus'; allowed: --jigsaw.enable, --jigsaw.policy" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_bad_migration_setting_exits_2_naming_the_option():
+    r = _cli("--actor.model_name_or_path", "m", "--jigsaw.enable", "--jigsaw.migrate_min_tokens=-3")
+    assert r.returncode == 2
+    assert "--jigsaw.migrate_min_tokens: got '-3'; allowed: int >= 0" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

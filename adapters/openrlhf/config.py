@@ -8,9 +8,10 @@ core test environment).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 
-__all__ = ["JigsawConfig", "JigsawUsageError", "FLAGS", "POLICIES", "split_jigsaw_flags", "parse_jigsaw_flags"]
+__all__ = ["JigsawConfig", "MigrationSettings", "JigsawUsageError", "FLAGS", "MIGRATION_FLAGS", "POLICIES",
+           "split_jigsaw_flags", "parse_jigsaw_flags"]
 
 PREFIX = "--jigsaw."
 
@@ -25,8 +26,30 @@ class JigsawUsageError(ValueError):
 
 
 @dataclass(frozen=True)
+class MigrationSettings:
+    """The rollout controller's long-tail consolidation (policy ``jigsaw``), one typed value
+    for ``rollout.py``. Field names are the flag names without the prefix; a bad value
+    raises ``JigsawUsageError`` naming the flag, from the command line or from Python."""
+
+    tail_fraction: float = 0.25  # consolidate once in-flight requests <= this share of the step's
+    # 8, not 0: every CLI run has used 8 (rollout.py's 0 fallback was never reached), and a
+    # request that has decoded a few tokens is past its prefill and really decoding, so
+    # consolidation moves a decode tail, not requests still queued or in prefill.
+    migrate_min_tokens: int = 8  # a request is moved only after it generated this many tokens
+    poll_interval_s: float = 0.1  # how often the rollout controller looks at engine progress
+
+    def __post_init__(self):
+        for f in fields(self):  # the flags' own checks, so both entry points say the same
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise JigsawUsageError(f"{PREFIX}{f.name}: got {value!r}; allowed: a number")
+            MIGRATION_FLAGS[f.name](f.name, str(value))
+
+
+@dataclass(frozen=True)
 class JigsawConfig:
-    """What ``--jigsaw.*`` selects. Field names are the flag names without the prefix."""
+    """What ``--jigsaw.*`` selects. Field names are the flag names without the prefix;
+    ``migration`` holds the flags of ``MigrationSettings``."""
 
     enable: bool = False
     policy: str = "jigsaw"
@@ -34,14 +57,14 @@ class JigsawConfig:
     coordinator: str | None = None  # name of the shared coordinator actor; None: this run only
     namespace: str = "jigsaw"  # Ray namespace of the coordinator actor
     active_engines: int | None = None  # engines of the pool switched on at start (None: all)
-    tail_fraction: float = 0.25  # consolidate once in-flight requests <= this share of the step's
-    migrate_min_tokens: int = 8  # a request is moved only after it generated this many tokens
-    poll_interval_s: float = 0.1  # how often the rollout controller looks at engine progress
+    migration: MigrationSettings = field(default_factory=MigrationSettings)
     events: str | None = None  # JSONL file receiving every hook event of this run
     lease_timeout_s: float | None = None  # how long to wait for devices from the coordinator
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings shipped to the trainer actors: ``migration`` stays a
+        ``MigrationSettings`` (Ray pickles it by value)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _bool(name, raw):
@@ -94,6 +117,13 @@ def _path(name, raw):
     return raw
 
 
+#: ``MigrationSettings``' flags -> parser(name, raw string).
+MIGRATION_FLAGS = {
+    "tail_fraction": _number(float, 0.0, 1.0, low_open=True),
+    "migrate_min_tokens": _number(int, 0),
+    "poll_interval_s": _number(float, 0.0, low_open=True),
+}
+
 #: flag name -> parser(name, raw string or None for a bare flag). Only ``enable`` may be bare.
 FLAGS = {
     "enable": _bool,
@@ -102,13 +132,12 @@ FLAGS = {
     "coordinator": _optional_name,
     "namespace": _name,
     "active_engines": _number(int, 1, optional=True),
-    "tail_fraction": _number(float, 0.0, 1.0, low_open=True),
-    "migrate_min_tokens": _number(int, 0),
-    "poll_interval_s": _number(float, 0.0, low_open=True),
+    **MIGRATION_FLAGS,
     "events": _path,
     "lease_timeout_s": _number(float, 0.0, low_open=True, optional=True),
 }
-assert set(FLAGS) == {f.name for f in fields(JigsawConfig)}
+assert set(MIGRATION_FLAGS) == {f.name for f in fields(MigrationSettings)}
+assert set(FLAGS) == {f.name for f in fields(JigsawConfig)} - {"migration"} | set(MIGRATION_FLAGS)
 
 
 def split_jigsaw_flags(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
@@ -152,7 +181,8 @@ def parse_jigsaw_flags(argv: list[str]) -> tuple[JigsawConfig, list[str]]:
     raw, rest = split_jigsaw_flags(argv)
     values = {name: FLAGS[name](name, value) if not (name == "enable" and value is None) else True
               for name, value in raw.items()}
-    config = JigsawConfig(**values)
+    migration = MigrationSettings(**{name: values.pop(name) for name in MIGRATION_FLAGS if name in values})
+    config = JigsawConfig(**values, migration=migration)
     if not config.enable and len(raw) > ("enable" in raw):
         others = ", ".join(PREFIX + n for n in raw if n != "enable")
         raise JigsawUsageError(f"{others} given without {PREFIX}enable; add {PREFIX}enable to use jigsaw")

@@ -13,9 +13,10 @@ dynamic filtering) and replaces ``_generate_vllm`` (140-193):
   sample), so requests, not prompts, are balanced;
 * policy ``jigsaw``: when the step's requests in flight fall to ``tail_fraction`` of those
   submitted, the long tail is consolidated: the requests of every other busy engine are
-  moved to the busiest one (abort + resume with the generated prefix) once each has
-  ``migrate_min_tokens`` tokens, and the emptied engines are switched off and their
-  devices released (to the shared pool when a coordinator is used);
+  moved to the busiest one (abort + resume with the generated prefix, ``Router.drain_to``:
+  each exactly once) once each has ``migrate_min_tokens`` tokens, and the emptied engines
+  are switched off and their devices released (to the shared pool when a coordinator is
+  used). These knobs arrive as one ``MigrationSettings`` (``config.py``);
 * the engine pool is pre-provisioned (OpenRLHF's engine list and weight-sync group are
   fixed at start): each step switches on the engines it gets devices for
   (``--jigsaw.active_engines``, or the lease granted) and off again after the tail.
@@ -30,9 +31,10 @@ from types import SimpleNamespace
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from vllm import SamplingParams
 
+from jigsaw_plugin.adapters.openrlhf.config import MigrationSettings
 from jigsaw_plugin.adapters.openrlhf.engines import RequestState, RequestTable, RolloutEngine
 from jigsaw_plugin.adapters.openrlhf.hooks import RunHooks
-from jigsaw_plugin.runtime.router import Router, RouterError
+from jigsaw_plugin.runtime.router import Router
 
 __all__ = ["JigsawSamplesGenerator", "StepClock", "make_executor"]
 
@@ -109,13 +111,18 @@ class _Batch:
 
 
 class JigsawSamplesGenerator(SamplesGenerator):
-    """See the module docstring. ``settings``: ``JigsawConfig.to_dict()``."""
+    """See the module docstring. ``settings``: ``JigsawConfig.to_dict()`` (its ``migration``
+    a ``MigrationSettings``)."""
 
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, *,
                  hooks: RunHooks, clock: StepClock, settings: dict):
         super().__init__(strategy=strategy, prompts_dataloader=prompts_dataloader, eval_dataloader=eval_dataloader,
                          tokenizer=tokenizer, vllm_engines=vllm_engines)
         self.hooks, self.clock, self.settings = hooks, clock, dict(settings)
+        self.migration = self.settings.get("migration")
+        if not isinstance(self.migration, MigrationSettings):
+            raise TypeError(f"settings['migration'] must be a MigrationSettings (JigsawConfig.to_dict()); "
+                            f"got {type(self.migration).__name__}")
         self.executor = make_executor(self.args)
         self.reward_in_generation = bool(self.args.reward.remote_url or self.args.train.agent_func_path)
         pool = len(self.vllm_engines)
@@ -210,7 +217,7 @@ class JigsawSamplesGenerator(SamplesGenerator):
                 if batch.reward_started:
                     self._stage_event("jigsaw_stage_end", "reward", (), len(accepted), 0)
                 self._stage_event("jigsaw_stage_end", "gen", devices, len(batch.table), generated)
-            self.hooks.release([batch.devices[i] for i in batch.router.engines])
+            self.hooks.release([batch.devices[i] for i in batch.router.replicas()])
             if self.hooks.client is not None:
                 self.hooks.client.flush()  # this batch's events reach the coordinator before it returns
             self.stats["requests"] += len(batch.table)
@@ -221,48 +228,40 @@ class JigsawSamplesGenerator(SamplesGenerator):
     # ---- tail control -------------------------------------------------------------------
     async def _control(self, batch: _Batch) -> None:
         """Poll progress; under policy ``jigsaw`` consolidate the long tail (module docstring)."""
-        poll = float(self.settings.get("poll_interval_s", 0.1))
-        router = batch.router
-        draining: set[int] = set()
+        migration, router = self.migration, batch.router
         while True:
-            await asyncio.sleep(poll)
-            busy = {i: router.load(i) for i in list(router.engines) if router.load(i) > 0}
+            await asyncio.sleep(migration.poll_interval_s)
+            busy = {i: router.load(i) for i in router.replicas() if router.load(i) > 0}
             progress = {}
             for i in busy:
-                progress.update(await router.engines[i].progress())
+                progress.update(await router.engine(i).progress())
             for seg, n in progress.items():
                 rid = seg.rsplit("#", 1)[0]
                 state = batch.table.get(rid)
                 if state is not None:
                     self._request_hook("jigsaw_request_progress", rid, generated_tokens=len(state.tokens) + n)
-            for i in [i for i in draining if router.load(i) == 0]:  # moved away: switch it off
-                draining.discard(i)
-                router.engines.pop(i, None)
-                router.inflight.pop(i, None)
-                router.retiring.discard(i)
-                self.hooks.release([batch.devices[i]])
-                self.stats["switched_off"] += 1
-            if self.settings.get("policy") != "jigsaw" or draining:
+            if self.settings.get("policy") != "jigsaw":
                 continue
             inflight = sum(busy.values())
-            if len(busy) < 2 or inflight > float(self.settings.get("tail_fraction", 0.25)) * len(batch.table):
+            if len(busy) < 2 or inflight > migration.tail_fraction * len(batch.table):
                 continue
-            min_tokens = int(self.settings.get("migrate_min_tokens", 0))
-            recs = {i: [r for r in router.requests.values() if r.replica == i] for i in busy}
-            if any(progress.get(f"{r.request_id}#{r.segments}", 0) < min_tokens for rs in recs.values() for r in rs):
+            running = [r for i in busy for r in router.records_on(i)]
+            if any(progress.get(f"{r.request_id}#{r.segments}", 0) < migration.migrate_min_tokens for r in running):
                 continue  # let every tail request produce a prefix first
             target = max(busy, key=lambda i: (busy[i], -i))
-            for i in router.live_replicas():
-                if i == target:
-                    continue
-                router.retiring.add(i)  # no new requests here
-                draining.add(i)
-                for rec in recs.get(i, []):
-                    try:
-                        await router.migrate(rec.request_id, target)
-                    except RouterError:
-                        continue  # it finished meanwhile
-                    self.stats["migrations"] += 1
+            # drain_to moves each request once and returns when all run on the target; the
+            # rest of the tail then needs no more consolidation (one engine left busy).
+            await asyncio.gather(*(self._switch_off(batch, i, target)
+                                   for i in router.live_replicas() if i != target))
+
+    async def _switch_off(self, batch: _Batch, replica: int, target: int) -> None:
+        """Move the engine's requests to ``target``, detach it, release its device. The
+        release follows the detach with no await between: a cancelled drain leaves the
+        engine attached, and ``_generate`` releases it with the others."""
+        moved = await batch.router.drain_to(replica, target)
+        self.hooks.release([batch.devices[replica]])
+        self.stats["switched_off"] += 1
+        self.stats["migrations"] += moved
 
     # ---- hooks --------------------------------------------------------------------------
     def _stage_event(self, hook, stage, devices, samples, tokens):
@@ -282,20 +281,23 @@ class JigsawSamplesGenerator(SamplesGenerator):
                            prompt_tokens=prompt_tokens, max_tokens=max_tokens)
 
     def _on_abort(self, rid, replica, generated):
-        """A segment ended aborted: report it, and the move if the router is moving it
-        (token counts: everything this turn generated so far, the prefix it resumes with)."""
+        """A segment ended aborted (only migrations abort here): report it, with everything
+        this turn generated so far."""
         if self.batch is None:
             return
         state = self.batch.table[rid]
-        rec = self.batch.router.requests.get(rid)
         self._request_hook("jigsaw_request_aborted", rid, turn=state.turn, replica=replica,
                            generated_tokens=len(state.tokens), reason="migrate")
-        if rec is not None and rec.move_to is not None:
-            self._request_hook("jigsaw_request_migrated", rid, turn=state.turn, src_replica=replica,
-                               dst_replica=rec.move_to, generated_tokens=len(state.tokens))
 
     def _on_router_event(self, name, **kw):
-        pass  # finished/migrated are reported by this class, with token counts the router lacks
+        """The router's ``migrated`` (its token count is the prefix the request resumes
+        with, from the aborted segment's result); ``finished`` is reported by
+        ``_RoutedLLM`` with the turn's tokens."""
+        if name != "migrated" or self.batch is None:
+            return
+        state = self.batch.table[kw["request_id"]]
+        self._request_hook("jigsaw_request_migrated", kw["request_id"], turn=state.turn, src_replica=kw["src_replica"],
+                           dst_replica=kw["dst_replica"], generated_tokens=kw["generated_tokens"])
 
     def jigsaw_stats(self) -> dict:
         return {**self.stats, "time": time.time()}
