@@ -72,11 +72,41 @@ def test_unknown_policy_and_bad_options(tmp_path):
     assert p.returncode == 2 and "missing.yaml" in p.stderr
 
 
-def test_demo_compares_every_policy():
-    p = jigsaw("demo")
+def test_demo_compares_every_policy_once_and_shows_its_report(tmp_path):
+    p = jigsaw("demo", "--out", tmp_path / "demo")
     assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    assert "vs verl-sync" in lines[header]  # the ratio is a column, not a second list of rows
     for name in ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux", "jigsaw"):
-        assert name in p.stdout
+        rows = [line for line in lines if line.split()[:1] == [name]]
+        assert len(rows) == 1, rows  # each policy's row once
+    verl = next(line for line in lines if line.startswith("verl-sync"))
+    assert verl.rstrip().endswith("1.00x")
+    assert f"report: {tmp_path / 'demo' / 'report.md'}" in p.stdout
+    assert str(tmp_path / "demo" / "gantt.png") in p.stdout
+
+
+@pytest.mark.parametrize("command", ["sim", "bench", "report", "graph", "demo", "doctor", "policies"])
+def test_every_subcommand_help_is_a_short_manual_with_an_example(command):
+    p = jigsaw(command, "--help")
+    assert p.returncode == 0
+    assert "example:" in p.stdout and f"jigsaw {command}" in p.stdout.split("example:")[1]
+    assert "--quiet" in p.stdout and "--verbose" in p.stdout
+    top = jigsaw("--help")
+    assert command in top.stdout and "examples:" in top.stdout
+
+
+def test_graph_writes_picture_dot_and_json_in_one_call(tmp_path):
+    outs = [tmp_path / f"g.{ext}" for ext in ("png", "dot", "json")]
+    args = [a for o in outs for a in ("--out", o)]
+    p = jigsaw("graph", DEMO, "--pipeline", "dapo-math-7b", "--steps", 1, "--max-samples", 8, *args)
+    assert p.returncode == 0, p.stderr
+    assert outs[0].read_bytes()[:4] == b"\x89PNG"
+    assert outs[1].read_text().startswith("digraph")
+    assert json.loads(outs[2].read_text())["summary"]["nodes"] > 0
+    p = jigsaw("graph", DEMO, "--pipeline", "dapo-math-7b", "--out", tmp_path / "g.svg")
+    assert p.returncode == 2 and "--out" in p.stderr and ".png" in p.stderr
 
 
 def test_sim_records_hook_events_through_the_plugin_manager_and_graphs_them(tmp_path):

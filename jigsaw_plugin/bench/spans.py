@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 ROLLOUT = "rollout"  # the kind of a rollout replica's span (its devices, from start to close)
+_GEN = "gen"  # a step's generation stage: drawn as its rollout replicas (leases), not as one span
 #: The hook events :func:`migrations_of` needs recorded during a simulation.
 MIGRATION_HOOKS = ("jigsaw_request_migrated",)
 
@@ -119,8 +120,8 @@ def _key(e: dict, *fields) -> tuple:
 
 
 def timeline_from_events(events: list[dict], gpus: int, gpus_per_node: int) -> Timeline:
-    """Spans from hook events: stages from ``jigsaw_stage_start``/``_end`` (on devices),
-    rollout from ``jigsaw_lease_granted`` (purpose rollout) to ``jigsaw_lease_released``.
+    """Spans from hook events: stages from ``jigsaw_stage_start``/``_end`` (on devices; not
+    ``gen``, whose devices are its replicas'), rollout from ``jigsaw_lease_granted`` (purpose rollout) to ``jigsaw_lease_released``.
     Migrations are placed on the devices of the pipeline's rollout at that instant (the
     events name replicas, not devices): ``src_devices`` is that set, ``dst_devices`` empty."""
     spans: list[Span] = []
@@ -129,7 +130,7 @@ def timeline_from_events(events: list[dict], gpus: int, gpus_per_node: int) -> T
     replicas = Counter()
     for e in sorted(events, key=lambda e: float(e.get("t", 0.0))):
         hook = e.get("hook")
-        if hook == "jigsaw_stage_start" and e.get("devices"):
+        if hook == "jigsaw_stage_start" and e.get("devices") and e["stage"] != _GEN:
             open_stages[_key(e, "pipeline", "step", "stage")] = e
         elif hook == "jigsaw_stage_end":
             start = open_stages.pop(_key(e, "pipeline", "step", "stage"), None)

@@ -1,0 +1,228 @@
+"""The A/B report: the saved run, report.md, figures and Perfetto traces hold the run's
+numbers; the timeline is the same whether read from the simulator or from hook events."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jigsaw_plugin.bench.figures import FIGURES, devices_busy_over_time
+from jigsaw_plugin.bench.rundir import load_run
+from jigsaw_plugin.bench.spans import MIGRATION_HOOKS, ROLLOUT, timeline_from_events, timeline_of
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "workloads" / "demo.yaml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def jigsaw(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "jigsaw_plugin.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT)
+
+
+@pytest.fixture(scope="module")
+def small_workload(tmp_path_factory) -> Path:
+    """demo.yaml cut to 2 steps of 16 prompts: a tail, migrations, seconds to simulate."""
+    data = yaml.safe_load(DEMO.read_text())
+    for p in data["pipelines"]:
+        p["steps"], p["prompts_per_step"] = 2, 16
+    path = tmp_path_factory.mktemp("wl") / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_dir(small_workload, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "ab"
+    p = jigsaw("bench", small_workload, "--baseline", "verl-sync", "--seed", 3, "--out", out)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # not a terminal: no progress drawn, and nothing to warn about
+    assert f"report: {out / 'report.md'}" in p.stdout
+    return out
+
+
+def _sim(workload_path, policy, events=None):
+    from jigsaw_plugin.events import EventRecorder
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+    from jigsaw_plugin.workload import load_workload
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    rec = EventRecorder(include_progress=False, hooks=events)
+    register(pm, rec, "rec")
+    sim = Simulation(load_workload(workload_path), get_policy(policy), seed=0, hooks=Emitter(pm))
+    return sim, sim.run(), rec.events
+
+
+def test_bench_dir_holds_the_records_the_report_and_the_figures(bench_dir):
+    for name in ("result.json", "spans.json", "report.md", "trace_baseline.json", "trace_candidate.json", *FIGURES):
+        assert (bench_dir / name).is_file(), name
+    for name in FIGURES:
+        assert (bench_dir / name).read_bytes()[:8] == PNG_MAGIC
+    result = json.loads((bench_dir / "result.json").read_text())
+    assert result["baseline"]["policy"] == "verl-sync" and result["candidate"]["policy"] == "jigsaw"
+    assert result["seed"] == 3 and result["backend"] == "sim"
+    assert result["command"].startswith("jigsaw bench ") and "--seed 3" in result["command"]
+    assert result["versions"]["jigsaw-plugin"] and result["versions"]["python"]
+    assert result["throughput_ratio"] == pytest.approx(
+        result["candidate"]["samples_per_s"] / result["baseline"]["samples_per_s"])
+
+
+def test_report_md_prints_the_numbers_of_result_json(bench_dir):
+    result = json.loads((bench_dir / "result.json").read_text())
+    report = (bench_dir / "report.md").read_text()
+    b, c = result["baseline"], result["candidate"]
+    assert f"{result['throughput_ratio']:.2f}x" in report
+    assert f"| samples/s | {b['samples_per_s']:.2f} | {c['samples_per_s']:.2f} |" in report
+    assert f"| {b['gpu_busy_fraction']:.2f} | {c['gpu_busy_fraction']:.2f} |" in report
+    for name, pb in b["pipelines"].items():
+        pc = c["pipelines"][name]
+        row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
+        assert f"| {pb['mean_step_s']:.1f} | {pc['mean_step_s']:.1f} |" in row
+        assert f"| {pb['migrations']} / {pc['migrations']} |" in row
+        assert f"| {pb['context_switches']} / {pc['context_switches']} |" in row
+    assert result["command"] in report and "seed 3" in report
+    assert f"jigsaw-plugin {result['versions']['jigsaw-plugin']}" in report
+    for name in FIGURES:
+        assert f"]({name})" in report
+    # metrics the result does not carry are not invented
+    assert ("effective utilisation" in report) == ("effective_utilisation" in c)
+    assert ("bound:" in report) == ("bounds" in c)
+
+
+def test_trace_is_chrome_trace_json_with_one_track_per_device(bench_dir):
+    result = json.loads((bench_dir / "result.json").read_text())
+    saved = load_run(bench_dir)
+    for side, timeline in (("baseline", saved.baseline), ("candidate", saved.candidate)):
+        trace = json.loads((bench_dir / f"trace_{side}.json").read_text())
+        events = trace["traceEvents"]
+        for e in events:
+            assert {"ph", "pid", "tid", "name"} <= set(e)
+            assert e["ph"] in ("M", "X", "i", "s", "f")
+            if e["ph"] != "M":
+                assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0
+            if e["ph"] == "X":
+                assert e["dur"] >= 0
+        tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        names = sorted(tracks.values(), key=lambda n: int(n.split()[1]))
+        assert names == [f"device {d}" for d in range(result[side]["gpus"])]
+        assert {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"} <= set(tracks)
+        # every span is drawn once on each of its devices
+        assert sum(1 for e in events if e["ph"] == "X") == sum(len(s.devices) for s in timeline.spans)
+        starts = {e["id"] for e in events if e["ph"] == "s"}
+        assert starts == {e["id"] for e in events if e["ph"] == "f"}
+        assert len(starts) == sum(1 for m in timeline.migrations if m.src_devices and m.dst_devices)
+    # jigsaw migrates on this workload: the trace shows it, as many requests as the result counts
+    moved = sum(p["migrations"] for p in result["candidate"]["pipelines"].values())
+    assert moved > 0 and sum(m.requests for m in saved.candidate.migrations) == moved
+
+
+def test_report_rerenders_and_compares_saved_runs_without_rerunning(bench_dir, small_workload, tmp_path):
+    before = (bench_dir / "report.md").read_text()
+    for name in ("report.md", *FIGURES, "trace_candidate.json"):
+        (bench_dir / name).unlink()
+    other = tmp_path / "ab-ablated"
+    p = jigsaw("bench", small_workload, "--baseline", "verl-sync", "--seed", 3, "--ablate", "migration",
+               "--out", other)
+    assert p.returncode == 0, p.stderr
+    compare = tmp_path / "compare.md"
+    p = jigsaw("report", bench_dir, other, "--out", compare)
+    assert p.returncode == 0, p.stderr
+    assert (bench_dir / "report.md").read_text() == before  # same records, same report
+    for name in (*FIGURES, "trace_candidate.json"):
+        assert (bench_dir / name).is_file()
+    table = compare.read_text()
+    for d in (bench_dir, other):
+        r = json.loads((d / "result.json").read_text())
+        assert f"{r['throughput_ratio']:.2f}x" in table and str(d) in table
+    assert "jigsaw (no migration)" in table
+
+
+def test_report_refuses_a_folder_that_is_not_a_saved_run(tmp_path):
+    p = jigsaw("report", tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "result.json" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    (tmp_path / "result.json").write_text("{not json")
+    (tmp_path / "spans.json").write_text("{}")
+    p = jigsaw("report", tmp_path)
+    assert p.returncode == 2 and "not JSON" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_spans_from_hook_events_match_the_simulators_record(small_workload):
+    # the ray backend's timelines come from hook events: they must say what the simulator's record says
+    sim, result, events = _sim(small_workload, "jigsaw")
+    direct = timeline_of(sim, [e for e in events if e["hook"] in MIGRATION_HOOKS])
+    rebuilt = timeline_from_events(events, sim.workload.cluster.gpus, sim.workload.cluster.gpus_per_node)
+
+    def key(s):
+        return (s.pipeline, s.kind, s.devices, round(s.start_s, 6), round(s.end_s, 6))
+
+    assert sorted(map(key, rebuilt.spans)) == sorted(map(key, direct.spans))
+    assert sum(m.requests for m in rebuilt.migrations) == sum(m.requests for m in direct.migrations)
+    for name, pr in result["pipelines"].items():
+        assert sum(1 for s in direct.spans if s.pipeline == name and s.kind == "update_actor") == pr["steps"]
+        assert any(s.pipeline == name and s.kind == ROLLOUT for s in direct.spans)
+    assert all(m.src_devices and m.dst_devices for m in direct.migrations)
+
+
+def test_utilisation_curve_counts_each_device_once(small_workload):
+    sim, result, _ = _sim(small_workload, "verl-sync", events=())
+    tl = timeline_of(sim)
+    times, fracs = devices_busy_over_time(tl)
+    assert max(fracs) <= 1.0 and fracs[-1] == 0.0 and times == sorted(times)
+    # the area under the curve is the device-seconds covered by spans (union per device)
+    area = sum((t1 - t0) * f for t0, t1, f in zip(times, times[1:], fracs)) * tl.gpus
+    covered = 0.0
+    for d in range(tl.gpus):
+        intervals = sorted((s.start_s, s.end_s) for s in tl.spans if d in s.devices)
+        end = 0.0
+        for a, b in intervals:
+            covered += max(0.0, b - max(a, end))
+            end = max(end, b)
+    assert area == pytest.approx(covered)
+
+
+def test_progress_line_reports_steps_and_simulated_seconds(small_workload):
+    import io
+
+    from jigsaw_plugin.bench.progress import SimProgress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    with SimProgress("simulating verl-sync", 4, enabled=True, stream=stream) as bar:
+        for step in range(2):
+            for name in ("a", "b"):
+                bar.jigsaw_step_end(pipeline=name, step=step, t=10.0 * (step + 1))
+    assert "4/4" in stream.getvalue() and "20 s simulated" in stream.getvalue()
+    quiet = Tty()
+    with SimProgress("x", 4, enabled=False, stream=quiet) as bar:
+        bar.jigsaw_step_end(pipeline="a", step=0, t=1.0)
+    assert quiet.getvalue() == ""
+
+
+def test_doctor_verdicts_and_exit_code():
+    from jigsaw_plugin.bench.ab import ray_backend_available
+
+    p = jigsaw("doctor")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for heading in ("hosts:", "entry points:", "devices:", "verdict:"):
+        assert heading in p.stdout
+    assert "CPU cores" in p.stdout
+    verdicts = {line[14:24].strip(): line[2:14].strip() for line in p.stdout.split("verdict:")[1].splitlines()
+                if line[2:14].strip() in ("READY", "NOT READY")}
+    assert set(verdicts) == {"sim", "ray", "verl", "openrlhf"} and verdicts["sim"] == "READY"
+    p = jigsaw("doctor", "--host", "ray")
+    if ray_backend_available():
+        assert p.returncode == 0 and verdicts["ray"] == "READY"
+    else:
+        assert verdicts["ray"] == "NOT READY"
+        assert p.returncode == 1 and "not ready for: ray" in p.stdout and "torch==2.13.0" in p.stdout
