@@ -180,3 +180,175 @@ def test_live_world_hands_each_step_s_tokens_to_the_stage_runner():
     agentic = [m for n, _, _, _, smp in seen if n == "p1" for _, _, _, m in smp]
     assert any(0 in m for m in agentic)  # p1 is multi-turn: observations are masked out
     assert live.trajectories == {}
+
+
+# ---- micro-batch plans and resizable stages (microbatch.py, micro_stage.py) ------------------
+from jigsaw_plugin.errors import SpecError  # noqa: E402
+from jigsaw_plugin.runtime.reference.microbatch import (  # noqa: E402
+    DEFAULT_MICRO_BATCH_SIZE,
+    DeviceGrant,
+    check_devices,
+    forward_plan,
+    trained_tokens,
+    update_plan,
+)
+
+
+def test_forward_plan_cuts_the_batch_in_order():
+    plan = forward_plan(10, 4)
+    assert [m.samples for m in plan.micro_batches] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)]
+    assert [m.index for m in plan.micro_batches] == [0, 1, 2] and plan.mini_batches == 1
+    assert [m.samples for m in forward_plan(3, None).micro_batches] == [(0, 1, 2)]  # None: no split
+    assert forward_plan(32).micro_batch_size == DEFAULT_MICRO_BATCH_SIZE == 4
+
+
+def test_update_plan_shuffles_splits_into_mini_batches_then_micro_batches():
+    plan = update_plan(32, 4, mini_batches=4, seed=0, version=0)
+    assert plan.mini_batches == 4 and len(plan.micro_batches) == 8
+    assert [m.index for m in plan.micro_batches] == list(range(8))
+    assert [m.mini_batch for m in plan.micro_batches] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(len(g) == 2 for g in plan.groups())
+    flat = [i for m in plan.micro_batches for i in m.samples]
+    assert sorted(flat) == list(range(32)) and flat != list(range(32))  # every sample once, shuffled
+    assert plan == update_plan(32, 4, mini_batches=4, seed=0, version=0)  # fixed order
+    assert plan != update_plan(32, 4, mini_batches=4, seed=0, version=1)  # reshuffled per update
+    assert [m.samples for m in update_plan(5, 2, mini_batches=1).micro_batches] == [(0, 1), (2, 3), (4,)]
+    # fewer samples than mini-batches: one sample per step, none empty
+    assert [m.samples for m in update_plan(2, 4, mini_batches=4).micro_batches] in ([(0,), (1,)], [(1,), (0,)])
+    batch = [([1], [5, 6, 7], 0, [1, 0, 1]), ([1], [5, 6], 0)]
+    assert trained_tokens(batch, [0, 1]) == 4
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "4", True])
+def test_a_bad_micro_batch_size_names_the_field(bad):
+    with pytest.raises(SpecError) as e:
+        forward_plan(8, bad)
+    assert e.value.field == "micro_batch_size" and repr(bad) in str(e.value) and "positive integer" in str(e.value)
+    with pytest.raises(SpecError, match="micro_batch_size"):
+        update_plan(8, bad)
+
+
+def test_bad_plan_inputs_and_grant_answers_name_the_field():
+    with pytest.raises(SpecError, match="mini_batches: got 0"):
+        update_plan(8, 2, mini_batches=0)
+    with pytest.raises(SpecError, match="n_samples: got 0"):
+        forward_plan(0, 2)
+    for bad in ("01", (0, 0), (-1,), (1.5,), 3, None):
+        with pytest.raises(SpecError) as e:
+            check_devices(bad)
+        assert e.value.field == "grant" and "() pauses the stage" in str(e.value)
+    assert check_devices([1, np.int64(0)]) == (1, 0) and check_devices(()) == ()
+
+
+class _MicroTrainer(_FakeTrainer):
+    """A torch-free stand-in with the micro-batch methods: a micro-batch's "gradient" is
+    the list of its samples; optimizer_step records what it was asked to sum."""
+
+    micro_batch_size, mini_batches, seed = 2, 2, 0
+
+    def __init__(self, wait_for=None):
+        import collections
+        import threading
+
+        super().__init__()
+        self.kept, self.steps, self.threads, self.finished = {}, [], {}, []
+        self.wait_for = wait_for or {}  # index -> the index whose end it waits for (concurrency)
+        self.ended = collections.defaultdict(threading.Event)
+
+    def update_plan(self, n):
+        return update_plan(n, self.micro_batch_size, self.mini_batches, self.seed, self.version)
+
+    def micro_grad(self, index, samples, old, adv, ref, normalizer):
+        import threading
+
+        if index in self.wait_for:  # only ends if the other one runs beside it (else: a timeout)
+            assert self.ended[self.wait_for[index]].wait(10), f"micro-batch {self.wait_for[index]} never ran beside"
+        self.threads[index] = threading.current_thread().name
+        self.kept[index] = (len(samples), list(np.round(adv, 3)), normalizer, ref is not None)
+        self.finished.append(index)
+        self.ended[index].set()
+        return {"loss": float(index), "pg_loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "kl": 0.0}
+
+    def optimizer_step(self, indices):
+        self.steps.append(list(indices))
+        return 1.0
+
+    def finish_update(self, stats, norms, mini_batches, tokens, time_s):
+        self.version += 1
+        return {"losses": [s["loss"] for s in stats], "norms": norms, "tokens": tokens, "version": self.version}
+
+
+def test_update_actor_runs_micro_batch_by_micro_batch_on_granted_devices_with_a_pause():
+    tr = _MicroTrainer(wait_for={2: 3})  # micro-batch 2 ends after 3, which runs beside it
+    answers = iter([(0,), (0,), (0, 1), (), (), (1,), (1,), (0,), (0,)])
+    seen = []
+
+    def grant(request):
+        seen.append((request.next_micro_batch, request.remaining, request.current))
+        return next(answers)
+
+    runner = ReferenceStageRunner(tr, grant=grant, pause_poll_s=0.001)
+    batch = BATCH * 2  # 8 samples: 2 mini-batches x 2 micro-batches of 2
+
+    async def main():
+        await runner.run("p", 0, "adv", (), batch)
+        return await runner.run("p", 0, "update_actor", (0,))
+
+    metrics = asyncio.run(main())
+    runner.close()
+    rec = runner.records[-1]
+    assert [m.index for m in rec.micro_batches] == [0, 1, 2, 3]
+    assert [m.width for m in rec.micro_batches] == [1, 1, 2, 2]
+    assert [m.device for m in rec.micro_batches] == [0, 0, 0, 1]
+    assert [m.mini_batch for m in rec.micro_batches] == [0, 0, 1, 1]
+    assert tr.finished == [0, 1, 3, 2]  # out of order ...
+    assert tr.steps == [[0, 1], [2, 3]] and metrics["losses"] == [0.0, 1.0, 2.0, 3.0]  # ... summed in order
+    assert tr.threads[2] != tr.threads[3] and tr.threads[0] == tr.threads[2]  # one worker per device
+    assert metrics["tokens"] == 16 and metrics["version"] == 1
+    assert all(k[2] == 8 for k in tr.kept.values())  # each micro-batch normalised by its mini-batch's tokens
+    # asked before micro-batches 0, 1, 2 (a width-2 wave runs 2 and 3); the mini-batch boundary is
+    # a boundary: micro-batch 0 of the next update would be asked again. No pause here yet.
+    assert [s[0] for s in seen] == [0, 1, 2] and seen[2][2] == (0,) and seen[0][1] == 4
+    # a second update: paused twice (width 0), then resumed on device 1
+    asyncio.run(runner.run("p", 1, "update_actor", (0,), batch))
+    rec = runner.records[-1]
+    assert [m.pauses for m in rec.micro_batches] == [2, 0, 0, 0]
+    assert rec.micro_batches[0].waited_s > 0 and [m.device for m in rec.micro_batches] == [1, 1, 0, 0]
+
+
+def test_a_grant_needs_a_micro_batch_trainer_and_a_valid_answer():
+    runner = ReferenceStageRunner(_FakeTrainer(), grant=lambda r: (0,))
+    with pytest.raises(TypeError, match="micro-batch methods"):
+        asyncio.run(runner.run("p", 0, "update_actor", (0,), BATCH))
+    runner = ReferenceStageRunner(_MicroTrainer(), grant=lambda r: "0")
+    with pytest.raises(SpecError, match="grant: got '0'"):
+        asyncio.run(runner.run("p", 0, "update_actor", (0,), BATCH))
+    # the default (no grant): one whole-stage call, as before, no micro-batch records
+    runner = ReferenceStageRunner(_MicroTrainer())
+    asyncio.run(runner.run("p", 0, "update_actor", (0,), BATCH))
+    assert runner.records[-1].micro_batches == () and runner.records[-1].metrics["version"] == 1
+
+
+def test_device_grant_answers_what_the_scheduler_set_last():
+    g = DeviceGrant((0,))
+    runner = ReferenceStageRunner(_MicroTrainer(), grant=g, pause_poll_s=0.001)
+
+    async def main():
+        await runner.run("p", 0, "adv", (), BATCH * 2)
+        g.set(())  # paused until the scheduler hands devices back
+
+        async def resume():  # 30 ms after the stage first asked
+            while not g.asked:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.03)
+            g.set((0, 1))
+
+        _, out = await asyncio.gather(resume(), runner.run("p", 0, "update_actor", (0,)))
+        return out
+
+    asyncio.run(main())
+    runner.close()
+    rec = runner.records[-1].micro_batches
+    assert rec[0].pauses > 0 and rec[0].waited_s >= 0.02 and [m.width for m in rec] == [2, 2, 2, 2]
+    with pytest.raises(SpecError, match="grant"):
+        g.set((0, 0))

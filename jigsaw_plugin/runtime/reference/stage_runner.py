@@ -29,6 +29,17 @@ stages and executes, in verl's order (algorithms.py):
 PPO's ``values`` / ``update_critic`` stages have no reference implementation (there is no
 critic): they raise ``NotImplementedError``.
 
+**Micro-batches.** Given a ``grant`` (a callable ``GrantRequest -> devices``, awaited if it
+returns an awaitable; microbatch.py), ``old_log_prob``, ``ref`` and ``update_actor`` run as
+sequences of micro-batch sub-stages (the trainer's ``forward_plan`` / ``update_plan``):
+before each wave of micro-batches the grant says which devices the stage may use, so a
+scheduler can grow, shrink or pause the stage at micro-batch boundaries (micro_stage.py).
+The update is bitwise the same whatever the grants (gradients summed in micro-batch index
+order, one torch thread per micro-batch), and ``StageRecord.micro_batches`` says what ran
+where and when. Without a grant a stage is one call of the trainer's whole-stage method on
+the stage's devices, as before (``stage_devices_grant`` gives the same devices per
+micro-batch with the per-micro-batch record).
+
 A trainer is a ``ReferenceTrainer`` in this process (its calls run in a worker thread, so
 the event loop keeps serving rollouts) or its Ray actor handle (``make_trainer_actor``;
 calls are awaited as ``ObjectRef``s). ``trainers`` is one trainer, a dict pipeline name
@@ -45,11 +56,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jigsaw_plugin.runtime.reference.grpo import grpo_advantages
+from jigsaw_plugin.runtime.reference.micro_stage import DEFAULT_PAUSE_POLL_S, MicroStageExecutor
+from jigsaw_plugin.runtime.reference.microbatch import GrantRequest, MicroBatchRecord, trained_tokens
 from jigsaw_plugin.runtime.reference.reward import low_id_reward
 
-__all__ = ["ReferenceStageRunner", "StageRecord", "SUPPORTED_STAGES"]
+__all__ = ["ReferenceStageRunner", "StageRecord", "SUPPORTED_STAGES", "MICRO_BATCHED_STAGES"]
 
 SUPPORTED_STAGES = ("old_log_prob", "ref", "adv", "update_actor", "weight_sync")
+MICRO_BATCHED_STAGES = ("old_log_prob", "ref", "update_actor")  # what a grant can resize
 
 
 @dataclass
@@ -64,6 +78,7 @@ class StageRecord:
     tokens: int
     wall_s: float
     metrics: dict = field(default_factory=dict)
+    micro_batches: tuple[MicroBatchRecord, ...] = ()  # with a grant: one per micro-batch, in index order
 
 
 async def _call(obj, method: str, *args):
@@ -77,6 +92,13 @@ async def _call(obj, method: str, *args):
 
 async def _maybe_await(x):
     return await x if inspect.isawaitable(x) else x
+
+
+def _rows(x, idx: list[int]):
+    """Rows ``idx`` of a tensor / array (or a list of rows); None stays None."""
+    if x is None:
+        return None
+    return [x[i] for i in idx] if isinstance(x, (list, tuple)) else x[idx]
 
 
 def _replica_engines(pipeline) -> list:
@@ -96,12 +118,19 @@ class ReferenceStageRunner:
     ``engines``: optional callable ``pipeline -> engines`` overriding how the weight sync
     finds the pipeline's rollout engines (default: its live replicas' router engines);
     ``pin_devices``: before each stage, ``trainer.use_devices(devices)`` (one device = one
-    core on CPU machines: the stage competes only for the cores the policy granted it).
+    core on CPU machines: the stage competes only for the cores the policy granted it);
+    micro-batched, each device's worker thread is pinned to its core instead.
+    ``grant``: run ``old_log_prob`` / ``ref`` / ``update_actor`` micro-batch by micro-batch
+    on the devices it hands out (module docstring; ``run(..., grant=)`` per stage);
+    ``pause_poll_s``: how often a paused stage asks again.
     """
 
-    def __init__(self, trainers, reward=None, engines=None, pin_devices: bool = False):
+    def __init__(self, trainers, reward=None, engines=None, pin_devices: bool = False, grant=None,
+                 pause_poll_s: float = DEFAULT_PAUSE_POLL_S):
         self._trainers = trainers
         self.pin_devices = pin_devices  # CPU pools: run each stage on its granted cores only
+        self.grant = grant
+        self._micro = MicroStageExecutor(pin_devices=pin_devices, pause_poll_s=pause_poll_s)
         self.reward = reward if reward is not None else low_id_reward()
         self._engines = engines or _replica_engines
         self.records: list[StageRecord] = []
@@ -125,8 +154,13 @@ class ReferenceStageRunner:
     def mean_reward(self, pipeline, step: int) -> float:
         return float(np.mean(self.rewards[(getattr(pipeline, "name", pipeline), step)]))
 
-    async def run(self, pipeline, step: int, stage: str, devices=(), samples=None) -> dict:
-        """Execute one stage of one step; returns its metrics (also kept in ``records``)."""
+    def close(self) -> None:
+        """Stop the per-device worker threads of micro-batched stages."""
+        self._micro.close()
+
+    async def run(self, pipeline, step: int, stage: str, devices=(), samples=None, grant=None) -> dict:
+        """Execute one stage of one step; returns its metrics (also kept in ``records``).
+        ``grant`` (default: the runner's): micro-batch by micro-batch on granted devices."""
         name = getattr(pipeline, "name", pipeline)
         key = (name, int(step))
         st = self._state.setdefault(key, {})
@@ -136,10 +170,22 @@ class ReferenceStageRunner:
         if batch is None and stage != "weight_sync":
             raise ValueError(f"{name} step {step}: stage {stage} needs the step's samples (none given)")
         trainer = self.trainer(name)
+        grant = grant if grant is not None else self.grant
+        micro = None
+        if grant is not None and stage in MICRO_BATCHED_STAGES:
+            if not hasattr(trainer, "micro_grad"):
+                raise TypeError(f"{name}: a grant needs a trainer with micro-batch methods (micro_log_probs, "
+                                f"micro_grad, optimizer_step: ReferenceTrainer); got {type(trainer).__name__}")
+            micro = GrantRequest(name, int(step), stage, 0, 0, 0, tuple(int(d) for d in devices or ()), ())
         t0 = time.perf_counter()
-        if devices and stage != "adv" and hasattr(trainer, "use_devices") and self.pin_devices:
+        if devices and stage != "adv" and hasattr(trainer, "use_devices") and self.pin_devices and micro is None:
             await _call(trainer, "use_devices", tuple(devices))
-        if stage == "old_log_prob":
+        micro_records: list[MicroBatchRecord] = []
+        if stage in ("old_log_prob", "ref") and micro is not None:
+            st["old" if stage == "old_log_prob" else "ref"] = await self._forward_micro(
+                trainer, batch, stage == "ref", grant, micro, t0, micro_records)
+            metrics = {}
+        elif stage == "old_log_prob":
             st["old"] = await _call(trainer, "old_log_prob", batch)
             metrics = {}
         elif stage == "ref":
@@ -155,7 +201,10 @@ class ReferenceStageRunner:
                 st["old"] = await _call(trainer, "old_log_prob", batch)
             if "adv" not in st:
                 await self.run(pipeline, step, "adv", devices)
-            metrics = await _call(trainer, "update_actor", batch, st["old"], st["adv"], st.get("ref"))
+            if micro is not None:
+                metrics = await self._update_micro(trainer, batch, st, grant, micro, t0, micro_records)
+            else:
+                metrics = await _call(trainer, "update_actor", batch, st["old"], st["adv"], st.get("ref"))
         elif stage == "weight_sync":
             metrics = await self._weight_sync(pipeline, name, trainer)
             self._state.pop(key, None)  # the step is done: drop its tensors
@@ -166,9 +215,47 @@ class ReferenceStageRunner:
             raise ValueError(f"{name}: unknown stage {stage!r}")
         wall = time.perf_counter() - t0
         tokens = sum(len(item[0]) + len(item[1]) for item in batch) if batch else 0
-        rec = StageRecord(name, int(step), stage, tuple(devices or ()), len(batch or ()), tokens, wall, dict(metrics))
+        rec = StageRecord(name, int(step), stage, tuple(devices or ()), len(batch or ()), tokens, wall, dict(metrics),
+                          tuple(micro_records))
         self.records.append(rec)
         return rec.metrics
+
+    async def _forward_micro(self, trainer, batch, reference: bool, grant, request, t0, records: list):
+        """A forward stage micro-batch by micro-batch; [B, R] log-probs in batch order."""
+        from jigsaw_plugin.runtime.reference.trainer import pad_and_stack
+
+        plan = await _call(trainer, "forward_plan", len(batch))
+
+        async def compute(m, device):
+            return await self._micro.call_on(device, trainer, "micro_log_probs", [batch[i] for i in m.samples],
+                                             reference)
+
+        parts, recs = await self._micro.run_plan(plan, grant, request, compute, t0=t0)
+        records += recs
+        return pad_and_stack([parts[m.index] for m in plan.micro_batches])
+
+    async def _update_micro(self, trainer, batch, st, grant, request, t0, records: list) -> dict:
+        """``update_actor`` micro-batch by micro-batch: each micro-batch's gradient where it
+        was granted, an optimizer step after each mini-batch (gradients summed in index
+        order by the trainer), the trainer's metrics."""
+        plan = await _call(trainer, "update_plan", len(batch))
+        old, adv, ref = st["old"], st["adv"], st.get("ref")
+        tokens = {k: trained_tokens(batch, [i for m in g for i in m.samples]) for k, g in enumerate(plan.groups())}
+        norms: list[float] = []
+
+        async def compute(m, device):
+            idx = list(m.samples)
+            return await self._micro.call_on(device, trainer, "micro_grad", m.index, [batch[i] for i in idx],
+                                             _rows(old, idx), _rows(adv, idx), _rows(ref, idx),
+                                             tokens[m.mini_batch])
+
+        async def step(group):
+            norms.append(await _call(trainer, "optimizer_step", [m.index for m in group]))
+
+        stats, recs = await self._micro.run_plan(plan, grant, request, compute, step, t0=t0)
+        records += recs
+        return await _call(trainer, "finish_update", [stats[i] for i in sorted(stats)], norms, plan.mini_batches,
+                           sum(tokens.values()), time.perf_counter() - t0)
 
     async def _weight_sync(self, pipeline, name: str, trainer) -> dict:
         weights = await _call(trainer, "state_dict_bf16")
