@@ -27,6 +27,8 @@ class RouterError(RuntimeError):
 
 @dataclass
 class RequestRecord:
+    """One request across its segments (read-only outside the router)."""
+
     request_id: str
     prompt: list[int]
     max_tokens: int
@@ -35,8 +37,8 @@ class RequestRecord:
     prefix: list[int] = field(default_factory=list)  # tokens of finished segments
     live: list[int] = field(default_factory=list)  # tokens of the running segment so far
     segments: int = 0
-    migrations: int = 0
-    move_to: int | None = None  # set by migrate(): where the next segment runs
+    migrations: int = 0  # moves that happened (counted when the aborted segment ended)
+    move_to: int | None = None  # set by begin_migrate() while the abort is out: where the next segment runs
     sampling: dict = field(default_factory=dict)  # engine sampling keywords (SAMPLING_KEYS)
 
 
