@@ -10,11 +10,19 @@ For every fit it prints the trace files it came from, the method, the fitted par
 fit (the fit's "max" is the largest of as many seeded draws as the trace has values; its
 p99.9 is shown too), the means, and the Kolmogorov-Smirnov distance between the trace and
 200,000 seeded draws of the fit.
+
+It also fits ``group_correlation`` (the spec field; docs/workload.md, "Group correlation"):
+the intra-class correlation, among the samples of one prompt, of the normal scores of
+response length (ranks over the whole trace turned into standard-normal quantiles, ties
+averaged), by the one-way ANOVA estimator ICC(1), with a 95% bootstrap interval over
+prompts (1,000 seeded resamples). Normal scores make it the parameter of the Gaussian
+copula that ``sample_step`` draws from, whatever the marginal.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -25,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jigsaw_plugin.predict.normal import ppf  # noqa: E402
 from jigsaw_plugin.workload import build_distribution, load_trace  # noqa: E402
 from jigsaw_plugin.workload.traces import read_trace_file, trace_files  # noqa: E402
 
@@ -134,6 +143,93 @@ def fit_one(trace_dir: Path, folder: str, role: str, method: str) -> tuple[dict,
     return spec, quality(v, spec, role), files
 
 
+# (name, trace folder, unit, where the fitted figure is used)
+GROUP_FITS = [
+    ("verl DAPO response_len", "verl", "response", "group_correlation of the verl/-fitted pipelines"),
+    ("verl-video GRPO response_len", "verl-video", "response", ""),
+    ("rllm DeepCoder response_len", "rllm", "response", ""),
+    ("search_r1 completion tokens per turn", "search_r1", "turn", ""),
+    ("search_r1 first-turn completion tokens", "search_r1", "first_turn", ""),
+    ("search_r1 completion tokens per trajectory", "search_r1", "trajectory", ""),
+]
+BOOTSTRAP = 1000
+
+
+def trace_groups(folder: Path, unit: str) -> tuple[list[np.ndarray], list[str]]:
+    """Each prompt's lengths: a verl-style record's ``output`` list (``unit`` response), or
+    search_r1 trajectories grouped by (step, prompt_group_id): every turn's completion
+    tokens (turn), the first turn's (first_turn) or their sum (trajectory)."""
+    groups: dict[tuple, list[float]] = {}
+    files = []
+    for f in trace_files(folder):
+        if "packed_lengths" not in f.name and "multiturn" not in f.name:
+            continue
+        files.append(f.name)
+        with gzip.open(f, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                rec = json.loads(line)
+                if rec.get("validate") is True:
+                    continue
+                if unit == "response":
+                    groups[(f.name, i)] = [float(x) for x in rec["output"]]
+                    continue
+                toks = [float(t["completion_tokens"]) for t in rec["turns"]]
+                key = (rec["step"], rec["prompt_group_id"])
+                if unit == "turn":
+                    groups.setdefault(key, []).extend(toks)
+                elif unit == "first_turn":
+                    groups.setdefault(key, []).append(toks[0])
+                else:
+                    groups.setdefault(key, []).append(sum(toks))
+    return [np.asarray(g) for g in groups.values() if len(g) >= 2], files
+
+
+def normal_scores(values: np.ndarray) -> np.ndarray:
+    """Standard-normal quantiles of the values' ranks ((rank - 0.5) / n; ties averaged)."""
+    order = np.argsort(values, kind="stable")
+    sv = values[order]
+    first = np.concatenate(([True], sv[1:] != sv[:-1]))
+    starts = np.flatnonzero(first)
+    ends = np.concatenate((starts[1:], [len(sv)]))
+    ranks = np.empty(len(sv))
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ppf((ranks - 0.5) / len(sv))
+
+
+def icc_anova(x: np.ndarray, group_of: np.ndarray) -> float:
+    """One-way ANOVA ICC(1) of x among groups (unequal sizes allowed)."""
+    sizes = np.bincount(group_of).astype(float)
+    keep = sizes > 0
+    sums = np.bincount(group_of, x)[keep]
+    sizes = sizes[keep]
+    g, n = len(sizes), sizes.sum()
+    ss_within = (x * x).sum() - (sums**2 / sizes).sum()
+    ss_between = (sums**2 / sizes).sum() - sums.sum() ** 2 / n
+    msb, msw = ss_between / (g - 1), ss_within / (n - g)
+    k0 = (n - (sizes**2).sum() / n) / (g - 1)
+    return float((msb - msw) / (msb + (k0 - 1) * msw))
+
+
+def fit_group_correlation(groups: list[np.ndarray], seed: int = 0) -> dict:
+    """ICC(1) of normal scores, with a bootstrap interval over groups."""
+    sizes = np.array([len(g) for g in groups])
+    group_of = np.repeat(np.arange(len(groups)), sizes)
+    scores = normal_scores(np.concatenate(groups))
+    icc = icc_anova(scores, group_of)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    rng = np.random.default_rng(seed)
+    boot = []
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, len(groups), len(groups))
+        idx = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in pick])
+        boot.append(icc_anova(scores[idx], np.repeat(np.arange(len(pick)), sizes[pick])))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    log_icc = icc_anova(np.log(np.maximum(np.concatenate(groups), 1.0)), group_of)
+    return {"group_correlation": round(icc, 3), "ci95": [round(float(lo), 3), round(float(hi), 3)],
+            "log_length_icc": round(log_icc, 3), "groups": len(groups), "values": int(sizes.sum()),
+            "group_size_median": float(np.median(sizes))}
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}" if abs(x) < 1 else f"{x:.2f}"
 
@@ -153,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             out.append({"name": name, "folder": folder, "role": role, "method": method,
                         "used_by": used if method == used_method else None,
                         "files": files, "spec": spec, "quality": q})
+    group_out = []
+    for name, folder, unit, used in GROUP_FITS:
+        groups, files = trace_groups((args.traces / folder).resolve(), unit)
+        group_out.append({"name": name, "folder": folder, "unit": unit, "used_by": used or None, "files": files,
+                          **fit_group_correlation(groups)})
     if args.json:
-        print(json.dumps(out, indent=1, default=float))
+        print(json.dumps({"distributions": out, "group_correlation": group_out}, indent=1, default=float))
         return 0
     for r in out:
         q = r["quality"]
@@ -169,6 +270,14 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {_fmt(t['p99'])}  max {_fmt(t['max'])}")
         print(f"   fit:   mean {_fmt(f['mean'])}  p50 {_fmt(f['p50'])}  p90 {_fmt(f['p90'])}  "
               f"p99 {_fmt(f['p99'])}  max(n) {_fmt(f['max'])}  p99.9 {_fmt(f['p99.9'])}  KS {q['ks']:.3f}")
+        print()
+    for r in group_out:
+        used = f"   [used by {r['used_by']}]" if r["used_by"] else ""
+        print(f"## {r['name']} -- group_correlation (ICC(1) of normal scores){used}")
+        print(f"   from {r['folder']}/: {len(r['files'])} files, {r['groups']} prompts, {r['values']} values "
+              f"(median {r['group_size_median']:g} per prompt)")
+        print(f"   group_correlation {r['group_correlation']}  (95% bootstrap {r['ci95'][0]} .. {r['ci95'][1]}); "
+              f"ICC of log length {r['log_length_icc']}")
         print()
     return 0
 

@@ -16,19 +16,28 @@ Rules (docs/workload.md, "Sampling"):
   later turns are dropped, so ``turns`` is reduced), as a generation that hits the length
   limit ends the episode in verl / Search-R1;
 * ``tool_latency_s`` and ``observation_len`` are 0 on a sample's last turn (no tool call
-  follows it).
+  follows it);
+* ``group_correlation`` (rho > 0): the response lengths are drawn from the marginal exactly
+  as with rho = 0, then permuted across the step so that their ranks follow a Gaussian
+  copula with a per-prompt latent, ``u = sqrt(rho) z_prompt + sqrt(1 - rho) e``: the
+  multiset of lengths (so the step's total tokens before the cap) is the one rho = 0 gives
+  for the same seed, and every sample's marginal is unchanged. For an agentic pipeline the
+  turns' lengths are permuted the same way, every turn of a prompt's samples sharing the
+  prompt's latent, before the cap truncates trajectories. The latent has its own stream.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepSamples", "sample_step", "step_rng"]
+__all__ = ["StepSamples", "sample_step", "step_rng", "correlate_within_groups"]
 
-_STREAMS = ("prompt_len", "turns", "response_len", "tool_latency_s", "observation_len", "reward")
+# appending a stream leaves the earlier ones' draws unchanged (SeedSequence children by index)
+_STREAMS = ("prompt_len", "turns", "response_len", "tool_latency_s", "observation_len", "reward", "group_latent")
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,17 +78,33 @@ def _tokens(x: np.ndarray, minimum: int) -> np.ndarray:
     return np.maximum(np.rint(x), minimum).astype(np.int64)
 
 
+def correlate_within_groups(values: np.ndarray, group_of: np.ndarray, n_groups: int, rho: float,
+                            rng: np.random.Generator) -> np.ndarray:
+    """``values`` permuted so that their ranks follow a Gaussian copula whose latent has
+    intra-class correlation ``rho`` within each group (``group_of[i]`` in ``[0, n_groups)``).
+    The multiset of values is unchanged; rho = 0 gives a uniformly random permutation."""
+    z = rng.standard_normal(n_groups)
+    u = math.sqrt(rho) * z[group_of] + math.sqrt(1.0 - rho) * rng.standard_normal(len(values))
+    out = np.empty_like(values)
+    out[np.argsort(u, kind="stable")] = np.sort(values, kind="stable")
+    return out
+
+
 def sample_step(pipeline, step: int, seed: int) -> "StepSamples":
     """The concrete samples of ``pipeline``'s step ``step`` under ``seed``."""
-    r_prompt, r_turns, r_resp, r_tool, r_obs, r_reward = step_rng(pipeline.name, step, seed)
+    r_prompt, r_turns, r_resp, r_tool, r_obs, r_reward, r_latent = step_rng(pipeline.name, step, seed)
     spp = pipeline.samples_per_prompt
     n = pipeline.prompts_per_step * spp
     cap = int(pipeline.max_response_len)
+    rho = float(getattr(pipeline, "group_correlation", 0.0) or 0.0)
+    correlated = rho > 0.0 and spp > 1
 
     prompt_len = np.repeat(_tokens(pipeline.prompt_len.sample(r_prompt, pipeline.prompts_per_step), 1), spp)
 
     if pipeline.turns is None:
         gen = np.minimum(_tokens(pipeline.response_len.sample(r_resp, n), 1), cap)
+        if correlated:
+            gen = correlate_within_groups(gen, np.arange(n) // spp, pipeline.prompts_per_step, rho, r_latent)
         turns = np.ones(n, dtype=np.int64)
         offset = np.arange(n + 1, dtype=np.int64)
         tool = np.zeros(n, dtype=np.float64)
@@ -89,6 +114,9 @@ def sample_step(pipeline, step: int, seed: int) -> "StepSamples":
         turns = np.clip(np.rint(pipeline.turns.sample(r_turns, n)), 1, cap).astype(np.int64)
         t_all = int(turns.sum())
         gen = _tokens(pipeline.response_len.sample(r_resp, t_all), 1)
+        if correlated:
+            prompt_of_turn = np.repeat(np.arange(n) // spp, turns)
+            gen = correlate_within_groups(gen, prompt_of_turn, pipeline.prompts_per_step, rho, r_latent)
         tool = np.maximum(pipeline.tool_latency_s.sample(r_tool, t_all), 0.0)
         obs = _tokens(pipeline.observation_len.sample(r_obs, t_all), 0)
         # generated tokens before each turn, within its sample

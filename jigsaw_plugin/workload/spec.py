@@ -59,7 +59,7 @@ _CLUSTER_KEYS = ("gpus", "gpu", "gpus_per_node")
 _PIPELINE_KEYS = (
     "name", "model", "algorithm", "mode", "staleness", "prompts_per_step", "samples_per_prompt",
     "max_response_len", "prompt_len", "response_len", "turns", "tool_latency_s", "observation_len",
-    "reward", "steps", "gpus", "rollout_tp",
+    "reward", "steps", "gpus", "rollout_tp", "group_correlation",
 )
 _AGENTIC_KEYS = ("turns", "tool_latency_s", "observation_len")
 _REWARD_KEYS = ("kind", "latency_s")
@@ -125,6 +125,9 @@ class PipelineSpec:
     steps: int
     gpus: int | None = None
     rollout_tp: int | None = None
+    # intra-class correlation of (normal scores of) response length among the samples of
+    # one prompt, in [0, 1); 0: independent samples (sampling.py, docs/workload.md)
+    group_correlation: float = 0.0
 
     @property
     def agentic(self) -> bool:
@@ -157,6 +160,8 @@ class PipelineSpec:
             d["gpus"] = self.gpus
         if self.rollout_tp is not None:
             d["rollout_tp"] = self.rollout_tp
+        if self.group_correlation:
+            d["group_correlation"] = self.group_correlation
         return d
 
 
@@ -363,12 +368,18 @@ def _pipeline(p: object, field: str, cluster: ClusterSpec, base_dir, where: str 
             raise SpecError(f"{field}.gpus", gpus, f"a multiple of rollout_tp ({tp})", where)
         if tp > cluster.gpus:
             raise SpecError(f"{field}.rollout_tp", tp, f"at most cluster.gpus ({cluster.gpus})", where)
+    rho = p.get("group_correlation")
+    rho = 0.0 if rho is None else rho
+    if not _is_number(rho) or not 0.0 <= rho < 1.0:
+        raise SpecError(f"{field}.group_correlation", rho,
+                        "a number in [0, 1): the correlation of response lengths among one prompt's samples "
+                        "(0 = independent)", where)
     return PipelineSpec(
         name=name, model=model, algorithm=algorithm, mode=mode, staleness=staleness,
         prompts_per_step=counts["prompts_per_step"], samples_per_prompt=counts["samples_per_prompt"],
         max_response_len=counts["max_response_len"], prompt_len=prompt_len, response_len=response_len,
         turns=turns, tool_latency_s=agentic["tool_latency_s"], observation_len=agentic["observation_len"],
-        reward=reward, steps=counts["steps"], gpus=gpus, rollout_tp=tp,
+        reward=reward, steps=counts["steps"], gpus=gpus, rollout_tp=tp, group_correlation=float(rho),
     )
 
 

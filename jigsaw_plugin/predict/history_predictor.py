@@ -1,0 +1,178 @@
+"""``HistoryPredictor``: remaining tokens of in-flight requests from what has finished.
+
+For each request (turn bin ``t``, ``g`` tokens generated, budget ``cap``) it predicts
+``E[min(L, cap) | L > g] - g`` under the capped log-normal of ``model.py``, where the
+request's log-length distribution combines:
+
+(a) the pipeline's per-turn marginal, learned online from the ``PriorConfig`` prior on;
+(b) its GRPO group: the posterior of the group effect ``b`` from the finished turns of the
+    same (step, group) (``k`` standardised residuals, shrinkage ``(1 - rho) / rho``);
+    siblings that are still running, and finished siblings that hit the cap, are censored
+    observations (``z > threshold``) and enter by EM: each is replaced by
+    ``E[z | z > threshold, b]``, ``b`` re-estimated, ``em_iterations`` times. This is what
+    keeps the estimate from the short-first bias: a group whose first finishers are short
+    but whose other members are already long is not taken for a short group. A request
+    never counts itself (leave-one-out); its own condition ``L > g`` enters in the
+    truncated mean. The posterior variance counts only uncensored evidence (conservative);
+(c) earlier epochs of the same ``prompt_key``: their residuals are extra observations of
+    ``b``, each worth ``PriorConfig.epoch_weight`` of a sibling.
+
+The predictive of ``log L`` is then ``N(mu_t + sigma_t * b_hat, sigma_t^2 (post_var + 1 - rho))``.
+Everything on the per-call path is vectorised; the model (marginals, rho) is refitted only
+when the history grew by more than 1/64 (or at least one record) since the last fit or a
+new step appeared.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.hookspecs import hookimpl
+from jigsaw_plugin.predict.batch import RequestBatch
+from jigsaw_plugin.predict.config import PriorConfig
+from jigsaw_plugin.predict.history import LengthHistory
+from jigsaw_plugin.predict.lognormal import expected_remaining
+from jigsaw_plugin.predict.model import LengthModel, fit_model
+from jigsaw_plugin.predict.normal import inv_mills
+
+__all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
+
+_REFIT_FRACTION = 64  # refit once the history grew by count / 64 records
+
+
+@dataclass(frozen=True)
+class PredictorFeatures:
+    """Which evidence the predictor uses (everything by default; the rest are ablations)."""
+
+    condition_on_generated: bool = True  # E[L - g | L > g]; False: E[L] - g
+    siblings: bool = True  # the GRPO group effect (b)
+    earlier_epochs: bool = True  # the same prompt_key's earlier lengths (c)
+    em_iterations: int = 2  # censored siblings: EM steps
+
+    def __post_init__(self) -> None:
+        if isinstance(self.em_iterations, bool) or not isinstance(self.em_iterations, int) \
+                or not 1 <= self.em_iterations <= 20:
+            raise SpecError("PredictorFeatures.em_iterations", self.em_iterations, "an integer in [1, 20]")
+
+
+def clip_to_budget(remaining: np.ndarray, generated: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+    """Clip to ``[1, max_tokens - generated]`` (``[0, 0]`` where nothing is left)."""
+    budget = np.subtract(max_tokens, generated)
+    np.maximum(budget, 0.0, out=budget)
+    out = np.maximum(remaining, np.minimum(1.0, budget))
+    return np.minimum(out, budget, out=out)
+
+
+class HistoryPredictor:
+    """The built-in length predictor (a pluggy plugin; see the module docstring)."""
+
+    name = "history"
+
+    def __init__(self, prior: PriorConfig = PriorConfig(), features: PredictorFeatures = PredictorFeatures()):
+        if not isinstance(prior, PriorConfig):
+            raise SpecError("HistoryPredictor.prior", prior, "a predict.PriorConfig")
+        if not isinstance(features, PredictorFeatures):
+            raise SpecError("HistoryPredictor.features", features, "a predict.PredictorFeatures")
+        self.prior = prior
+        self.features = features
+        self._models: weakref.WeakKeyDictionary[LengthHistory, LengthModel] = weakref.WeakKeyDictionary()
+
+    @hookimpl
+    def jigsaw_predict_remaining(self, pipeline: str, requests, history) -> np.ndarray | None:
+        if not isinstance(history, LengthHistory):
+            return None  # not ours to answer: no history to learn from
+        return self.predict(requests, history)
+
+    def model(self, history: LengthHistory) -> LengthModel:
+        """The fitted model of ``history`` (cached; see the refit rule above)."""
+        m = self._models.get(history)
+        if m is None or m.newest_step != history.newest_step or \
+                history.count >= m.count + max(1, m.count // _REFIT_FRACTION):
+            m = self._models[history] = fit_model(history, self.prior)
+        return m
+
+    def predict(self, requests, history: LengthHistory) -> np.ndarray:
+        """Predicted remaining tokens, one per request (a tuple of ``RequestView``-like
+        records or a ``RequestBatch``), clipped to ``[1, max_tokens - generated]``."""
+        if not isinstance(history, LengthHistory):
+            raise SpecError("history", type(history).__name__, "a predict.LengthHistory")
+        batch = RequestBatch.of(requests)
+        if len(batch) == 0:
+            return np.zeros(0)
+        model = self.model(history)
+        tb = np.minimum(batch.turn, history.turn_bins - 1)
+        mu = model.mu[tb]
+        sd = model.sigma[tb]
+        g = batch.generated
+        if self.features.siblings:
+            b, post_var = self._group_effect(batch, history, model, tb, mu, sd)
+        else:
+            b, post_var = 0.0, model.rho
+        m = mu + sd * b
+        v = sd * sd * (post_var + 1.0 - model.rho)
+        rem = expected_remaining(m, v, g, np.maximum(batch.max_tokens, 1.0), self.features.condition_on_generated)
+        return clip_to_budget(rem, g, batch.max_tokens)
+
+    def _group_effect(self, batch: RequestBatch, history: LengthHistory, model: LengthModel,
+                      tb: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(b_hat, posterior variance of b) per request: see (b) and (c) above."""
+        first_step = int(batch.step.min())
+        steps = range(first_step, int(batch.step.max()) + 1)
+        if len(steps) > 4 * history.window_steps:  # scattered steps: index the ones present
+            steps = np.unique(batch.step).tolist()
+            slot = np.searchsorted(steps, batch.step)
+        else:
+            slot = batch.step - first_step
+        tables = [history.group_table(s) for s in steps]
+        width = max([int(batch.group.max()) + 1] + [t.groups for t in tables if t is not None])
+        key = slot * width + batch.group
+        nkeys = len(steps) * width
+
+        obs_n = np.zeros(nkeys)  # uncensored finished evidence (epoch-weighted)
+        obs_z = np.zeros(nkeys)  # sum of its standardised residuals
+        cap_n = np.zeros(nkeys)  # finished siblings that hit the cap
+        cap_thr = np.zeros(nkeys)  # sum of their thresholds (standardised log cap)
+        thr_t = (history.log_max_tokens - model.mu) / model.sigma
+        for i, tab in enumerate(tables):
+            if tab is None:
+                continue
+            rows = slice(i * width, i * width + tab.groups)
+            obs_n[rows] = tab.count.sum(axis=1)
+            obs_z[rows] = ((tab.sum_log - tab.count * model.mu) / model.sigma).sum(axis=1)
+            cap_n[rows] = tab.capped.sum(axis=1)
+            cap_thr[rows] = (tab.capped * thr_t).sum(axis=1)
+        if self.features.earlier_epochs and batch.prompt_keys is not None:
+            self._add_epochs(batch, history, model, key, obs_n, obs_z)
+        cap_thr = cap_thr / np.maximum(cap_n, 1.0)
+
+        rho = model.rho
+        se = math.sqrt(1.0 - rho)
+        shrink = (1.0 - rho) / rho
+        with np.errstate(divide="ignore"):
+            # a request that has generated nothing says nothing (threshold -inf)
+            c = np.where(batch.generated > 0, (np.log(np.maximum(batch.generated, 0.5)) - mu) / sd, -np.inf)
+        k = obs_n + cap_n + np.bincount(key, minlength=nkeys)
+        b = obs_z / (obs_n + shrink)
+        for _ in range(self.features.em_iterations):
+            bj = b[key]
+            imputed = bj + se * inv_mills((c - bj) / se)
+            s = obs_z + cap_n * (b + se * inv_mills((cap_thr - b) / se)) + np.bincount(key, imputed, nkeys)
+            b = s / (k + shrink)
+        b_own = (s[key] - imputed) / (k[key] - 1.0 + shrink)  # leave the request itself out
+        post_var = 1.0 / (1.0 / rho + obs_n[key] / (1.0 - rho))
+        return b_own, post_var
+
+    def _add_epochs(self, batch: RequestBatch, history: LengthHistory, model: LengthModel, key: np.ndarray,
+                    obs_n: np.ndarray, obs_z: np.ndarray) -> None:
+        """Earlier-epoch lengths of each group's prompt as extra, down-weighted evidence."""
+        groups, first = np.unique(key, return_index=True)
+        keys = [batch.prompt_keys[i] for i in first.tolist()]
+        ev = history.prompt_evidence(keys, batch.step[first])
+        w = self.prior.epoch_weight
+        obs_n[groups] += w * ev.count.sum(axis=1)
+        obs_z[groups] += w * ((ev.sum_log - ev.count * model.mu) / model.sigma).sum(axis=1)

@@ -1,0 +1,75 @@
+"""The capped log-normal: truncated means and a censored fit, vectorised.
+
+A response's length is modelled as ``L = min(L*, cap)`` with ``log L* ~ N(m, v)``: the
+point mass at the cap is DAPO's truncation (a response that hits ``max_tokens`` stops
+there). Two operations:
+
+* ``expected_remaining``: ``E[min(L*, cap) | L* > g] - g`` for a request that has
+  generated ``g`` tokens and is still running, formed from log tail probabilities
+  (``normal.log_sf``) so it stays finite far into the tail;
+* ``fit_censored``: the maximum-likelihood ``(m, v)`` of lengths of which some are capped
+  (censored at ``log cap``), by EM on sufficient statistics, with a normal prior worth a
+  pseudo-count, for several independent series at once (one per turn bin).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jigsaw_plugin.predict.normal import inv_mills, log_sf
+
+__all__ = ["expected_remaining", "fit_censored", "SIGMA_FLOOR"]
+
+SIGMA_FLOOR = 0.05  # a degenerate history (every length equal) still gets a spread
+_EM_ITERATIONS = 30
+
+
+def expected_remaining(m: np.ndarray, v: np.ndarray, generated: np.ndarray, cap: np.ndarray,
+                       condition: bool = True) -> np.ndarray:
+    """``E[min(L*, cap) | L* > generated] - generated`` for ``log L* ~ N(m, v)``.
+
+    ``condition=False`` drops the condition (the unconditioned marginal, an ablation).
+    The result is not clipped; callers clip it to the request's budget.
+    """
+    s = np.sqrt(v)
+    log_cap = np.log(cap)
+    beta = (log_cap - m) / s
+    if condition:
+        alpha = (np.log(np.maximum(generated, 0.5)) - m) / s
+        lq_alpha = log_sf(alpha)
+        lq_alpha_s = log_sf(alpha - s)
+    else:
+        lq_alpha = 0.0
+        lq_alpha_s = 0.0
+    lq_beta = log_sf(beta)
+    lq_beta_s = log_sf(beta - s)
+    with np.errstate(over="ignore", invalid="ignore"):
+        # E[L*; g < L* < cap] / Q(alpha) = e^{m + v/2} (Q(alpha - s) - Q(beta - s)) / Q(alpha)
+        below_cap = np.exp(m + 0.5 * v + lq_alpha_s - lq_alpha) * -np.expm1(lq_beta_s - lq_alpha_s)
+        at_cap = cap * np.exp(lq_beta - lq_alpha)  # cap * P(L* >= cap | L* > g)
+    out = np.where(np.isfinite(below_cap), below_cap, 0.0) + np.where(np.isfinite(at_cap), at_cap, cap)
+    return out - generated
+
+
+def fit_censored(weight: np.ndarray, sum_log: np.ndarray, sumsq_log: np.ndarray, capped: np.ndarray,
+                 log_cap: float, prior_mean: np.ndarray, prior_var: np.ndarray, prior_weight: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, standard deviation) of log length per series, from uncapped statistics
+    (weight, sum, sum of squares), the weight of capped lengths (known only to exceed
+    ``log_cap``) and a normal prior worth ``prior_weight`` observations."""
+    n = weight + capped + prior_weight
+    base_sum = sum_log + prior_weight * prior_mean
+    base_sq = sumsq_log + prior_weight * (prior_var + prior_mean**2)
+    mu = (base_sum + capped * log_cap) / n
+    var = np.maximum(base_sq / n - mu**2, SIGMA_FLOOR**2)
+    if not np.any(capped > 0):
+        return mu, np.sqrt(var)
+    for _ in range(_EM_ITERATIONS):
+        sd = np.sqrt(var)
+        a = (log_cap - mu) / sd
+        lam = inv_mills(a)
+        e_y = mu + sd * lam  # E[y | y > log_cap]
+        e_yy = var * (1.0 + a * lam - lam**2) + e_y**2
+        mu = (base_sum + capped * e_y) / n
+        var = np.maximum((base_sq + capped * e_yy) / n - mu**2, SIGMA_FLOOR**2)
+    return mu, np.sqrt(var)

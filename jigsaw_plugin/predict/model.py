@@ -1,0 +1,91 @@
+"""The fitted length model of one pipeline: per-turn log-normal marginals and the GRPO
+group share of variance.
+
+Model (log scale, standardised per turn bin ``t``)::
+
+    log L = mu_t + sigma_t * z,   z = b_group + e,   b ~ N(0, rho),  e ~ N(0, 1 - rho)
+
+``mu_t, sigma_t``: the censored MLE (``lognormal.fit_censored``) of the turn bin's finished
+lengths, with the pooled all-turn fit as its prior (worth ``PriorConfig.weight``), which in
+turn has the ``PriorConfig`` log-normal as its prior. ``rho``: the intra-class correlation
+of ``z`` among the finished turns of one (step, group), the one-way ANOVA estimator over the
+groups of held steps older than the newest (in a synchronous pipeline those groups are
+complete; the newest step's groups are not, and the short responses that finish first would
+make them look tighter than they are), pooled with ``PriorConfig.group_icc`` worth
+``group_icc_weight`` groups. Capped lengths are left out of ``rho`` (their value is unknown).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from jigsaw_plugin.predict.config import PriorConfig
+from jigsaw_plugin.predict.history import LengthHistory
+from jigsaw_plugin.predict.lognormal import fit_censored
+
+__all__ = ["LengthModel", "fit_model", "RHO_RANGE"]
+
+RHO_RANGE = (1e-4, 0.95)  # keeps both variance components positive
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    mu: np.ndarray  # float64[T]: mean log length per turn bin
+    sigma: np.ndarray  # float64[T]: standard deviation of log length per turn bin
+    rho: float  # share of the variance of z between GRPO groups
+    groups_used: int  # finished groups behind the rho estimate (0: the prior alone)
+    count: int  # history.count when fitted
+    newest_step: int
+
+
+def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
+    st = history.marginal()
+    mu0 = np.array([math.log(prior.median_fraction * history.max_tokens)])
+    var0 = np.array([prior.sigma**2])
+    pooled_mu, pooled_sd = fit_censored(
+        np.array([st.weight.sum()]), np.array([st.sum_log.sum()]), np.array([st.sumsq_log.sum()]),
+        np.array([st.capped.sum()]), history.log_max_tokens, mu0, var0, prior.weight)
+    t = history.turn_bins
+    mu, sd = fit_censored(st.weight, st.sum_log, st.sumsq_log, st.capped, history.log_max_tokens,
+                          np.full(t, pooled_mu[0]), np.full(t, pooled_sd[0] ** 2), prior.weight)
+    rho_hat, groups = _group_icc(history, mu, sd)
+    w0 = prior.group_icc_weight
+    rho = (w0 * prior.group_icc + groups * rho_hat) / (w0 + groups)
+    rho = float(min(max(rho, RHO_RANGE[0]), RHO_RANGE[1]))
+    return LengthModel(mu, sd, rho, groups, history.count, history.newest_step)
+
+
+def _group_icc(history: LengthHistory, mu: np.ndarray, sd: np.ndarray) -> tuple[float, int]:
+    """ANOVA ICC(1) of standardised log lengths over the held groups of older steps."""
+    n_parts, z_parts, zz_parts = [], [], []
+    for step in history.window():
+        if step >= history.newest_step:
+            continue
+        tab = history.group_table(step)
+        n = tab.count
+        z = ((tab.sum_log - n * mu) / sd).sum(axis=1)
+        zz = ((tab.sumsq_log - 2.0 * mu * tab.sum_log + n * mu**2) / sd**2).sum(axis=1)
+        ng = n.sum(axis=1)
+        keep = ng >= 2
+        n_parts.append(ng[keep])
+        z_parts.append(z[keep])
+        zz_parts.append(zz[keep])
+    if not n_parts:
+        return 0.0, 0
+    ng, z, zz = np.concatenate(n_parts), np.concatenate(z_parts), np.concatenate(zz_parts)
+    g = len(ng)
+    total = ng.sum()
+    if g < 2 or total <= g:
+        return 0.0, 0
+    between_ss = (z**2 / ng).sum() - z.sum() ** 2 / total
+    within_ss = zz.sum() - (z**2 / ng).sum()
+    msb = between_ss / (g - 1)
+    msw = within_ss / (total - g)
+    k0 = (total - (ng**2).sum() / total) / (g - 1)
+    denom = msb + (k0 - 1.0) * msw
+    if denom <= 0:
+        return 0.0, 0
+    return float(min(max((msb - msw) / denom, 0.0), RHO_RANGE[1])), g
