@@ -232,3 +232,63 @@ def test_demo_step_8192_is_fast():
             times.append(time.perf_counter() - t)
         assert s.n == 8192
         assert np.median(times) < 0.05, f"{p.name}: {np.median(times) * 1e3:.1f} ms"
+
+
+# --------------------------------------------------------------------------- group_correlation
+
+
+def _normal_score_icc(values: np.ndarray, group_of: np.ndarray) -> float:
+    """ICC(1) of the normal scores of ``values`` among groups (ties get random order: the
+    draws are continuous before rounding, so ties are rare)."""
+    from jigsaw_plugin.predict.normal import ppf
+
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values, kind="stable")] = np.arange(1, len(values) + 1)
+    z = ppf((ranks - 0.5) / len(values))
+    sizes = np.bincount(group_of).astype(float)
+    sums = np.bincount(group_of, z)
+    g, n = len(sizes), sizes.sum()
+    msw = ((z * z).sum() - (sums**2 / sizes).sum()) / (n - g)
+    msb = ((sums**2 / sizes).sum() - sums.sum() ** 2 / n) / (g - 1)
+    k0 = (n - (sizes**2).sum() / n) / (g - 1)
+    return (msb - msw) / (msb + (k0 - 1) * msw)
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.1, 0.4, 0.8])
+def test_group_correlation_is_measurable(rho):
+    p = pipeline(prompts_per_step=1500, samples_per_prompt=8, max_response_len=100_000, group_correlation=rho)
+    s = sample_step(p, step=0, seed=3)
+    icc = _normal_score_icc(s.gen_tokens.astype(float), np.arange(s.n) // 8)
+    assert abs(icc - rho) < 0.05, (rho, icc)
+
+
+def test_group_correlation_keeps_the_multiset_and_other_fields():
+    kw = dict(prompts_per_step=64, samples_per_prompt=8)
+    s0 = sample_step(pipeline(**kw), step=2, seed=5)
+    s1 = sample_step(pipeline(group_correlation=0.6, **kw), step=2, seed=5)
+    assert not np.array_equal(s0.gen_tokens, s1.gen_tokens)  # permuted ...
+    assert np.array_equal(np.sort(s0.gen_tokens), np.sort(s1.gen_tokens))  # ... not redrawn
+    assert s0.gen_tokens.sum() == s1.gen_tokens.sum()
+    for f in ("prompt_len", "turns", "turn_offset", "tool_latency_s", "observation_len", "reward_latency_s"):
+        assert np.array_equal(getattr(s0, f), getattr(s1, f)), f
+    # seeded: the same seed gives the same permutation
+    assert np.array_equal(s1.gen_tokens, sample_step(pipeline(group_correlation=0.6, **kw), step=2, seed=5).gen_tokens)
+
+
+def test_group_correlation_zero_is_the_old_sampler():
+    explicit = sample_step(pipeline(group_correlation=0.0), step=1, seed=9)
+    absent = sample_step(pipeline(), step=1, seed=9)
+    for f in ("prompt_len", "gen_tokens", "turns", "reward_latency_s"):
+        assert np.array_equal(getattr(explicit, f), getattr(absent, f))
+
+
+def test_group_correlation_agentic_turns():
+    kw = dict(prompts_per_step=800, samples_per_prompt=8, max_response_len=1_000_000, **AGENTIC)
+    s0 = sample_step(pipeline(**kw), step=0, seed=1)
+    s1 = sample_step(pipeline(group_correlation=0.5, **kw), step=0, seed=1)
+    check_invariants(s1, pipeline(group_correlation=0.5, **kw))
+    assert np.array_equal(s0.turns, s1.turns)  # no cap reached: same turns ...
+    assert np.array_equal(np.sort(s0.gen_tokens), np.sort(s1.gen_tokens))  # ... and the same turn lengths
+    prompt_of_turn = np.repeat(np.arange(s1.n) // 8, s1.turns)
+    assert abs(_normal_score_icc(s1.gen_tokens.astype(float), prompt_of_turn) - 0.5) < 0.06
+    assert abs(_normal_score_icc(s0.gen_tokens.astype(float), prompt_of_turn)) < 0.03

@@ -451,3 +451,26 @@ def test_doc_names_every_key_and_distribution():
         assert f"`{name}`" in text, name
     for kind in DISTRIBUTIONS:
         assert f"| `{kind}` |" in text, kind
+
+
+# --------------------------------------------------------------------------- group_correlation
+
+
+def test_group_correlation_default_and_round_trip():
+    assert parse_workload(copy.deepcopy(BASE)).pipelines[0].group_correlation == 0.0
+    data = copy.deepcopy(BASE)
+    data["pipelines"][0]["group_correlation"] = 0.084
+    w = parse_workload(data)
+    assert w.pipelines[0].group_correlation == 0.084
+    assert parse_workload(w.to_dict()).pipelines == w.pipelines
+    assert "group_correlation" not in parse_workload(copy.deepcopy(BASE)).to_dict()["pipelines"][0]
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5, "high", True, [0.1], float("nan")])
+def test_bad_group_correlation_is_spec_error(value):
+    data = copy.deepcopy(BASE)
+    data["pipelines"][0]["group_correlation"] = value
+    with pytest.raises(SpecError) as e:
+        parse_workload(data)
+    assert e.value.field == "pipelines[0].group_correlation"
+    assert "[0, 1)" in e.value.allowed
