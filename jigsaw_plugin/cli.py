@@ -122,6 +122,8 @@ def cmd_demo(args) -> int:
     from jigsaw_plugin.sim import simulate
     from jigsaw_plugin.workload import load_workload
 
+    if args.out is None:
+        args.out = "runs/demo-real" if args.real else "runs/demo"
     if args.real:
         return _demo_real(args)
     path = Path(args.workload) if args.workload else bundled_workload("demo.yaml")
@@ -308,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--real", action="store_true", help="run verl-sync vs jigsaw for real (needs the [cpu] extra)")
     d.add_argument("--repeats", type=int, default=3, help="--real: side-by-side runs per policy")
-    d.add_argument("--out", default="runs/demo", metavar="DIR",
-                   help="folder for the A/B report and figures (default ./runs/demo; '' for none)")
+    d.add_argument("--out", metavar="DIR", help="folder for the A/B report and figures (default ./runs/demo, "
+                   "with --real ./runs/demo-real; '' for none)")
     d.set_defaults(func=cmd_demo)
 
     dr = _sub(sub, "doctor", "check the set-up: hosts and versions, entry points, devices, and a verdict "
