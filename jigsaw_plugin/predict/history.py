@@ -17,7 +17,8 @@ predictors. What is kept, and why it is bounded:
 * **Prompts**: per ``prompt_key`` (at most ``max_prompt_keys``, least recently recorded
   dropped), the per-turn-bin counts and log-length sum of earlier steps and of its newest
   step, so a request of step ``s`` reads the evidence from steps before ``s`` only.
-* **Recent**: a ring of the last ``recent_max`` (turn, length) pairs, for inspection.
+* **Recent**: a ring of the last ``recent_max`` (turn, length) pairs: the empirical
+  shape of the length distribution (``model.py``) and inspection.
 
 Lengths are clipped to ``[1, max_tokens]`` before taking logs.
 """
@@ -243,13 +244,17 @@ class LengthHistory:
         """The finished (turn, length) pairs of one GRPO group of a step in the window."""
         return tuple((t, n) for g, t, n in self._records.get(step, ()) if g == group)
 
-    def recent_lengths(self, turn: int | None = None) -> np.ndarray:
-        """The last ``recent_max`` finished lengths (of one turn index if given), oldest first."""
+    def recent(self) -> tuple[np.ndarray, np.ndarray]:
+        """(turns, lengths) of the last ``recent_max`` finished turns, oldest first (copies)."""
         n = min(self._count, len(self._recent_len))
         start = self._count % len(self._recent_len) if self._count > n else 0
         order = (np.arange(n) + start) % len(self._recent_len)
-        lengths, turns = self._recent_len[order], self._recent_turn[order]
-        return lengths.copy() if turn is None else lengths[turns == turn]
+        return self._recent_turn[order], self._recent_len[order]
+
+    def recent_lengths(self, turn: int | None = None) -> np.ndarray:
+        """The last ``recent_max`` finished lengths (of one turn index if given), oldest first."""
+        turns, lengths = self.recent()
+        return lengths if turn is None else lengths[turns == turn]
 
     def prompt_lengths_before(self, prompt_key: str, step: int) -> PromptEvidence | None:
         """Per-turn-bin counts and log-length sums of ``prompt_key``'s turns recorded for

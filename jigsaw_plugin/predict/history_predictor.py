@@ -18,6 +18,11 @@ request's log-length distribution combines:
     ``b``, each worth ``PriorConfig.epoch_weight`` of a sibling.
 
 The predictive of ``log L`` is then ``N(mu_t + sigma_t * b_hat, sigma_t^2 (post_var + 1 - rho))``.
+The log-normal gives the *relative* effect of (b) and (c): the prediction is the
+turn bin's empirical ``E[min(L, cap) | L > g] - g`` over recent finished lengths
+(``model.Empirical``; shrunk toward the log-normal's where few recent lengths exceed ``g``:
+weight ``k / (k + 16)``), times the ratio of the log-normal's remaining tokens with and
+without the group evidence.
 Everything on the per-call path is vectorised; the model (marginals, rho) is refitted only
 when the history grew by more than 1/64 (or at least one record) since the last fit or a
 new step appeared.
@@ -43,6 +48,7 @@ from jigsaw_plugin.predict.normal import inv_mills
 __all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
 
 _REFIT_FRACTION = 64  # refit once the history grew by count / 64 records
+_TAIL_SHRINK = 16.0  # recent lengths above g worth as much as the log-normal tail
 
 
 @dataclass(frozen=True)
@@ -109,14 +115,34 @@ class HistoryPredictor:
         mu = model.mu[tb]
         sd = model.sigma[tb]
         g = batch.generated
+        cap = np.maximum(batch.max_tokens, 1.0)
+        condition = self.features.condition_on_generated
+        marginal = expected_remaining(mu, sd * sd, g, cap, condition)
+        base = self._empirical(model, tb, g if condition else np.zeros_like(g), cap, marginal)
+        if not condition:
+            base = base - g
         if self.features.siblings:
             b, post_var = self._group_effect(batch, history, model, tb, mu, sd)
-        else:
-            b, post_var = 0.0, model.rho
-        m = mu + sd * b
-        v = sd * sd * (post_var + 1.0 - model.rho)
-        rem = expected_remaining(m, v, g, np.maximum(batch.max_tokens, 1.0), self.features.condition_on_generated)
-        return clip_to_budget(rem, g, batch.max_tokens)
+            grouped = expected_remaining(mu + sd * b, sd * sd * (post_var + 1.0 - model.rho), g, cap, condition)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                base = base * np.where(marginal > 0, grouped / marginal, 1.0)
+        return clip_to_budget(base, g, batch.max_tokens)
+
+    @staticmethod
+    def _empirical(model: LengthModel, tb: np.ndarray, g: np.ndarray, cap: np.ndarray,
+                   marginal: np.ndarray) -> np.ndarray:
+        """The empirical remaining tokens per request, shrunk toward the log-normal's."""
+        out = marginal.copy()
+        bins = range(len(model.empirical)) if tb.max() > 0 else (0,)
+        for b in bins:
+            emp = model.empirical[b]
+            if emp is None:
+                continue
+            sel = slice(None) if len(bins) == 1 else tb == b
+            mean, k = emp.remaining(g[sel], cap[sel])
+            w = k / (k + _TAIL_SHRINK)
+            out[sel] = w * mean + (1.0 - w) * marginal[sel]
+        return out
 
     def _group_effect(self, batch: RequestBatch, history: LengthHistory, model: LengthModel,
                       tb: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
