@@ -236,6 +236,12 @@ class ReferenceTrainer:
         self._grads[int(index)] = torch.autograd.grad(loss, params, allow_unused=True)
         return dict(st, loss=float(loss.detach()), time_s=time.perf_counter() - t0)
 
+    def take_gradient(self, index: int) -> tuple:
+        """Remove and return the kept gradient of micro-batch ``index`` (one tensor or None
+        per trainable parameter, ``model.parameters()`` order): for checks and measurements;
+        ``optimizer_step`` consumes them otherwise."""
+        return self._grads.pop(int(index))
+
     def optimizer_step(self, indices) -> float:
         """Sum the kept gradients of micro-batches ``indices`` in index order (not in the
         order they finished), clip, one optimizer step; returns the norm before clipping."""
