@@ -41,26 +41,32 @@ RHO_RANGE = (1e-4, 0.95)  # keeps both variance components positive
 
 @dataclass(frozen=True, eq=False)
 class Empirical:
-    """Recent finished lengths of one turn bin, sorted, with suffix sums."""
+    """Recent finished lengths of one turn bin, sorted, with suffix sums and, for every
+    token count 0..max_tokens, how many lengths are <= it and < it (lookups instead of
+    binary searches on the per-call path)."""
 
     lengths: np.ndarray  # float64[n], ascending
     suffix: np.ndarray  # float64[n + 1]: suffix[i] = lengths[i:].sum()
+    count_le: np.ndarray  # int32[max_tokens + 1]
+    count_lt: np.ndarray  # int32[max_tokens + 1]
 
     @classmethod
-    def of(cls, lengths: np.ndarray) -> "Empirical":
+    def of(cls, lengths: np.ndarray, max_tokens: int) -> "Empirical":
         x = np.sort(np.asarray(lengths, dtype=np.float64))
         suffix = np.zeros(len(x) + 1)
         suffix[:-1] = np.cumsum(x[::-1])[::-1]
-        return cls(x, suffix)
+        grid = np.arange(int(max_tokens) + 1, dtype=np.float64)
+        return cls(x, suffix, np.searchsorted(x, grid, side="right").astype(np.int32),
+                   np.searchsorted(x, grid, side="left").astype(np.int32))
 
     def remaining(self, generated: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(E[min(L, cap) | L > g] - g, how many recent lengths exceed g) per request; the
-        mean is 0 where none does (give it no weight)."""
+        mean is 0 where none does (give it no weight). g and cap are read as whole tokens."""
         n = len(self.lengths)
-        above = np.searchsorted(self.lengths, generated, side="right")
-        at_cap = np.searchsorted(self.lengths, cap, side="left")
+        top = len(self.count_le) - 1
+        above = self.count_le[np.clip(generated, 0, top).astype(np.intp)]
+        at_cap = np.maximum(self.count_lt[np.clip(cap, 0, top).astype(np.intp)], above)
         k = (n - above).astype(np.float64)
-        at_cap = np.maximum(at_cap, above)
         total = self.suffix[above] - self.suffix[at_cap] + cap * (n - at_cap)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(k > 0, total / k - generated, 0.0)
@@ -94,7 +100,8 @@ def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
     rho = float(min(max(rho, RHO_RANGE[0]), RHO_RANGE[1]))
     turns, lengths = history.recent()
     bins = np.minimum(turns, t - 1)
-    empirical = tuple(Empirical.of(lengths[bins == b]) if np.any(bins == b) else None for b in range(t))
+    empirical = tuple(Empirical.of(lengths[bins == b], history.max_tokens) if np.any(bins == b) else None
+                      for b in range(t))
     return LengthModel(mu, sd, rho, groups, history.count, history.newest_step, empirical)
 
 
