@@ -31,7 +31,7 @@ def _fmt(v, digits: int = 2) -> str:
     if isinstance(v, bool) or isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return f"{v:,.{digits if abs(v) < 1000 else 0}f}"
+        return f"{v:,.{digits}f}"
     return str(v)
 
 
@@ -95,9 +95,10 @@ def _real_run_lines(bench: dict) -> list[str]:
                      f"({sim['baseline']:.2f} / {sim['candidate']:.2f} samples/s)")
     for side in SIDES:
         m = bench[side].get("measured", {})
-        if "engine_start_s" in m:
-            lines.append(f"- {side} ({_name(bench[side])}): engines started in {m['engine_start_s']:.0f} s, "
-                         f"run wall time {m.get('wall_s', 0):.1f} s")
+        if "wall_s" in m:
+            start = m.get("engine_start_s", 0.0)
+            started = f"engines started in {start:.0f} s" if start >= 1 else "engines already running (warm-up)"
+            lines.append(f"- {side} ({_name(bench[side])}): {started}, run wall time {m['wall_s']:.1f} s")
     return lines
 
 
@@ -115,7 +116,9 @@ def report_markdown(saved: SavedRun, figures: list[str], traces: dict[str, str])
               "|---|---|---|---|"]
     for label, vb, vc in _summary_rows(b, c):
         ratio = "" if label.startswith(_NO_RATIO) else _ratio(vb, vc)
-        lines.append(f"| {label} | {_fmt(vb)} | {_fmt(vc)} | {ratio} |")
+        big = max((abs(v) for v in (vb, vc) if isinstance(v, float)), default=0.0) >= 1000
+        digits = 0 if big else 2  # one format per row: 1,180 next to 951, not next to 951.01
+        lines.append(f"| {label} | {_fmt(vb, digits)} | {_fmt(vc, digits)} | {ratio} |")
     lines += ["", "## Per pipeline: the latency trade-off", "",
               "Mean step time of each pipeline under the baseline and under the candidate "
               "(ratio < 1: the candidate's steps are shorter).", "",
