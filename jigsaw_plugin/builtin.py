@@ -22,7 +22,8 @@ class SchedulerPlugin:
 
 
 class CostModelPlugin:
-    """Answers ``jigsaw_predict_duration`` for training stages, prefill and weight sync.
+    """Answers ``jigsaw_predict_duration`` for training stages, prefill, decode steps,
+    context switches and weight sync.
 
     ``models`` maps pipeline names to model profiles; kinds it does not price return
     ``None`` so that another plugin may.
@@ -48,6 +49,8 @@ class CostModelPlugin:
         if kind == "weight_sync":
             return self.cost.weight_sync_s(model, colocated=bool(sizes.get("colocated", True)),
                                            cross_node=bool(sizes.get("cross_node", False)))
+        if kind == "context_switch":
+            return self.cost.context_switch_s(model, n, train_state=bool(sizes.get("train_state", False)))
         if kind == "decode_step":
             return self.cost.decode_step_s(model, n, int(sizes.get("batch", 1)), float(sizes.get("kv_tokens", 0)))
         return None

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Import paths of the plugins every manager registers (built-in features). Extend here.
-DEFAULT_PLUGINS: list[str] = []
+DEFAULT_PLUGINS: list[str] = ["jigsaw_plugin.predict.default_plugin"]  # the length predictor
 
 ENTRY_POINT_GROUP = PROJECT
 #: Set to a non-empty value to skip entry-point plugins (a broken one blocks every run).

@@ -139,13 +139,12 @@ def test_stage_runner_records_when_an_engine_cannot_take_weights():
 
 
 def test_live_world_hands_each_step_s_tokens_to_the_stage_runner():
-    """LiveWorld (EMULATED engines) calls the runner for every training stage with the
+    """The live executor (EMULATED engines) calls the runner for every training stage with the
     step's samples: the prompt shared by a prompt's samples, the generated tokens, the
     group, and a response mask with observations at 0 (agentic pipeline)."""
     from jigsaw_plugin.costmodel import CostModel, hardware_profile
-    from jigsaw_plugin.runtime.live import LiveWorld
+    from jigsaw_plugin.runtime.live import LiveExecutor
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim.engine import Simulation
     from sim_helpers import small_workload
 
     cost = CostModel(hardware_profile("h100"))
@@ -159,9 +158,8 @@ def test_live_world_hands_each_step_s_tokens_to_the_stage_runner():
 
     trainers = {"p0": _FakeTrainer(), "p1": _FakeTrainer()}
     runner = Recorder(trainers)
-    sim = Simulation(wl, get_policy("verl-sync"), seed=0)
     factory = lambda p, d: EmulatedEngine(cost, p.model, tp=len(d), time_scale=0.02)  # noqa: E731
-    live = LiveWorld(sim, factory, time_scale=0.02, stage_runner=runner)
+    live = LiveExecutor(wl, get_policy("verl-sync"), factory, seed=0, time_scale=0.02, stage_runner=runner)
     asyncio.run(asyncio.wait_for(live.run(), 60))
 
     order = {"p0": ["old_log_prob", "ref", "adv", "update_actor", "weight_sync"],

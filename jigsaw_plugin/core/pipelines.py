@@ -29,6 +29,7 @@ class StepRun:
     tokens: int = 0  # prompt + generated tokens of the whole batch (what training reads)
     generated: int = 0
     stage_t: dict = field(default_factory=dict)  # stage -> (start, end)
+    stages_done: set = field(default_factory=set)  # stages that have ended
     trained_version: int | None = None
     migrations: int = 0
 
@@ -100,14 +101,16 @@ class ObservedLengths:
     """Running means of finished trajectories (what a live host has seen): prompt tokens,
     generated tokens, whole context, turns. Empty until the first trajectory finishes."""
 
-    __slots__ = ("count", "_prompt", "_generated", "_context", "_turns")
+    __slots__ = ("count", "longest", "_prompt", "_generated", "_context", "_turns")
 
     def __init__(self):
         self.count = 0
+        self.longest = 0  # the longest trajectory's generated tokens
         self._prompt = self._generated = self._context = self._turns = 0.0
 
     def record(self, prompt: int, generated: int, context: int, turns: int) -> None:
         self.count += 1
+        self.longest = max(self.longest, generated)
         self._prompt += prompt
         self._generated += generated
         self._context += context

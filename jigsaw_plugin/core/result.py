@@ -1,4 +1,4 @@
-"""The result JSON of DESIGN.md section 5, built from a finished simulation."""
+"""The result JSON of DESIGN.md section 5, built from a finished run of either executor."""
 
 from __future__ import annotations
 
@@ -34,30 +34,31 @@ def _pipeline_result(p) -> dict:
     }
 
 
-def build_result(sim) -> dict:
-    w = sim.world
-    pipes = {p.name: _pipeline_result(p) for p in sim.pipelines}
-    makespan = max((p.finished_t or 0.0) for p in sim.pipelines)
+def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
+    """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
+    pipes = {p.name: _pipeline_result(p) for p in ex.order}
+    makespan = max((p.finished_t or 0.0) for p in ex.order)
     samples = sum(r["samples"] for r in pipes.values())
     tokens = sum(r["generated_tokens"] for r in pipes.values())
-    lat = np.asarray(sim.decision_us or [0.0])
-    gpus = sim.workload.cluster.gpus
+    lat = np.asarray(ex.decision_us or [0.0])
+    gpus = ex.gpus
     return {
-        "policy": sim.policy.name,
-        "backend": "sim",
-        "workload": str(sim.workload.path) if sim.workload.path else None,
-        "seed": sim.seed,
+        "policy": ex.policy.name,
+        "backend": backend,
+        "workload": str(ex.workload.path) if ex.workload.path else None,
+        "seed": ex.seed,
         "gpus": gpus,
         "makespan_s": makespan,
         "samples": samples,
         "samples_per_s": samples / makespan if makespan > 0 else 0.0,
         "tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
-        "gpu_busy_fraction": w.busy_s / (gpus * makespan) if makespan > 0 else 0.0,
+        "gpu_busy_fraction": ex.busy_s / (gpus * makespan) if makespan > 0 else 0.0,
         "pipelines": pipes,
+        "predictor": ex.prediction_log.summary(ex.predictor_name),
         "scheduler": {
-            "decisions": int(len(sim.decision_us)),
+            "decisions": int(len(ex.decision_us)),
             "decision_p50_us": float(np.percentile(lat, 50)),
             "decision_p99_us": float(np.percentile(lat, 99)),
         },
-        "sim": {"events": sim.events, "migrations": w.migrations},
+        "sim": {"events": events, "migrations": ex.migrations},
     }

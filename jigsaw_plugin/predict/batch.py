@@ -59,6 +59,13 @@ class RequestBatch:
         ``prompt_key``)."""
         if isinstance(requests, RequestBatch):
             return requests
+        if isinstance(getattr(requests, "generated", None), np.ndarray):  # columns already
+            # (scheduler.state.RequestBatch, what the executors pass)
+            keys = tuple(requests.prompt_key)
+            return cls(np.asarray(requests.step, np.int64), np.asarray(requests.group, np.int64),
+                       np.asarray(requests.turn, np.int64), np.asarray(requests.generated, np.float64),
+                       np.asarray(requests.max_tokens, np.float64),
+                       keys if any(k is not None for k in keys) else None)
         n = len(requests)
         ids = list(map(_ID, requests))
         step = np.fromiter(map(_STEP, ids), np.int64, n)

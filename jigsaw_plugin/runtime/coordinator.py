@@ -12,7 +12,7 @@ reference runtime talk to it through :class:`CoordinatorClient`:
   small ones), with rollout (``purpose="gen"``/``"rollout"``) first among the waiting,
   since generation is what a synchronous step waits on longest;
 - ``run_workload``: the reference runtime's path, where the coordinator itself runs a
-  scheduling policy from the registry on live engines (``runtime.live.LiveWorld``). The
+  scheduling policy from the registry on live engines (``runtime.live.LiveExecutor``). The
   engines it starts are its child actors, so they die with it (no orphans).
 
 The actor is named (``name`` in ``namespace``) so that any driver connected to the same

@@ -1,16 +1,17 @@
-"""LiveWorld: the same pure policies, executed on live rollout engines in real time.
+"""The live executor: the same policies and bookkeeping, on live rollout engines in real time.
 
-``LiveWorld`` presents the state shape the simulator's ``World`` presents (it subclasses it
-and reuses its bookkeeping: steps, versions, stage order, staleness checks, device
-claims, hooks) but its rollouts are real requests sent through a ``Router`` to engines
-made by ``engine_factory`` (vLLM engines, or EMULATED ones for control-plane tests), and
-time is the wall clock (``t`` in model seconds: wall seconds / ``time_scale``). Training
-stages run through ``stage_runner`` (default: the cost model's duration, slept), which is
-handed each sample's ``(prompt ids, response ids, prompt index, response mask)``
-(runtime/reference/stage_runner.py).
+``LiveExecutor`` is ``core.ExecutorCore`` (the simulator's sibling, not its subclass) plus
+live mechanics: rollouts are real requests sent through one ``Router`` per pipeline to
+engines made by ``engine_factory`` (vLLM engines, or EMULATED ones for control-plane
+tests); training stages run through ``stage_runner`` (default: the cost model's duration,
+slept), which is handed each sample's ``(prompt ids, response ids, prompt index, response
+mask)`` (runtime/reference/stage_runner.py); time is the wall clock (``t`` in model
+seconds: wall seconds / ``time_scale``).
 
-What the policy reads of a replica (load, queue, KV, the requests it runs and their
-remaining tokens) comes from the router's live records.
+What the policy reads of a replica (load, KV, the requests it runs and their tokens so
+far) comes from the router's live records; a request's remaining work is predicted
+(``jigsaw_predict_remaining``), as in the simulator. The engine is told how many tokens
+to generate, to reproduce a workload; that number never reaches the policy.
 """
 
 from __future__ import annotations
@@ -19,87 +20,66 @@ import asyncio
 import time
 import zlib
 
+from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
+from jigsaw_plugin.core.snapshot import ReplicaObs
+from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.runtime.router import Router, RouterError
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, StartGen
-from jigsaw_plugin.sim.world import PolicyViolation, World
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RunStage, StartGen
+from jigsaw_plugin.scheduler.state import DeviceTask
 
-__all__ = ["LiveWorld", "LiveReplica"]
-
-
-class _RequestView:
-    """What a policy reads of one running request (the simulator's Request fields)."""
-
-    __slots__ = ("rid", "context", "done", "admit_p", "finish_p", "target")
-
-    def __init__(self, rec):
-        self.rid = rec.request_id
-        self.context = len(rec.prompt)
-        self.done = len(rec.prefix) + len(rec.live)
-        self.admit_p = 0.0
-        self.target = rec.max_tokens
-        self.finish_p = float(rec.max_tokens - self.done)
+__all__ = ["LiveExecutor", "LiveReplica", "run_live", "run_executor"]
 
 
 class LiveReplica:
-    """A live engine as the policies see a replica."""
+    """A live engine as the executor tracks it."""
 
-    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, time_scale: float,
+    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, pricer, budgets: dict,
                  spawn=None):
         self.id, self.pipeline, self.devices, self.tp = rid, pipeline, devices, len(devices)
-        self.spawn = spawn  # runs a coroutine on the world's loop (interrupt's aborts)
-        self.router, self.model, self.cost, self.time_scale = router, model, cost, time_scale
+        self.spawn = spawn  # runs a coroutine on the executor's loop (interrupt's aborts)
+        self.router, self.model, self.cost, self._pricer = router, model, cost, pricer
+        self._budgets = budgets  # turn id -> (budget tokens, submit time): what the user configured
         self.cap = cost.kv_capacity_tokens(model, self.tp)
         self.max_seqs = cost.f.max_num_seqs
         self.retiring = False
-        self.p = 0.0  # live requests report remaining tokens directly (finish_p - p)
-        self.busy_until = self.t_sync = 0.0
+        self.start_t = 0.0
 
     def _records(self) -> list:
-        return list(self.router.on_replica.get(self.id, {}).values())
+        return self.router.records_on(self.id)
 
     @property
     def load(self) -> int:
         return self.router.load(self.id)
 
-    inflight = load
-
     @property
-    def n(self) -> int:
-        return min(self.load, self.max_seqs)
+    def inflight(self) -> int:
+        return self.load
 
-    @property
-    def queue(self) -> list:
-        return [None] * max(0, self.load - self.max_seqs)
+    predicted_work = 0.0  # the router routes live requests itself (least in flight, sticky)
 
-    @property
-    def kv_tokens(self) -> float:
-        return float(sum(len(r.prompt) + len(r.prefix) + len(r.live) for r in self._records()))
+    def observe(self, t: float) -> ReplicaObs:
+        recs = self._records()
+        load = self.load
+        running = min(load, self.max_seqs)
+        kv = float(sum(len(r.prompt) + len(r.prefix) + len(r.live) for r in recs))
+        step = self._pricer.decode_step_s(self.pipeline, self.devices, max(1, running), kv)
+        return ReplicaObs(running, max(0, load - self.max_seqs), kv, float(self.cap), self.max_seqs, step, 0.0)
 
-    @property
-    def work(self) -> int:
-        return sum(r.max_tokens - len(r.prefix) - len(r.live) for r in self._records())
+    def request_rows(self, t: float) -> list:
+        rows = []
+        for rec in self._records():
+            rid = RequestId.parse(rec.request_id)
+            budget, submit_t = self._budgets.get(rec.request_id, (rec.max_tokens, t))
+            spp = self._budgets.get("samples_per_prompt", 1)
+            rows.append((rid, rid.sample // spp, None, len(rec.prompt), len(rec.prefix) + len(rec.live),
+                         budget, t - submit_t, False))
+        return rows
 
-    @property
-    def max_finish_p(self) -> float:
-        return float(max((r.max_tokens - len(r.prefix) - len(r.live) for r in self._records()), default=0))
-
-    def running(self) -> list:
-        return [_RequestView(r) for r in self._records()]
-
-    def remaining_s(self) -> float:
-        if self.load == 0:
-            return 0.0
-        return self.max_finish_p * self.cost.decode_step_s(self.model, self.tp, max(1, self.n), self.kv_tokens)
-
-    # ---- what World calls on a weight sync with interrupt_on_sync (AReaL) -----------------
-    def sync(self, t: float) -> None:
-        """The simulator's replicas advance a clock here; a live engine runs by itself."""
-
-    def interrupt(self, t: float) -> None:
+    def interrupt(self) -> None:
         """New weights arrived mid-generation: abort every running segment; the router
         resumes each with its tokens so far (sticky: on this replica), and the engine
         recomputes their KV under the new weights (AReaL's interruptible rollout)."""
-        segments = [(self.router.engines[self.id], f"{r.request_id}#{r.segments}") for r in self._records()]
+        segments = [(self.router.engine(self.id), f"{r.request_id}#{r.segments}") for r in self._records()]
         if segments and self.spawn is not None:
             async def abort_all():
                 for engine, segment in segments:
@@ -113,27 +93,25 @@ def _tokens(seed: str, n: int) -> list[int]:
     return [(base + 7919 * j) % 2048 for j in range(int(n))]
 
 
-class LiveWorld(World):
+class LiveExecutor(ExecutorCore):
     """Executes decisions on live engines; see the module docstring."""
 
-    def __init__(self, sim_like, engine_factory, time_scale: float = 1.0, stage_runner=None,
-                 sampling: dict | None = None):
-        # ``sim_like`` is a Simulation whose World we take over (pipelines, cost, policy hooks)
-        w = sim_like.world
-        self.__dict__.update(w.__dict__)
-        self._policy = sim_like.policy
-        self._push = self._schedule_event
-        self.engine_factory = engine_factory
+    def __init__(self, workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0,
+                 stage_runner=None, sampling: dict | None = None, **core_kw):
+        self._t0 = 0.0
+        self._wake: asyncio.Event | None = None
+        self._dirty = True
         self.time_scale = time_scale
+        super().__init__(workload, policy, seed, **core_kw)
+        self.engine_factory = engine_factory
         self.stage_runner = stage_runner
         self.sampling = dict(sampling or {})  # Router SAMPLING_KEYS; a seed is made per request
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
-        self._wake: asyncio.Event | None = None
-        self._t0 = 0.0
+        self._budgets = {p.name: {"samples_per_prompt": p.spec.samples_per_prompt} for p in self.order}
         self._tasks: set = set()
-        self._dirty = True
+        self._error = None
 
     # ---- clock and wake-ups -------------------------------------------------------------
     @property
@@ -141,10 +119,6 @@ class LiveWorld(World):
         if not self._t0:
             return 0.0
         return (time.monotonic() - self._t0) / self.time_scale
-
-    @t.setter
-    def t(self, value) -> None:  # World assigns t in the simulator; live time is the clock
-        pass
 
     @property
     def dirty(self) -> bool:
@@ -167,24 +141,12 @@ class LiveWorld(World):
             self._error = task.exception()
             self.dirty = True
 
-    def _schedule(self, rep) -> None:
-        """The simulator's replica clock ticks; live engines advance by themselves."""
-
-    def _schedule_event(self, ev) -> None:
-        delay = max(0.0, ev.t - self.t) * self.time_scale
-        asyncio.get_running_loop().call_later(delay, self._fire, ev)
-
-    def _fire(self, ev) -> None:
-        ev.handle(self)
-        self.dirty = True
-
     def _router_event(self, pipeline):
         def on_event(name, **kw):
             if name == "migrated":
-                p = self.pipelines[pipeline]
+                rid = RequestId.parse(kw["request_id"])
                 self.migrations += 1
-                step = int(kw["request_id"].split("/")[1])
-                p.steps[step].migrations += 1
+                self.pipelines[pipeline].steps[rid.step].migrations += 1
             elif name == "replica_died":
                 self._replica_died(pipeline, kw["replica"], kw["request_id"], kw["generated_tokens"])
         return on_event
@@ -196,47 +158,53 @@ class LiveWorld(World):
         rep = self.replicas.get(replica)
         if rep is None:
             return
-        engine = self.routers[pipeline].engines.get(replica)
+        engine = self.routers[pipeline].engine(replica)
         if hasattr(engine, "mark_dead"):
             engine.mark_dead()
         self.faults.append({"pipeline": pipeline, "replica": replica, "devices": rep.devices,
                             "request_id": request_id, "t": self.t})
-        sample, turn = request_id.rsplit("/", 1)  # router ids are "<pipeline>/<step>/<i>/<turn>"
-        self._emit("jigsaw_request_aborted", pipeline=pipeline, step=int(sample.split("/")[1]), request_id=sample,
-                   turn=int(turn), replica=replica, generated_tokens=generated, reason="fault", t=self.t)
-        self._close(rep)
+        rid = RequestId.parse(request_id)
+        self._emit("jigsaw_request_aborted", pipeline=pipeline, step=rid.step, request_id=str(rid.trajectory),
+                   turn=rid.turn, replica=replica, generated_tokens=generated, reason="fault", t=self.t)
+        self._close(rep, force=True)
         self.dirty = True
 
     # ---- decisions ----------------------------------------------------------------------
     def _start_gen(self, d: StartGen) -> None:
         p, s = self._open_step(d)
         for i in range(s.n):
-            self._spawn(self._trajectory(p, s, i, p.rollout_version))
+            self._spawn(self._trajectory(p, s, i))
 
-    async def _trajectory(self, p, s, i: int, version: int) -> None:
+    async def _trajectory(self, p, s, i: int) -> None:
         smp, router = s.samples, self.routers[p.name]
         off, turns = int(smp.turn_offset[i]), int(smp.turns[i])
-        rid = f"{p.name}/{s.step}/{i}"
+        traj = RequestId(p.name, s.step, i)
+        rid = str(traj)
         group = i // p.spec.samples_per_prompt  # the samples of one prompt share it (a GRPO group)
         context = _tokens(f"{p.name}/{s.step}/prompt{group}", smp.prompt_len[i])
         prompt, mask = list(context), []  # mask: 1 on generated tokens, 0 on observations
+        version = p.rollout_version
         for turn in range(turns):
+            turn_id = str(traj.at_turn(turn))
+            self._budgets[p.name][turn_id] = (self.request_budget(p, s, i, turn), self.t)
             while True:
                 if self.record_requests:  # the router picks the replica: None here
                     self._emit("jigsaw_request_submitted", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
                                replica=None, prompt_tokens=len(context), max_tokens=int(smp.gen_tokens[off + turn]),
                                t=self.t)
                 try:
-                    out = await router.generate(f"{rid}/{turn}", context, int(smp.gen_tokens[off + turn]), sticky=rid,
-                                                sampling=self._sampling(f"{rid}/{turn}"))
+                    out = await router.generate(turn_id, context, int(smp.gen_tokens[off + turn]), sticky=rid,
+                                                sampling=self._sampling(turn_id))
                     break
                 except RouterError:  # no live replica: wait for the policy to launch one
                     p.pending.append(rid)
                     self.dirty = True
                     await self._replica_added(p)
                     p.pending.remove(rid)
+            self._budgets[p.name].pop(turn_id, None)
+            self._turn_finished(p, traj.at_turn(turn), len(out))
             self._emit("jigsaw_request_finished", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
-                       replica=router._sticky.get(rid), generated_tokens=len(out), t=self.t)
+                       replica=router.trajectory_replica(rid), generated_tokens=len(out), t=self.t)
             self._after_finish(p)
             context = context + out
             mask += [1] * len(out)
@@ -247,17 +215,10 @@ class LiveWorld(World):
         if self.stage_runner is not None:  # what the training stages read
             self.trajectories.setdefault((p.name, s.step), {})[i] = (prompt, context[len(prompt):], group, mask)
         router.end_trajectory(rid)
-        s.n_gen_done += 1
-        if s.n_gen_done == s.n:
-            s.gen_end_t = self.t
-            self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="gen", devices=(), samples=s.n,
-                       tokens=s.generated, t=self.t)
-            self.dirty = True
+        s.min_version = min(s.min_version, version)
+        self._trajectory_finished(p, s, i)
         await asyncio.sleep(float(smp.reward_latency_s[i]) * self.time_scale)
-        s.n_rewarded += 1
-        if s.n_rewarded == s.n:
-            s.reward_end_t = self.t
-            self.dirty = True
+        self._rewarded(p, s)
 
     def _sampling(self, request_id: str) -> dict:
         """The run's sampling keywords, with a per-request seed (the samples of one GRPO
@@ -275,44 +236,42 @@ class LiveWorld(World):
         for rep in list(p.replicas):
             if rep.retiring and rep.load == 0:
                 self._close(rep)
-            elif rep.load <= self.tail_threshold:
+            elif rep.load <= getattr(self.policy, "tail_threshold", 0):
                 self.dirty = True
 
     def _launch(self, d: LaunchReplica) -> None:
         p = self.pipelines[d.pipeline]
         devices = tuple(d.devices)
-        rid = self._next_replica
-        self._next_replica += 1
-        self._claim(devices, ("replica", p.name, rid))
+        rid = self._new_replica_id()
+        self._claim(devices, DeviceTask("replica", p.name, replica=rid))
         self._switch_s(p, devices, "rollout")
-        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.time_scale,
-                          spawn=self._spawn)
+        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.pricer,
+                          self._budgets[p.name], spawn=self._spawn)
         rep.start_t = self.t
         self.routers[p.name].add_replica(rid, self.engine_factory(p, devices))
         self.replicas[rid] = rep
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
+        if d.rebalance:
+            pass  # the router balances new requests itself; queued ones stay (nothing to gain live)
         for src in d.absorb:
             self._retire(self.replicas[src])
             self._migrate(Migrate(src, rid))
 
     def _retire(self, rep) -> None:
         rep.retiring = True
-        self.routers[rep.pipeline].retiring.add(rep.id)
+        self.routers[rep.pipeline].mark_retiring(rep.id)
         self.dirty = True
         if rep.load == 0:
             self._close(rep)
 
-    def _close(self, rep) -> None:
+    def _close(self, rep, force: bool = False) -> None:
         if rep.id not in self.replicas:
             return
         p = self.pipelines[rep.pipeline]
         p.replicas.remove(rep)
         del self.replicas[rep.id]
-        router = self.routers[rep.pipeline]
-        router.engines.pop(rep.id, None)
-        router.inflight.pop(rep.id, None)
-        router.on_replica.pop(rep.id, None)
+        self.routers[rep.pipeline].detach_replica(rep.id, force=True)
         self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, rep.start_t, self.t))
         self.busy_s += (self.t - rep.start_t) * rep.tp
         self._release(rep.devices)
@@ -321,14 +280,16 @@ class LiveWorld(World):
     def _migrate(self, d: Migrate) -> None:
         """Mark the requests to move and release a retiring source at once (as the
         simulator does, so the policy's plan holds); the aborts follow asynchronously."""
-        src, dst = self.replicas[d.src], self.replicas[d.dst]
+        src, dst = self.replicas.get(d.src), self.replicas.get(d.dst)
+        if src is None or dst is None:
+            raise PolicyViolation(f"migrate between unknown replicas {d.src} -> {d.dst}")
         if src.pipeline != dst.pipeline:
             raise PolicyViolation(f"migrate between pipelines {src.pipeline} and {dst.pipeline}")
         router = self.routers[src.pipeline]
         wanted = set(d.requests) if d.requests else None
         aborts = []
         for rec in src._records():
-            if wanted is None or rec.request_id.rsplit("/", 1)[0] in wanted:
+            if wanted is None or str(RequestId.parse(rec.request_id).trajectory) in wanted:
                 pending = router.begin_migrate(rec.request_id, dst.id)
                 if pending is not None:
                     aborts.append(pending)
@@ -342,31 +303,35 @@ class LiveWorld(World):
 
         self._spawn(abort_all())
 
-    def _run_stage(self, d) -> None:
-        if self.stage_runner is None:
-            return super()._run_stage(d)  # the cost model's duration, slept (emulated)
-        # World's checks, device claim and hooks; its modelled StageDone is held back and fires
-        # when ``await stage_runner.run(pipeline, step, stage, devices, samples)`` returns.
-        held, push = [], self._push
-        self._push = held.append
-        try:
-            super()._run_stage(d)
-        finally:
-            self._push = push
-        (done,) = held
-        p, start = self.pipelines[d.pipeline], self.t
-        modelled, at = done.t - start, len(self.trace) - 1 if done.devices else None
+    def _on_weights_synced(self, p) -> None:
+        if getattr(self.policy, "interrupt_on_sync", False):
+            for rep in p.replicas:
+                rep.interrupt()
+
+    def _run_stage(self, d: RunStage) -> None:
+        p, s, devices = self._check_stage(d)
+        modelled = self.price_stage(p, s, d.stage, devices, d.colocated)
+        if devices and d.stage != "weight_sync":
+            modelled += self._switch_s(p, devices, "train")
+        start = self.t
+        s.stage_t[d.stage] = (start, start + modelled)  # predicted end until it ends
+        at = len(self.trace) if devices else None
+        if devices:
+            self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, start, start + modelled))
         traj = self.trajectories.get((p.name, d.step), {})
 
         async def run():
-            await self.stage_runner.run(p, d.step, d.stage, done.devices, [traj[i] for i in sorted(traj)])
-            p.steps[d.step].stage_t[d.stage] = (start, self.t)  # measured, not modelled
-            self.busy_s += (self.t - start - modelled) * len(done.devices)
+            if self.stage_runner is None:  # the cost model's duration, slept (emulated)
+                await asyncio.sleep(modelled * self.time_scale)
+            else:
+                await self.stage_runner.run(p, d.step, d.stage, devices, [traj[i] for i in sorted(traj)])
+            self.busy_s += (self.t - start) * len(devices)
             if at is not None:
                 self.trace[at] = self.trace[at][:4] + (self.t,)
             if d.stage == p.stages[-1]:
                 self.trajectories.pop((p.name, d.step), None)
-            self._fire(done)
+            self._stage_done(p, d.step, d.stage, devices)
+            self.dirty = True
 
         self._spawn(run())
 
@@ -374,24 +339,15 @@ class LiveWorld(World):
     async def run(self, max_rounds: int = 8) -> None:
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
-        for p in self.order:  # as Simulation.run does
+        for p in self.order:  # as the simulator's loop does
             self._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
             self._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
         self._error = None
-        self.decision_us = []
         while not all(p.done for p in self.order):
             if self._error is not None:
                 raise self._error
             if self._dirty:
-                for _ in range(max_rounds):
-                    self._dirty = False
-                    t0 = time.perf_counter()
-                    decisions = self._policy.decide(self)
-                    self.decision_us.append((time.perf_counter() - t0) * 1e6)
-                    if not decisions:
-                        break
-                    for dec in decisions:
-                        self.apply(dec)
+                self.decide_and_apply(max_rounds)
             self._wake.clear()
             if not self._dirty:
                 try:
@@ -399,29 +355,20 @@ class LiveWorld(World):
                 except asyncio.TimeoutError:
                     self._dirty = True  # re-check (a drained replica, a timer)
         for rep in list(self.replicas.values()):
-            self._close(rep)
+            self._close(rep, force=True)
 
 
-async def run_simulation_live(sim, engine_factory, time_scale: float = 1.0, stage_runner=None,
-                              sampling: dict | None = None) -> dict:
-    """Take over ``sim`` (a ``Simulation``, not run) and run it on live engines, on the
-    running event loop; the result JSON of DESIGN.md 5."""
-    from jigsaw_plugin.sim.result import build_result
-
-    live = LiveWorld(sim, engine_factory, time_scale=time_scale, stage_runner=stage_runner, sampling=sampling)
-    await live.run()
-    sim.world = live
-    sim.decision_us = live.decision_us
-    return build_result(sim)
+async def run_executor(ex: LiveExecutor, backend: str = "emulated") -> dict:
+    """Run ``ex`` on the running event loop; the result JSON of DESIGN.md 5."""
+    await ex.run()
+    result = ex.result(backend)
+    result["time_scale"] = ex.time_scale
+    return result
 
 
 def run_live(workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0, backend: str = "emulated",
-             stage_runner=None, sampling: dict | None = None, **sim_kw) -> dict:
+             stage_runner=None, sampling: dict | None = None, **core_kw) -> dict:
     """Run ``workload`` under ``policy`` on live engines; the result JSON of DESIGN.md 5."""
-    from jigsaw_plugin.sim.engine import Simulation
-
-    sim = Simulation(workload, policy, seed, **sim_kw)
-    result = asyncio.run(run_simulation_live(sim, engine_factory, time_scale, stage_runner, sampling))
-    result["backend"] = backend
-    result["time_scale"] = time_scale
-    return result
+    ex = LiveExecutor(workload, policy, engine_factory, seed, time_scale=time_scale, stage_runner=stage_runner,
+                      sampling=sampling, **core_kw)
+    return asyncio.run(run_executor(ex, backend))

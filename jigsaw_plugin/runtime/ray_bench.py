@@ -3,7 +3,7 @@
 The driver (``run_ab_ray``) starts or joins Ray, creates a coordinator actor and asks it to
 run the workload once per policy and repeat. Inside the coordinator
 (``run_in_coordinator``) the same pure policy object as in the simulator drives
-``LiveWorld``: rollouts on pooled vLLM engines (engine_pool.py) through the router, the
+``LiveExecutor``: rollouts on pooled vLLM engines (engine_pool.py) through the router, the
 training stages of the reference GRPO pipeline (runtime/reference/) in trainer actors,
 every stage on the cores of the devices the policy granted (cpu_affinity.py). Both policies
 see the same samples (the workload sampler is seeded by pipeline, step and seed).
@@ -59,10 +59,9 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     import ray
 
     from jigsaw_plugin.runtime.engine_pool import EnginePool
-    from jigsaw_plugin.runtime.live import run_simulation_live
+    from jigsaw_plugin.runtime.live import LiveExecutor, run_executor
     from jigsaw_plugin.runtime.reference import ReferenceStageRunner, ReferenceTrainer
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim.engine import Simulation
     from jigsaw_plugin.workload import parse_workload
 
     global _POOL
@@ -97,12 +96,12 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
             recorder = EventRecorder(include_progress=False)
             register(pm, recorder, name="recorder")
             hooks = Emitter(pm)
-        sim = Simulation(wl, get_policy(policy, **policy_options), seed, hooks=hooks,
-                         record_requests=recorder is not None)
-        t_run = time.perf_counter()
-        result = await run_simulation_live(
-            sim, lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights), stage_runner=runner,
+        live = LiveExecutor(
+            wl, get_policy(policy, **policy_options), lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights),
+            seed, stage_runner=runner, hooks=hooks, record_requests=recorder is not None,
             sampling=options.get("sampling", {"greedy": False, "temperature": 1.0, "sampling_seed": seed}))
+        t_run = time.perf_counter()
+        result = await run_executor(live, backend="ray")
         wall = time.perf_counter() - t_run
         versions = {n: int(await t.get_version.remote()) for n, t in trainers.items()}
     finally:
@@ -188,14 +187,17 @@ def _one_step(data: dict) -> dict:
 
 def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats: int = 3, seed: int = 0,
                baseline_options: dict | None = None, candidate_options: dict | None = None,
-               log=print, warmup: bool = True, **options) -> dict:
+               log=print, warmup: bool = True, predict=None, **options) -> dict:
     """Baseline and candidate, ``repeats`` times side by side (order alternating), on real
-    engines. Returns the bench JSON with the median run of each and the medians' ratio."""
+    engines. Returns the bench JSON with the median run of each and the medians' ratio.
+
+    ``predict(workload, policy, seed) -> result``: the simulator's prediction printed beside
+    the measurement (``jigsaw_plugin.sim.simulate``; injected: the runtime imports no simulator).
+    """
     import ray
     import yaml
 
     from jigsaw_plugin.runtime.coordinator import connect_coordinator
-    from jigsaw_plugin.sim import simulate
     from jigsaw_plugin.workload import load_workload
 
     wl = load_workload(workload_path)
@@ -239,8 +241,12 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
     for rs in runs.values():
         for r in rs:
             r.pop("events", None)
-    sim_b = simulate(wl, baseline, seed=seed)
-    sim_c = simulate(wl, candidate, seed=seed)
+    simulated = {}
+    if predict is not None:
+        sim_b, sim_c = predict(wl, baseline, seed=seed), predict(wl, candidate, seed=seed)
+        simulated = {"simulated": {"baseline": sim_b["samples_per_s"], "candidate": sim_c["samples_per_s"],
+                                   "throughput_ratio": sim_c["samples_per_s"] / sim_b["samples_per_s"],
+                                   "gpu_busy_fraction": [sim_b["gpu_busy_fraction"], sim_c["gpu_busy_fraction"]]}}
     for rs in runs.values():
         for r in rs:
             r["workload"] = str(workload_path)
@@ -262,7 +268,5 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
         **({"events": events} if events else {}),  # of the median runs (record_events=True)
         "peak_memory_gib": mem.peak / 2**30,  # PSS sum of every process of the run
         "peak_rss_sum_gib": mem.peak_rss / 2**30,
-        "simulated": {"baseline": sim_b["samples_per_s"], "candidate": sim_c["samples_per_s"],
-                      "throughput_ratio": sim_c["samples_per_s"] / sim_b["samples_per_s"],
-                      "gpu_busy_fraction": [sim_b["gpu_busy_fraction"], sim_c["gpu_busy_fraction"]]},
+        **simulated,
     }

@@ -1,20 +1,31 @@
 """The policy interface and the registry of policies.
 
-A policy is pure: it reads the state it is handed and returns decisions; it holds no
-mutable state of its own, imports no Ray, reads no clock and does no I/O. The simulator's
-``World`` and the Ray runtime's coordinator both present the same state shape
-(``pipelines``, ``order``, ``free``, ``replicas``, ``cost``, ``t``) and execute the same
-decisions (``scheduler.decisions``).
+A policy is pure: ``decide(state)`` reads a ``scheduler.state.SchedulerState`` (what a live
+system observes) and returns decisions (``scheduler.decisions``); it holds no mutable
+state of its own, imports no Ray, reads no clock and does no I/O. What it must remember
+between rounds it declares once, at ``setup``, as a frozen memo the executors hand back in
+``state.memo``. Both executors (the simulator's ``World`` and the runtime's
+``LiveExecutor``) build the same state and execute the same decisions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["Policy", "register_policy", "get_policy", "policy_names"]
+__all__ = ["Policy", "PolicySetup", "register_policy", "get_policy", "policy_names"]
+
+
+@dataclass(frozen=True)
+class PolicySetup:
+    """What a policy declares before the run: where each pipeline's state is resident at
+    the start, and a frozen memo of what it derives once (home shares, splits)."""
+
+    residency: Mapping[str, tuple]
+    memo: Any = None
 
 
 class Policy:
@@ -24,31 +35,36 @@ class Policy:
     config_class = None  # the dataclass of options ``get_policy`` accepts
     resident_slots = 1  # pipelines whose rollout weights a device keeps resident
     tail_threshold = 0  # call ``decide`` when a replica's load falls to this (0: only when empty)
+    routes_by_predicted_length = False  # ask the predictor for each request's length at submission
 
     def staleness_bound(self, pipeline) -> int:
         """The largest policy-version lag this policy promises for ``pipeline``'s samples."""
         return 0
 
-    def initial_residency(self, state) -> dict:
-        """Pipeline name -> devices where its state is resident before the run starts."""
-        return {p.name: p.static_devices for p in state.order}
+    def setup(self, state) -> PolicySetup:
+        """Called once with the initial state; the default keeps each static share resident."""
+        return PolicySetup({p.name: p.static_devices for p in state.order})
 
     def decide(self, state) -> list:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def order(self, state, pipeline, requests: list) -> list:
+    def order(self, requests: list) -> list:
         """The order in which a batch of new requests is submitted (verl: as given)."""
         return requests
 
-    def route(self, state, pipeline, request):
-        """verl 0.9's GlobalRequestLoadBalancer: sticky per trajectory, else least in flight."""
+    def route(self, replicas: list, request):
+        """verl 0.9's GlobalRequestLoadBalancer: sticky per trajectory, else least in flight.
+
+        ``replicas``: the pipeline's live (not retiring) replicas, each with ``id``,
+        ``inflight`` and ``predicted_work``; ``request`` has ``replica`` (the trajectory's
+        previous server, or None) and ``pred_tokens``. Returns a replica or None (wait).
+        """
         prev = request.replica
-        live = [r for r in pipeline.replicas if not r.retiring]
-        if prev is not None and not prev.retiring and prev in live:
+        if prev is not None and prev in replicas:
             return prev
-        if not live:
+        if not replicas:
             return None
-        return min(live, key=lambda r: (r.inflight, r.id))
+        return min(replicas, key=lambda r: (r.inflight, r.id))
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {}

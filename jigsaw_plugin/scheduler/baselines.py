@@ -10,9 +10,9 @@ Each is a pure policy (DESIGN.md section 6); docs/simulator.md says how each was
   devices inside the share; generating step k+1 overlaps training step k (staleness 1);
   weights broadcast over NCCL between generations.
 - ``streamrl``: StreamRL. Disaggregated like one-step-off, with skew-aware dispatch
-  (requests submitted longest first to the replica with the least outstanding work, the
-  length ranker taken as exact: an upper bound on StreamRL's learned ranker) and the
-  rollout/training split chosen by the cost model.
+  (requests submitted longest predicted first to the replica with the least predicted
+  outstanding work; the ranker is the run's length predictor, as StreamRL's is learned)
+  and the rollout/training split chosen by the cost model.
 - ``areal``: AReaL. Fully asynchronous: generation runs ahead of training by up to the
   staleness bound, weights are pushed while requests are in flight and those requests are
   interrupted and continue under the new weights (their KV recomputed).
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.scheduler.base import Policy, register_policy
+from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
 
@@ -88,12 +88,14 @@ class _Disaggregated(Policy):
 
     def __init__(self, rollout_gpus: int | None = None):
         self.config = _SplitConfig(rollout_gpus)
-        self._split: dict[str, tuple] = {}  # derived once from the workload, then read-only
 
     def staleness_bound(self, pipeline) -> int:
         return 1
 
-    def initial_residency(self, state) -> dict:
+    def setup(self, state) -> PolicySetup:
+        """The rollout/training split of each share: the user's ``rollout_gpus``, or balanced
+        by the cost model on the workload's profile (what StreamRL and AReaL profile offline)."""
+        split = {}
         for p in state.order:
             devs = p.static_devices
             tp = rollout_tp(p, state.cost)
@@ -105,8 +107,8 @@ class _Disaggregated(Policy):
             if not tp <= r < len(devs) or r % tp:
                 raise SpecError(f"{self.name}.rollout_gpus", r,
                                 f"a multiple of {tp} in {tp}..{len(devs) - 1} for pipeline {p.name}")
-            self._split[p.name] = (devs[:r], devs[r:])
-        return super().initial_residency(state)
+            split[p.name] = (devs[:r], devs[r:])
+        return PolicySetup(super().setup(state).residency, memo=split)
 
     def may_start_gen(self, p) -> bool:
         k = p.gen_next
@@ -122,7 +124,7 @@ class _Disaggregated(Policy):
         for p in state.order:
             if p.done:
                 continue
-            roll, train = self._split[p.name]
+            roll, train = state.memo[p.name]
             if not p.replicas and p.gen_next < p.total_steps and all_free(state, roll):
                 out += launch_replicas(state, p, roll)
             if p.replicas and p.gen_next >= p.total_steps and rollout_drained(p):
@@ -146,17 +148,18 @@ class OneStepOff(_Disaggregated):
 class StreamRL(_Disaggregated):
     name = "streamrl"
 
-    def order(self, state, pipeline, requests: list) -> list:
-        return sorted(requests, key=lambda r: -r.target)  # longest first (skew-aware)
+    routes_by_predicted_length = True
 
-    def route(self, state, pipeline, request):
+    def order(self, requests: list) -> list:
+        return sorted(requests, key=lambda r: -r.pred_tokens)  # longest predicted first (skew-aware)
+
+    def route(self, replicas: list, request):
         prev = request.replica
-        live = [r for r in pipeline.replicas if not r.retiring]
-        if prev is not None and prev in live:
+        if prev is not None and prev in replicas:
             return prev
-        if not live:
+        if not replicas:
             return None
-        return min(live, key=lambda r: (r.work, r.id))  # least outstanding tokens
+        return min(replicas, key=lambda r: (r.predicted_work, r.id))  # least predicted outstanding tokens
 
 
 @register_policy("areal")
@@ -178,30 +181,28 @@ class RollMux(Policy):
     name = "rollmux"
     resident_slots = 2
 
-    def __init__(self):
-        self._pools: dict[str, tuple] = {}  # pipeline -> (pair, rollout pool, training pool)
-
-    def initial_residency(self, state) -> dict:
+    def setup(self, state) -> PolicySetup:
+        """Pair the pipelines; memo: pipeline -> (pair names, rollout pool, training pool)."""
         order = list(state.order)
-        res = {}
+        res, pools = {}, {}
         for i in range(0, len(order), 2):
             pair = tuple(order[i:i + 2])
             devs = tuple(d for p in pair for d in p.static_devices)
             r = max(balanced_split(p, state.cost, len(devs)) for p in pair)
-            pools = (pair, devs[:r], devs[r:])
             for p in pair:
-                self._pools[p.name] = pools
+                pools[p.name] = (tuple(q.name for q in pair), devs[:r], devs[r:])
                 res[p.name] = devs
-        return res
+        return PolicySetup(res, memo=pools)
 
     def decide(self, state) -> list:
         out = []
         seen = set()
         for p in state.order:
-            pair, roll, train = self._pools[p.name]
-            if pair[0].name in seen:
+            names, roll, train = state.memo[p.name]
+            pair = [state.pipelines[n] for n in names]
+            if names[0] in seen:
                 continue
-            seen.add(pair[0].name)
+            seen.add(names[0])
             for q in pair:
                 if q.replicas and rollout_drained(q):
                     out += retire_all(q)

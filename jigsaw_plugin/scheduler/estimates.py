@@ -1,15 +1,17 @@
 """Quick, pure estimates of a step's phases from the cost model (for provisioning).
 
 Used by the disaggregated baselines to choose their rollout/training split (StreamRL and
-AReaL pick the split by profiling; this is the same choice made with the cost model) and
-by the jigsaw policy's look-ahead.
+AReaL pick the split by profiling the workload offline: ``length_stats`` of the spec is
+that profile) and by the jigsaw policy's look-ahead, which uses only what the run has
+observed (``observed_stats``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["rollout_tp", "length_stats", "gen_estimate_s", "train_estimate_s", "balanced_split"]
+__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "train_estimate_s",
+           "balanced_split"]
 
 _FWD = {"old_log_prob", "ref", "values"}
 _TRAIN = {"update_actor", "update_critic"}
@@ -38,6 +40,18 @@ def length_stats(spec, draws: int = 4096) -> dict:
         "context": float((prompt + total_resp + obs).mean()),
         "p999": float(np.quantile(total_resp, 0.999)),
         "turns": float(turns.mean()),
+    }
+
+
+def observed_stats(pipeline) -> dict:
+    """``length_stats``' figures from a ``PipelineView``'s finished work (or its prior)."""
+    lens = pipeline.lengths
+    return {
+        "prompt": lens.prompt_tokens,
+        "response": lens.generated_tokens,
+        "context": lens.context_tokens,
+        "p999": lens.longest_generated,
+        "turns": lens.turns,
     }
 
 

@@ -1,7 +1,9 @@
 """The jigsaw policy: multiplexing, dynamic allocation, long-tail migration, look-ahead.
 
-Pure: ``decide(state)`` reads the state and returns decisions; every choice is priced with
-the state's cost model. Each pipeline keeps a *home*: its static share of the pool (for an
+Pure: ``decide(state)`` reads the ``SchedulerState`` and returns decisions; every choice
+is priced with the state's cost model, and every remaining-work figure is the length
+predictor's (``RequestView.predicted_remaining``, ``ReplicaView.predicted_drain_s``): the
+policy never sees a response's final length. Each pipeline keeps a *home*: its static share of the pool (for an
 async pipeline, split into rollout and training homes as the cost model balances them).
 Home devices are never taken from their owner for longer than it can spare them, so no
 pipeline runs slower than on its static share by more than a projection error, and every
@@ -28,17 +30,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw_plugin.scheduler.base import Policy, register_policy
+from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.estimates import (
     balanced_split,
     gen_estimate_s,
-    length_stats,
+    observed_stats,
     rollout_tp,
     train_estimate_s,
 )
 
-__all__ = ["JigsawConfig", "Jigsaw"]
+__all__ = ["JigsawConfig", "JigsawMemo", "Jigsaw"]
 
 _HOST = ("adv",)
 _FWD = ("old_log_prob", "ref", "values")
@@ -64,6 +66,14 @@ class JigsawConfig:
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
 
 
+@dataclass(frozen=True)
+class JigsawMemo:
+    """What the policy derives once, at setup: each pipeline's homes and each device's owner."""
+
+    home: dict  # pipeline -> (rollout home, training home)
+    owner: dict  # device -> the pipeline whose static share holds it
+
+
 @register_policy("jigsaw")
 class Jigsaw(Policy):
     name = "jigsaw"
@@ -73,28 +83,24 @@ class Jigsaw(Policy):
     def __init__(self, **options):
         self.config = JigsawConfig(**options)
         self.tail_threshold = self.config.tail_requests if self.config.migration else 0
-        # derived once from the workload (initial_residency), then read-only
-        self._stats: dict[str, dict] = {}
-        self._home: dict[str, tuple] = {}  # pipeline -> (rollout home, training home)
-        self._owner: dict[int, str] = {}
 
     # ---- contract ---------------------------------------------------------------------
     def staleness_bound(self, pipeline) -> int:
         spec = pipeline.spec
         return spec.staleness if spec.mode == "async" else 0
 
-    def initial_residency(self, state) -> dict:
+    def setup(self, state) -> PolicySetup:
+        home, owner = {}, {}
         for p in state.order:
-            home = p.static_devices
-            self._stats[p.name] = length_stats(p.spec)
-            if self.config.split_async and p.spec.mode == "async" and len(home) > rollout_tp(p, state.cost):
-                r = balanced_split(p, state.cost, len(home))
-                self._home[p.name] = (home[:r], home[r:])
+            share = p.static_devices
+            if self.config.split_async and p.spec.mode == "async" and len(share) > rollout_tp(p, state.cost):
+                r = balanced_split(p, state.cost, len(share))
+                home[p.name] = (share[:r], share[r:])
             else:
-                self._home[p.name] = (home, home)
-            for d in home:
-                self._owner[d] = p.name
-        return super().initial_residency(state)
+                home[p.name] = (share, share)
+            for d in share:
+                owner[d] = p.name
+        return PolicySetup(super().setup(state).residency, JigsawMemo(home, owner))
 
     # ---- decisions --------------------------------------------------------------------
     def decide(self, state) -> list:
@@ -140,7 +146,7 @@ class Jigsaw(Policy):
                 if r.load:
                     continue
                 # mid-generation keep one replica: trajectories in tool calls come back to it
-                keep = p.generating and (not self.config.resize or p.pending or len(live) == 1)
+                keep = p.generating and (not self.config.resize or p.pending > 0 or len(live) == 1)
                 if not keep:
                     out.append(RetireReplica(r.id))
                     free.update(r.devices)
@@ -160,7 +166,7 @@ class Jigsaw(Policy):
                 # sync: after the weight sync; async: as soon as the staleness bound allows,
                 # so the next step's bulk overlaps this step's rollout tail
                 demands.append((1, "gen", p))
-            elif p.generating and (p.pending or (self.config.resize and any(r.queue for r in p.replicas))):
+            elif p.generating and (p.pending > 0 or (self.config.resize and any(r.queued for r in p.replicas))):
                 demands.append((2, "grow", p))
         if self.config.lookahead:
             key = lambda d: (d[0], -self._remaining_s(state, d[2]), d[2].index)
@@ -171,12 +177,13 @@ class Jigsaw(Policy):
     def _remaining_s(self, state, p) -> float:
         """Projected time to finish the pipeline's current step on its home devices."""
         share = len(p.static_devices)
+        stats = observed_stats(p)
         rest = 0.0
         if p.generating:
-            rest = max((r.remaining_s() for r in p.replicas), default=0.0)
+            rest = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
         elif self._may_start_gen(p):
-            rest = gen_estimate_s(p, state.cost, share, self._stats[p.name])
-        return rest + train_estimate_s(p, state.cost, share, self._stats[p.name])
+            rest = gen_estimate_s(p, state.cost, share, stats)
+        return rest + train_estimate_s(p, state.cost, share, stats)
 
     # ---- migration --------------------------------------------------------------------
     def _consolidate_tails(self, state, out, free) -> None:
@@ -188,10 +195,13 @@ class Jigsaw(Policy):
             live = [r for r in p.replicas if not r.retiring and r.load]
             if len(live) < 2:
                 continue
+            tails = [r for r in live if not r.queued and r.load <= self.config.tail_requests]
+            if not tails:
+                continue  # no replica in its tail: nothing to consolidate (and no need to predict)
             used: set = set()
-            ends = {r.id: r.remaining_s() for r in live}
-            for src in sorted(live, key=lambda r: r.load):
-                if src.id in used or src.queue or src.load > self.config.tail_requests:
+            ends = {r.id: r.predicted_drain_s() for r in live}
+            for src in sorted(tails, key=lambda r: r.load):
+                if src.id in used:
                     continue
                 move = self._price_move(state, p, src, live, ends, extra, used)
                 if move is None:
@@ -206,22 +216,22 @@ class Jigsaw(Policy):
 
     def _price_move(self, state, p, src, live, ends, extra, used):
         cost, cfg = state.cost, self.config
-        reqs = src.running()
+        reqs = src.requests
         k = len(reqs)
-        ctx = sum(r.context + r.done + (src.p - r.admit_p) for r in reqs)
-        src_left = max((r.finish_p - src.p for r in reqs), default=0.0)
+        ctx = sum(r.kv_tokens for r in reqs)
+        src_left = src.predicted_tokens_left
         gen_end = max(ends.values())
         best = None
         for dst in live:
             if dst is src or dst.id in used:
                 continue
-            n = dst.n + extra.get(dst.id, 0)
-            if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.cap:
+            n = dst.running + extra.get(dst.id, 0)
+            if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
             old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
             new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             prefill = cost.migration_s(p.model, dst.tp, ctx)
-            dst_left = max(0.0, dst.max_finish_p - dst.p)
+            dst_left = dst.predicted_tokens_left
             end = prefill + max(src_left, dst_left) * new
             others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
             if max(end, others) > gen_end * (1 + cfg.latency_slack):
@@ -245,17 +255,16 @@ class Jigsaw(Policy):
         for p in state.order:
             # replicas retired earlier in this round have their devices back in ``free``
             live = [r for r in p.replicas if not r.retiring and r.devices[0] not in free]
-            if not p.generating or not live or p.pending or any(r.queue for r in live):
+            if not p.generating or not live or p.pending or any(r.queued for r in live):
                 continue
             load = sum(r.load for r in live)
             if load == 0 or load > self.config.widen_requests:
                 continue
             width = max(r.tp for r in live)
-            home_free = [d for d in self._home[p.name][0] if d in free]
-            reqs = [(rep, r) for rep in live for r in rep.running()]
-            ctx = sum(r.context + r.done + (rep.p - r.admit_p) for rep, r in reqs)
-            left = max((r.finish_p - rep.p for rep, r in reqs), default=0.0)
-            now_end = max(r.remaining_s() for r in live)
+            home_free = [d for d in state.memo.home[p.name][0] if d in free]
+            ctx = sum(r.kv_tokens for rep in live for r in rep.requests)
+            left = max(rep.predicted_tokens_left for rep in live)
+            now_end = max(r.predicted_drain_s() for r in live)
             best = None
             w = 2 * width
             while w <= min(len(home_free), state.gpus_per_node, self.config.max_widen):
@@ -276,15 +285,14 @@ class Jigsaw(Policy):
     # ---- device projections -----------------------------------------------------------
     def _busy_for_s(self, state, d) -> float:
         """Projected time until device ``d`` is free."""
-        owner = state.task.get(d)
-        if owner is None:
+        task = state.devices[d].task
+        if task is None:
             return 0.0
-        if owner[0] == "replica":
-            rep = state.replicas.get(owner[2])
-            return rep.remaining_s() if rep is not None else 0.0
-        p = state.pipelines[owner[1]]
-        _, end = p.steps[p.train_next].stage_t.get(owner[2], (state.t, state.t))
-        return max(0.0, end - state.t)
+        if task.kind == "replica":
+            rep = state.replicas.get(task.replica)
+            return rep.predicted_drain_s() if rep is not None else 0.0
+        end = state.pipelines[task.pipeline].running_stage_end_t
+        return max(0.0, end - state.t) if end is not None else 0.0
 
     def _needed_in_s(self, state, owner: str) -> float:
         """When the owner of a home device is projected to want it back."""
@@ -294,10 +302,10 @@ class Jigsaw(Policy):
         if o.next_stage or o.pending or (self._may_start_gen(o) and not o.generating):
             return 0.0
         if o.stage_running:
-            _, end = o.steps[o.train_next].stage_t[o.stages[o.stage_next]]
-            return max(0.0, end - state.t)
+            end = o.running_stage_end_t
+            return max(0.0, end - state.t) if end is not None else 0.0
         if o.generating:
-            return max((r.remaining_s() for r in o.replicas), default=0.0)
+            return max((r.predicted_drain_s() for r in o.replicas), default=0.0)
         return 0.0
 
     def _lendable(self, state, p, free, duration) -> list:
@@ -310,7 +318,7 @@ class Jigsaw(Policy):
         for d in free:
             if d in mine:
                 continue
-            owner = self._owner.get(d)
+            owner = state.memo.owner.get(d)
             if owner is None:
                 out.append(d)
                 continue
@@ -322,13 +330,11 @@ class Jigsaw(Policy):
 
     # ---- placement --------------------------------------------------------------------
     def _affinity(self, state, p, devices, kind) -> list:
-        home = set(self._home[p.name][0 if kind == "rollout" else 1])
+        home = set(state.memo.home[p.name][0 if kind == "rollout" else 1])
 
         def key(d):
-            if kind == "rollout":
-                resident = p.name in state.resident[d]
-            else:
-                resident = state.train_resident.get(d) == p.name
+            dev = state.devices[d]
+            resident = p.name in dev.resident if kind == "rollout" else dev.train_resident == p.name
             return (d not in home, not resident, d)
 
         return sorted(devices, key=key)
@@ -341,7 +347,7 @@ class Jigsaw(Policy):
 
     def _gang(self, state, p, free) -> tuple:
         stage = p.next_stage
-        home = self._home[p.name][1]
+        home = state.memo.home[p.name][1]
         home_free = [d for d in home if d in free]
         if stage == "weight_sync":
             devs = home_free or self._lendable(state, p, free, 5.0)
@@ -372,11 +378,11 @@ class Jigsaw(Policy):
 
     def _wanted_replicas(self, state, p) -> int:
         tp = rollout_tp(p, state.cost)
-        home = self._home[p.name][0]
+        home = state.memo.home[p.name][0]
         if not self.config.resize:
             return max(1, len(home) // tp)
         cap = state.cost.kv_capacity_tokens(p.model, tp)
-        per = max(1, min(state.cost.f.max_num_seqs, cap // max(1, int(self._stats[p.name]["context"]))))
+        per = max(1, min(state.max_num_seqs, cap // max(1, int(p.lengths.context_tokens))))
         outstanding = p.load() if p.generating else p.spec.samples_per_step
         # enough replicas to hold every request in KV, and the whole rollout home
         return max(math.ceil(outstanding / per), len(home) // tp, 1)
@@ -385,7 +391,7 @@ class Jigsaw(Policy):
         if want <= 0:
             return []
         tp = rollout_tp(p, state.cost)
-        home = self._home[p.name][0]
+        home = state.memo.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(state, p, p.static_devices, "rollout")
         avail = [d for d in home if d in free]

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from jigsaw_plugin.ids import RequestId
 
 __all__ = [
+    "RequestBatch",
     "RequestView",
     "ReplicaView",
+    "LengthSummary",
     "StepView",
     "PipelineView",
     "DeviceTask",
@@ -55,6 +57,40 @@ class RequestView:
 
 
 @dataclass(frozen=True)
+class RequestBatch:
+    """In-flight requests of one pipeline as columns (what ``jigsaw_predict_remaining``
+    receives): a predictor works on the arrays; iterating yields ``RequestView``s whose
+    ``predicted_remaining`` is not filled in (nan)."""
+
+    ids: tuple[RequestId, ...]
+    group: Any  # np.ndarray[int]
+    turn: Any  # np.ndarray[int]
+    step: Any  # np.ndarray[int]
+    generated: Any  # np.ndarray[int]
+    max_tokens: Any  # np.ndarray[int]
+    context_tokens: Any  # np.ndarray[int]
+    in_flight_s: Any  # np.ndarray[float]
+    replica: Any  # np.ndarray[int] (-1: none)
+    queued: Any  # np.ndarray[bool]
+    prompt_key: tuple[str | None, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> RequestView:
+        return self.view(i, float("nan"))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def view(self, i: int, predicted_remaining: float) -> RequestView:
+        rep = int(self.replica[i])
+        return RequestView(self.ids[i], int(self.group[i]), self.prompt_key[i], int(self.context_tokens[i]),
+                           int(self.generated[i]), int(self.max_tokens[i]), float(self.in_flight_s[i]),
+                           None if rep < 0 else rep, bool(self.queued[i]), predicted_remaining)
+
+
+@dataclass(frozen=True)
 class ReplicaView:
     """One rollout engine: its load and memory as the engine reports them."""
 
@@ -69,7 +105,9 @@ class ReplicaView:
     retiring: bool
     step_s: float  # the current decode step time (observed tokens/s of the batch)
     stall_s: float  # prefill or weight load still ahead of decoding
-    _requests: Callable[[], tuple] = field(repr=False, compare=False)
+    # the executor's lazy source of this replica's requests and their predictions:
+    # ``views() -> tuple[RequestView]``, ``predicted() -> np.ndarray`` (remaining tokens)
+    _source: Any = field(repr=False, compare=False, default=None)
 
     @property
     def tp(self) -> int:
@@ -82,16 +120,19 @@ class ReplicaView:
     @cached_property
     def requests(self) -> tuple[RequestView, ...]:
         """Its requests, running then queued (built on first use)."""
-        return tuple(self._requests())
+        return tuple(self._source.views()) if self._source is not None else ()
 
     @cached_property
     def predicted_tokens_left(self) -> float:
         """Decode steps until the predicted longest request ends."""
-        return max((r.predicted_remaining for r in self.requests), default=0.0)
+        pred = self._source.predicted() if self._source is not None else ()
+        return float(pred.max()) if len(pred) else 0.0
 
     @cached_property
     def predicted_work_tokens(self) -> float:
-        return sum(r.predicted_remaining for r in self.requests)
+        """Predicted tokens still to generate by all of its requests."""
+        pred = self._source.predicted() if self._source is not None else ()
+        return float(pred.sum()) if len(pred) else 0.0
 
     def predicted_drain_s(self) -> float:
         """Projected time until it is empty: the longer of its predicted longest request and
@@ -100,6 +141,19 @@ class ReplicaView:
             return 0.0
         steps = max(self.predicted_tokens_left, self.predicted_work_tokens / max(1, self.running))
         return self.stall_s + steps * self.step_s
+
+
+@dataclass(frozen=True, slots=True)
+class LengthSummary:
+    """Means over a pipeline's finished trajectories (before any finished: a prior built
+    from the user's ``max_response_len``, marked by ``observed == 0``)."""
+
+    observed: int  # finished trajectories behind the means
+    prompt_tokens: float
+    generated_tokens: float  # per trajectory, all turns
+    context_tokens: float  # prompt + generated + observations
+    turns: float
+    longest_generated: float  # the longest trajectory seen (prior: the budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +195,7 @@ class PipelineView:
     replicas: tuple[ReplicaView, ...]  # live replicas, retiring ones included
     steps: Mapping[int, StepView]
     history: Any  # predict.LengthHistory (read-only here): finished lengths of earlier work
+    lengths: LengthSummary
     stage_history_s: Mapping[str, tuple[float, ...]]  # measured durations of finished stages
     running_stage_end_t: float | None  # predicted end of the stage running now
 
@@ -192,6 +247,7 @@ class SchedulerState:
     free: frozenset[int]
     order: tuple[PipelineView, ...]
     cost: Any  # costmodel.CostModel: pure pricing functions
+    max_num_seqs: int  # the engines' batch limit (vLLM max_num_seqs)
     memo: Any = None  # what the policy declared at setup (Policy.setup); read-only
 
     @cached_property

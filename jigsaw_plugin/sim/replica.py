@@ -15,6 +15,7 @@ import heapq
 from collections import deque
 
 from jigsaw_plugin.costmodel import CostModel, ModelProfile
+from jigsaw_plugin.ids import RequestId
 
 __all__ = ["Request", "Replica", "SEGMENT_STEPS"]
 
@@ -26,19 +27,23 @@ class Request:
     """One generation turn of one sample (a rollout request as vLLM sees it)."""
 
     __slots__ = (
-        "pipeline", "step", "sample", "turn", "rid", "context", "target", "done",
+        "pipeline", "step", "sample", "turn", "rid", "id", "group", "budget", "context", "target", "done",
         "cached", "version", "replica", "held", "admit_p", "finish_p", "epoch", "submit_t",
-        "migrations",
+        "turn_submit_t", "migrations", "pred_tokens",
     )
 
-    def __init__(self, pipeline, step, sample, turn, context, target, version):
+    def __init__(self, pipeline, step, sample, turn, context, target, version, group=0, budget=None):
         self.pipeline = pipeline
         self.step = step
         self.sample = sample
         self.turn = turn
+        self.id = RequestId(pipeline, step, sample, turn)
         self.rid = f"{pipeline}/{step}/{sample}"  # the trajectory: stable across turns (verl's sticky id)
+        self.group = group  # GRPO group (prompt) within the step
+        self.budget = target if budget is None else budget  # max tokens as configured (observable)
         self.context = context  # tokens before this turn's generation (prompt, earlier turns, observations)
-        self.target = target  # tokens this turn generates in total
+        # the turn's true length: the simulated engine stops here; never part of a policy's state
+        self.target = target
         self.done = 0  # tokens of this turn generated before the current admission
         self.cached = 0  # context tokens already in this replica's prefix cache
         self.version = version  # policy version of the weights that generated its first token
@@ -48,7 +53,9 @@ class Request:
         self.finish_p = 0.0
         self.epoch = 0  # bumped whenever the request leaves a replica's running set
         self.submit_t = 0.0
+        self.turn_submit_t = 0.0
         self.migrations = 0
+        self.pred_tokens = 0.0  # the predictor's length at submission (skew-aware routing)
 
     @property
     def remaining(self) -> int:
@@ -59,13 +66,14 @@ class Replica:
     """One vLLM engine of ``tp`` devices serving one pipeline."""
 
     def __init__(self, rid: int, pipeline: str, devices: tuple, model: ModelProfile,
-                 cost: CostModel, other_bytes: float = 0.0, ready_t: float = 0.0):
+                 cost: CostModel, other_bytes: float = 0.0, ready_t: float = 0.0, pricer=None):
         self.id = rid
         self.pipeline = pipeline
         self.devices = devices
         self.tp = len(devices)
         self.model = model
         self.cost = cost
+        self._pricer = pricer  # core.Pricer (jigsaw_predict_duration); None: the cost model directly
         self.cap = cost.kv_capacity_tokens(model, self.tp, other_bytes)
         if self.cap <= 0:
             raise ValueError(
@@ -87,10 +95,19 @@ class Replica:
         self.retiring = False
         self.busy_s = 0.0  # device-seconds / tp the replica had work in progress
         self.inflight = 0  # requests routed here and not yet finished (verl's in-flight count)
-        self.work = 0  # tokens still to generate by requests routed here (skew-aware routing)
+        self.predicted_work = 0.0  # predicted tokens of the requests routed here (skew-aware routing)
         self.switch_s = 0.0
         self.start_t = ready_t
-        self.max_finish_p = 0.0  # upper bound of running requests' finish (for projections)
+
+    def _decode_s(self, batch: int, kv: float) -> float:
+        if self._pricer is None:
+            return self.cost.decode_step_s(self.model, self.tp, batch, kv)
+        return self._pricer.decode_step_s(self.pipeline, self.devices, batch, kv)
+
+    def _prefill_s(self, tokens: float) -> float:
+        if self._pricer is None:
+            return self.cost.prefill_s(self.model, self.tp, tokens)
+        return self._pricer.prefill_s(self.pipeline, self.devices, tokens)
 
     # ---- state ------------------------------------------------------------------------
     @property
@@ -101,14 +118,23 @@ class Replica:
     def load(self) -> int:
         return self.n + len(self.queue)
 
-    def remaining_s(self) -> float:
-        """Projected time until this replica drains (an upper bound from its longest request,
-        or its outstanding work at the current batch, whichever is larger)."""
-        if self.load == 0:
-            return 0.0
-        steps = max(self.max_finish_p - self.p, self.work / max(1, self.n))
-        step = self.step_s or self.cost.decode_step_s(self.model, self.tp, max(1, self.n), self.kv_tokens)
-        return max(0.0, self.busy_until - self.t_sync) + steps * step
+    # ---- what the engine reports (core.snapshot) ----------------------------------------
+    def observe(self, t: float):
+        from jigsaw_plugin.core.snapshot import ReplicaObs
+
+        self.sync(t)
+        step = self.step_s or self._decode_s(max(1, self.n), self.kv_tokens)
+        return ReplicaObs(self.n, len(self.queue), self.kv_tokens, float(self.cap), self.max_seqs, step,
+                          max(0.0, self.busy_until - t))
+
+    def request_rows(self, t: float) -> list:
+        """Observable rows of its requests (running, then queued): tokens so far, never the target."""
+        self.sync(t)
+        p = self.p
+        rows = [(r.id, r.group, None, r.context, r.done + int(p - r.admit_p), r.budget, t - r.turn_submit_t, False)
+                for r in self.running()]
+        rows += [(r.id, r.group, None, r.context, r.done, r.budget, t - r.turn_submit_t, True) for r in self.queue]
+        return rows
 
     def running(self) -> list[Request]:
         return [r for (_, _, e, r) in self._heap if r.epoch == e and r.replica is self]
@@ -146,7 +172,7 @@ class Replica:
             if room < steps:
                 steps = max(room, 1.0)
         steps = min(steps, SEGMENT_STEPS)
-        self.step_s = self.cost.decode_step_s(self.model, self.tp, self.n, kv + self.n * steps / 2)
+        self.step_s = self._decode_s(self.n, kv + self.n * steps / 2)
         return max(self.t_sync, self.busy_until) + steps * self.step_s
 
     # ---- requests ---------------------------------------------------------------------
@@ -154,7 +180,7 @@ class Replica:
         r.replica = self
         self.queue.append(r)
         self.inflight += 1
-        self.work += r.remaining
+        self.predicted_work += r.pred_tokens
 
     def admit(self, t: float) -> None:
         """Admit queued requests while sequences and KV room allow (FCFS, as vLLM)."""
@@ -173,12 +199,11 @@ class Replica:
             r.epoch += 1
             self._seq += 1
             heapq.heappush(self._heap, (r.finish_p, self._seq, r.epoch, r))
-            self.max_finish_p = max(self.max_finish_p, r.finish_p)
             self._order.append((r.epoch, r))
             self.n += 1
             self._base += need - self.p
         if prefill > 0:
-            self.busy_until = max(self.busy_until, t) + self.cost.prefill_s(self.model, self.tp, prefill)
+            self.busy_until = max(self.busy_until, t) + self._prefill_s(prefill)
 
     def _remove(self, r: Request) -> None:
         self.n -= 1
@@ -196,14 +221,13 @@ class Replica:
             if fp > self.p + _EPS:
                 break
             heapq.heappop(h)
-            self.work -= r.remaining
+            self.predicted_work -= r.pred_tokens
             r.done = r.target
             self._remove(r)
             self.inflight -= 1
             out.append(r)
         if self.n == 0:
             self._order.clear()
-            self.max_finish_p = self.p
         return out
 
     def preempt_overflow(self) -> int:
@@ -215,7 +239,6 @@ class Replica:
                 continue
             gained = int(self.p - r.admit_p)
             r.done += gained
-            self.work -= gained
             r.cached = 0
             self._remove(r)
             self.queue.appendleft(r)
@@ -224,7 +247,7 @@ class Replica:
 
     def take(self, r: Request) -> None:
         """Remove a request (running or queued) for migration; keeps its generated prefix."""
-        self.work -= r.remaining
+        self.predicted_work -= r.pred_tokens
         if r in self.queue:
             self.queue.remove(r)
         else:
@@ -248,6 +271,6 @@ class Replica:
             self.take(r)
             r.replica = self
             self.inflight += 1
-            self.work += r.remaining
+            self.predicted_work += r.pred_tokens
             self.queue.appendleft(r)
         self.admit(t)

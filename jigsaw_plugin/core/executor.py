@@ -1,0 +1,402 @@
+"""``ExecutorCore``: the bookkeeping and the decide round both executors share.
+
+It owns devices and their claims, weight residency and context switches, steps and
+policy versions, the staleness checks, hook emission, the length history the predictor
+learns from, and the records the result JSON is built from. Subclasses supply the
+mechanics: the simulator's ``World`` prices replicas and stages on the cost model's clock;
+the runtime's ``LiveExecutor`` sends requests to live engines and runs real stages.
+
+One decide round serves both: ``decide()`` builds the ``SchedulerState`` (observations
+only) and calls ``jigsaw_schedule``, which the policy answers as an ordinary plugin; the
+decisions come back to ``apply``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
+from jigsaw_plugin.core.pricing import Pricer
+from jigsaw_plugin.core.snapshot import build_state
+from jigsaw_plugin.ids import RequestId
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.state import DeviceTask, DeviceView
+
+__all__ = ["ExecutorCore", "PolicyViolation", "PREDICTORS"]
+
+#: Remaining-length predictors an executor can run with. "oracle" reads true lengths: an
+#: ablation only, offered by executors that know them (the simulator).
+PREDICTORS = ("history", "oracle")
+
+
+class PolicyViolation(RuntimeError):
+    """A decision broke an invariant of the executor (named in the message)."""
+
+
+class ExecutorCore:
+    def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
+                 pm=None, predictor: str = "history"):
+        from jigsaw_plugin.costmodel import CostModel, hardware_profile
+        from jigsaw_plugin.errors import SpecError
+
+        if predictor not in PREDICTORS:
+            raise SpecError("predictor", predictor, ", ".join(PREDICTORS))
+        self.workload = workload
+        self.policy = policy
+        self.seed = seed
+        self.order: list[PipelineRun] = build_pipelines(workload)
+        self.pipelines = {p.name: p for p in self.order}
+        self.gpus = workload.cluster.gpus
+        self.gpus_per_node = workload.cluster.gpus_per_node
+        self.cost = CostModel(hardware_profile(workload.cluster.gpu), factors)
+        self.hooks = hooks
+        self.record_requests = record_requests and hooks is not None
+        self.free: set[int] = set(range(self.gpus))
+        self.task: dict[int, DeviceTask] = {}
+        self.resident: dict[int, list] = {d: [] for d in range(self.gpus)}  # LRU of rollout weights
+        self.train_resident: dict[int, str] = {}
+        self.resident_slots = getattr(policy, "resident_slots", 1)
+        self.replicas: dict[int, object] = {}
+        self._next_replica = 0
+        self._devices_version = 0
+        self._device_views = None
+        self.busy_s = 0.0  # device-seconds of finished work (replicas counted when closed)
+        self.migrations = 0
+        self.trace: list = []  # (name, category, devices, start, end) for the Chrome trace
+        self.decision_us: list[float] = []
+        self.predictor_name = predictor
+        self.pm = pm if pm is not None else self._default_manager()
+        self._register_builtins()
+        self.pricer = Pricer(self.pm, self.cost, {p.name: p.model for p in self.order})
+        from jigsaw_plugin.predict import PredictionLog
+
+        self.prediction_log = PredictionLog()
+        setup = policy.setup(build_state(self))
+        self.memo = setup.memo
+        for name, devices in setup.residency.items():
+            self.make_resident(name, devices)
+
+    # ---- plugins ------------------------------------------------------------------------
+    @staticmethod
+    def _default_manager():
+        from jigsaw_plugin.manager import get_plugin_manager
+
+        return get_plugin_manager()
+
+    def _register_builtins(self) -> None:
+        """The policy answers ``jigsaw_schedule`` and the cost model ``jigsaw_predict_duration``
+        as ordinary plugins of this run's manager (a ``tryfirst`` plugin may override
+        either); the oracle predictor, when asked for, is registered ``tryfirst``."""
+        from jigsaw_plugin.builtin import CostModelPlugin, SchedulerPlugin
+        from jigsaw_plugin.manager import register
+
+        register(self.pm, SchedulerPlugin(self.policy), f"scheduler:{self.policy.name}:{id(self)}")
+        register(self.pm, CostModelPlugin(self.cost, {p.name: p.model for p in self.order}), f"costmodel:{id(self)}")
+        if self.predictor_name == "oracle":
+            from jigsaw_plugin.predict import OraclePredictor
+
+            register(self.pm, OraclePredictor(self.true_length), f"oracle-predictor:{id(self)}")
+        if not self.pm.hook.jigsaw_predict_remaining.get_hookimpls():
+            from jigsaw_plugin.predict import HistoryPredictor
+
+            register(self.pm, HistoryPredictor(), f"history-predictor:{id(self)}")
+
+    def true_length(self, request_id: RequestId) -> int:
+        """The final length of a request's current turn: only executors that generate from a
+        known workload (the simulator) can answer; used by the oracle ablation alone."""
+        raise NotImplementedError(f"{type(self).__name__} cannot offer the oracle predictor")
+
+    def predict_remaining(self, p: PipelineRun, batch, step_s: float = 0.0):
+        """Predicted remaining tokens of ``batch`` (a ``RequestBatch`` of ``p``); ``step_s``:
+        the decode step time of the replica they run on (to score predictions in seconds)."""
+        import numpy as np
+
+        if len(batch) == 0:
+            return np.zeros(0)
+        pred = self.pm.hook.jigsaw_predict_remaining(pipeline=p.name, requests=batch, history=p.history)
+        pred = np.minimum(np.asarray(pred, dtype=float), np.maximum(batch.max_tokens - batch.generated, 0))
+        self._note_predictions(batch, pred, step_s)
+        return pred
+
+    def _note_predictions(self, batch, pred, step_s: float) -> None:
+        """Record a few predictions at this decision point (scored when they finish)."""
+        step = max(1, len(batch) // 4)
+        for i in range(0, len(batch), step):
+            if not batch.queued[i]:
+                self.prediction_log.note(batch.ids[i], int(batch.generated[i]), float(pred[i]), step_s, self.t)
+
+    # ---- the decide round -----------------------------------------------------------------
+    def snapshot(self):
+        """The ``SchedulerState`` now: what a policy may read."""
+        return build_state(self, self.memo)
+
+    def decide(self) -> list:
+        """One round: the state, then ``jigsaw_schedule``; returns the decisions."""
+        state = self.snapshot()
+        t0 = time.perf_counter()
+        decisions = self.pm.hook.jigsaw_schedule(state=state) or []
+        self.decision_us.append((time.perf_counter() - t0) * 1e6)
+        return decisions
+
+    def decide_and_apply(self, max_rounds: int = 8) -> None:
+        for _ in range(max_rounds):
+            self.dirty = False
+            decisions = self.decide()
+            if not decisions:
+                break
+            for d in decisions:
+                self.apply(d)
+        self.dirty = False
+
+    def apply(self, d) -> None:
+        if isinstance(d, StartGen):
+            self._start_gen(d)
+        elif isinstance(d, LaunchReplica):
+            self._launch(d)
+        elif isinstance(d, RetireReplica):
+            rep = self.replicas.get(d.replica)
+            if rep is None:
+                raise PolicyViolation(f"RetireReplica of unknown replica {d.replica}")
+            self._retire(rep)
+        elif isinstance(d, Migrate):
+            self._migrate(d)
+        elif isinstance(d, RunStage):
+            self._run_stage(d)
+        else:
+            raise PolicyViolation(f"unknown decision {d!r}")
+
+    # ---- devices ------------------------------------------------------------------------
+    def _emit(self, name: str, **kw) -> None:
+        if self.hooks is not None:
+            getattr(self.hooks, name)(**kw)
+
+    def device_views(self) -> tuple:
+        if self._device_views is None or self._device_views[0] != self._devices_version:
+            gpn = max(1, self.gpus_per_node)
+            views = tuple(DeviceView(d, d // gpn, self.task.get(d), tuple(self.resident[d]),
+                                     self.train_resident.get(d)) for d in range(self.gpus))
+            self._device_views = (self._devices_version, views)
+        return self._device_views[1]
+
+    def _claim(self, devices: tuple, owner: DeviceTask) -> None:
+        for d in devices:
+            if d not in self.free:
+                raise PolicyViolation(f"device {d} is busy ({self.task.get(d)!r}); cannot run {owner!r}")
+        for d in devices:
+            self.free.discard(d)
+            self.task[d] = owner
+        self._devices_version += 1
+
+    def _release(self, devices: tuple) -> None:
+        for d in devices:
+            self.task.pop(d, None)
+            self.free.add(d)
+        self._devices_version += 1
+        self.dirty = True
+
+    def _switch_s(self, p: PipelineRun, devices: tuple, kind: str) -> float:
+        """Context switch: bring the pipeline's state onto devices where it is not resident.
+
+        Rollout weights stay resident on up to ``resident_slots`` pipelines per device (LRU);
+        a device keeps one pipeline's training state (weights, grads, optimizer).
+        """
+        if kind == "rollout":
+            missing = [d for d in devices if p.name not in self.resident[d]]
+            for d in devices:
+                lru = self.resident[d]
+                if p.name in lru:
+                    lru.remove(p.name)
+                lru.append(p.name)
+                del lru[: max(0, len(lru) - self.resident_slots)]
+        else:
+            missing = [d for d in devices if self.train_resident.get(d) != p.name]
+            for d in devices:
+                self.train_resident[d] = p.name
+        self._devices_version += 1
+        if not missing:
+            return 0.0
+        p.context_switches += 1
+        s = self.pricer.context_switch_s(p.name, tuple(devices), train_state=(kind == "train"))
+        self._emit("jigsaw_context_switch", devices=tuple(missing), from_pipeline=None,
+                   to_pipeline=p.name, duration_s=s, t=self.t)
+        return s
+
+    def make_resident(self, pipeline: str, devices) -> None:
+        """Preload state (a static partition starts with its pipeline resident)."""
+        for d in devices:
+            if pipeline not in self.resident[d]:
+                self.resident[d].append(pipeline)
+            self.train_resident[d] = pipeline
+        self._devices_version += 1
+
+    def _other_weight_bytes(self, p: PipelineRun, devices: tuple) -> float:
+        """Bytes per device held by other pipelines' resident rollout weights."""
+        worst = 0.0
+        for d in devices:
+            b = sum(self.pipelines[o].model.weight_bytes / len(devices) for o in self.resident[d] if o != p.name)
+            worst = max(worst, b)
+        return worst
+
+    def _new_replica_id(self) -> int:
+        rid = self._next_replica
+        self._next_replica += 1
+        return rid
+
+    # ---- steps --------------------------------------------------------------------------
+    def _open_step(self, d: StartGen) -> tuple[PipelineRun, StepRun]:
+        """Check a StartGen against the staleness bound and record the new step."""
+        from jigsaw_plugin import workload as _workload
+
+        p = self.pipelines[d.pipeline]
+        if d.step != p.gen_next or d.step >= p.total_steps:
+            raise PolicyViolation(f"{p.name}: StartGen step {d.step}, expected {p.gen_next}")
+        bound = self.policy.staleness_bound(p)
+        if d.step - p.rollout_version > bound:
+            raise PolicyViolation(
+                f"{p.name}: step {d.step} would be generated by version {p.rollout_version}, "
+                f"staler than the bound {bound}"
+            )
+        samples = _workload.sample_step(p.spec, d.step, self.seed)
+        s = StepRun(step=d.step, samples=samples, n=len(samples.prompt_len))
+        s.tokens, s.generated = sample_tokens(samples)
+        s.gen_start_t = self.t
+        s.min_version = p.rollout_version
+        p.steps[d.step] = s
+        p.gen_next += 1
+        self._emit("jigsaw_step_start", pipeline=p.name, step=d.step, t=self.t)
+        return p, s
+
+    def _check_stage(self, d: RunStage) -> tuple[PipelineRun, StepRun, tuple]:
+        """Validate a RunStage, claim its devices, emit its start; returns its devices."""
+        p = self.pipelines[d.pipeline]
+        if d.step != p.train_next or p.next_stage != d.stage:
+            raise PolicyViolation(
+                f"{p.name}: RunStage {d.stage} of step {d.step}; next is {p.next_stage} of step {p.train_next}"
+            )
+        s = p.steps[d.step]
+        staleness = p.version - s.min_version
+        bound = self.policy.staleness_bound(p)
+        if d.stage == "update_actor" and staleness > bound:
+            raise PolicyViolation(f"{p.name}: step {d.step} staleness {staleness} > bound {bound}")
+        devices = () if d.stage in HOST_STAGES else tuple(d.devices)
+        if d.stage not in HOST_STAGES:
+            if not devices:
+                raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
+            self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
+        p.stage_running = True
+        self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
+                   samples=s.n, tokens=s.tokens, t=self.t)
+        if d.stage == "weight_sync":
+            self._emit("jigsaw_weight_sync_start", pipeline=p.name, step=d.step, version=p.version,
+                       devices=devices, bytes=int(p.model.weight_bytes), t=self.t)
+        return p, s, devices
+
+    def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool) -> float:
+        """The modelled duration of a training-side stage (through ``jigsaw_predict_duration``)."""
+        if stage in HOST_STAGES:
+            return self.cost.f.adv_s
+        cross = False
+        if stage == "weight_sync":
+            gpn = max(1, self.gpus_per_node)
+            rollout = {x for r in p.replicas for x in r.devices}
+            cross = bool(rollout) and len({x // gpn for x in rollout | set(devices)}) > 1
+        return self.pricer.stage_s(p.name, stage, devices, s.n, s.tokens, colocated=colocated, cross_node=cross)
+
+    def running_stage_end_t(self, p: PipelineRun) -> float | None:
+        """Predicted end of the stage ``p`` runs now (its start + its priced duration)."""
+        s = p.steps.get(p.train_next)
+        stage = p.stages[p.stage_next]
+        if s is None or stage not in s.stage_t:
+            return None
+        return s.stage_t[stage][1]
+
+    def _stage_done(self, p: PipelineRun, step: int, stage: str, devices: tuple) -> None:
+        """Bookkeeping when a training-side stage ends (both executors)."""
+        s = p.steps[step]
+        self._release(devices)
+        start = s.stage_t.get(stage, (self.t, self.t))[0]
+        s.stage_t[stage] = (start, self.t)
+        s.stages_done.add(stage)
+        p.stage_history.setdefault(stage, []).append(self.t - start)
+        p.stage_running = False
+        p.stage_next += 1
+        self._emit("jigsaw_stage_end", pipeline=p.name, step=step, stage=stage,
+                   devices=devices, samples=s.n, tokens=s.tokens, t=self.t)
+        if stage == "update_actor":
+            p.max_staleness = max(p.max_staleness, p.version - s.min_version)
+            s.trained_version = p.version
+            p.version += 1
+        if stage == "weight_sync":
+            p.rollout_version = p.version
+            self._on_weights_synced(p)
+            self._emit("jigsaw_weight_sync_end", pipeline=p.name, step=step, version=p.version,
+                       devices=devices, t=self.t)
+        if p.stage_next >= len(p.stages):
+            p.stage_next = 0
+            p.train_next += 1
+            self._emit("jigsaw_step_end", pipeline=p.name, step=step, t=self.t)
+            if p.done:
+                p.finished_t = self.t
+                self._emit("jigsaw_pipeline_end", pipeline=p.name, t=self.t)
+
+    def _on_weights_synced(self, p: PipelineRun) -> None:
+        """New weights are live (AReaL's executor interrupts in-flight requests here)."""
+
+    def _turn_finished(self, p: PipelineRun, rid: RequestId, length: int) -> None:
+        """A generation turn ended: the history learns its length, the prediction log scores it."""
+        group = rid.sample // p.spec.samples_per_prompt
+        p.history.record_finished(rid.step, group, rid.turn or 0, int(length))
+        self.prediction_log.finish(rid, int(length))
+
+    def _trajectory_finished(self, p: PipelineRun, s: StepRun, sample: int) -> None:
+        smp = s.samples
+        off, turns = int(smp.turn_offset[sample]), int(smp.turns[sample])
+        gen = int(smp.gen_tokens[off:off + turns].sum())
+        obs = int(smp.observation_len[off:off + turns - 1].sum()) if turns > 1 else 0
+        prompt = int(smp.prompt_len[sample])
+        p.observed.record(prompt, gen, prompt + gen + obs, turns)
+        s.n_gen_done += 1
+        if s.n_gen_done == s.n:
+            s.gen_end_t = self.t
+            self.dirty = True
+            self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="gen", devices=(),
+                       samples=s.n, tokens=s.generated, t=self.t)
+            self._emit("jigsaw_stage_start", pipeline=p.name, step=s.step, stage="reward", devices=(),
+                       samples=s.n, tokens=s.generated, t=self.t)
+
+    def _rewarded(self, p: PipelineRun, s: StepRun) -> None:
+        s.n_rewarded += 1
+        if s.n_rewarded == s.n:
+            s.reward_end_t = self.t
+            self.dirty = True
+            self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="reward", devices=(),
+                       samples=s.n, tokens=s.generated, t=self.t)
+
+    def request_budget(self, p: PipelineRun, s: StepRun, sample: int, turn: int) -> int:
+        """The most tokens turn ``turn`` of a sample may generate as the user configured it
+        (``max_response_len`` less what earlier turns generated): observable, unlike its length."""
+        smp = s.samples
+        off = int(smp.turn_offset[sample])
+        return int(p.spec.max_response_len - smp.gen_tokens[off:off + turn].sum())
+
+    # ---- what subclasses provide ---------------------------------------------------------
+    def _start_gen(self, d: StartGen) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _launch(self, d: LaunchReplica) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _retire(self, rep) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _migrate(self, d: Migrate) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _run_stage(self, d: RunStage) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # ---- end of run ---------------------------------------------------------------------
+    def result(self, backend: str = "sim", events: int = 0) -> dict:
+        from jigsaw_plugin.core.result import build_result
+
+        return build_result(self, backend=backend, events=events)

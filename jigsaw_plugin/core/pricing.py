@@ -1,0 +1,52 @@
+"""Every duration an executor charges is priced through ``jigsaw_predict_duration``.
+
+The built-in cost model answers the hook as an ordinary plugin (``builtin.CostModelPlugin``);
+a plugin registered with ``tryfirst=True`` overrides it for the kinds it prices. When the
+built-in plugin is the hook's only implementation (checked when the run starts), the
+pricer calls the cost model directly: the same numbers without pluggy's per-call cost on
+the simulator's hottest path (a decode step is priced at every replica event).
+"""
+
+from __future__ import annotations
+
+from jigsaw_plugin.builtin import CostModelPlugin
+
+__all__ = ["Pricer"]
+
+
+class Pricer:
+    def __init__(self, pm, cost, models: dict):
+        self.cost = cost
+        self._models = models  # pipeline name -> ModelProfile
+        self._hook = pm.hook.jigsaw_predict_duration
+        impls = self._hook.get_hookimpls()
+        self._direct = len(impls) == 1 and isinstance(impls[0].plugin, CostModelPlugin)
+
+    def _ask(self, kind: str, pipeline: str, sizes: dict, devices: tuple) -> float:
+        value = self._hook(kind=kind, pipeline=pipeline, sizes=sizes, devices=devices)
+        if value is None:
+            raise RuntimeError(f"no plugin priced {kind!r} for pipeline {pipeline!r}")
+        return float(value)
+
+    def decode_step_s(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float) -> float:
+        if self._direct:
+            return self.cost.decode_step_s(self._models[pipeline], len(devices), batch, kv_tokens)
+        return self._ask("decode_step", pipeline, {"batch": batch, "kv_tokens": kv_tokens}, devices)
+
+    def prefill_s(self, pipeline: str, devices: tuple, tokens: float) -> float:
+        if self._direct:
+            return self.cost.prefill_s(self._models[pipeline], len(devices), tokens)
+        return self._ask("prefill", pipeline, {"tokens": tokens}, devices)
+
+    def context_switch_s(self, pipeline: str, devices: tuple, train_state: bool) -> float:
+        if self._direct:
+            return self.cost.context_switch_s(self._models[pipeline], len(devices), train_state)
+        return self._ask("context_switch", pipeline, {"train_state": train_state}, devices)
+
+    def stage_s(self, pipeline: str, stage: str, devices: tuple, samples: int, tokens: float,
+                colocated: bool = True, cross_node: bool = False) -> float:
+        """A training-side stage (forward passes, updates, weight sync) on ``devices``."""
+        sizes = {"samples": samples, "tokens": tokens, "colocated": colocated, "cross_node": cross_node}
+        if self._direct:
+            return CostModelPlugin(self.cost, self._models).jigsaw_predict_duration(stage, pipeline, sizes, devices)
+        return self._ask(stage, pipeline, sizes, devices)
