@@ -53,12 +53,14 @@ def run(repeats: int = 3) -> dict:
     import tempfile
 
     from jigsaw_plugin.runtime.ray_bench import run_ab_ray
+    from jigsaw_plugin.sim import simulate
 
     rows = []
     BENCH.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for label, path, steps in CASES:
-            ab = run_ab_ray(_workload_file(path, steps, Path(tmp)), "verl-sync", "jigsaw", repeats=repeats)
+            ab = run_ab_ray(_workload_file(path, steps, Path(tmp)), "verl-sync", "jigsaw", repeats=repeats,
+                            predict=simulate)
             if not rows:  # the first case's whole bench JSON: calibrate_cpu.py fits the cpu factors to it
                 BENCH.write_text(json.dumps(ab, indent=1))
             rows.append({"case": label, "workload": path, "steps": steps, **{

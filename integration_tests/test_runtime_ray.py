@@ -139,7 +139,10 @@ def test_bench_on_real_engines_writes_the_simulator_result_json(ray_local, tmp_p
 
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(_workload(2, 2, 2, 4, 64)))
-    ab = run_ab_ray(path, "verl-sync", "jigsaw", repeats=1, log=lambda *a: None, warmup=False, record_events=True)
+    from jigsaw_plugin.sim import simulate
+
+    ab = run_ab_ray(path, "verl-sync", "jigsaw", repeats=1, log=lambda *a: None, warmup=False, record_events=True,
+                    predict=simulate)
     for side in ("baseline", "candidate"):
         r = ab[side]
         assert r["backend"] == "ray" and r["samples"] == 2 * 2 * 16

@@ -103,12 +103,13 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
     check_backend(backend, workload)
     if backend == "ray":
         from jigsaw_plugin.runtime.ray_bench import run_ab_ray
+        from jigsaw_plugin.sim import simulate
 
         _policy(candidate, ablate or [])  # validates the ablations (run_ab_ray checks the workload)
         # the hook events of the median runs go to --out (events_*.jsonl: `jigsaw graph --from-events`)
         ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
                         baseline_options=baseline_options, candidate_options={a: False for a in ablate or []},
-                        record_events=True, log=log)
+                        record_events=True, log=log, predict=simulate)
         if ablate:
             ab["candidate"]["ablate"] = list(ablate)
         events = ab.get("events", {})
