@@ -1,0 +1,159 @@
+"""The jigsaw policy's ``decide`` on small hand-built states: one test per mechanism.
+
+The states are built from the typed views a live executor would hand over (observed
+loads, tokens so far, predicted remaining tokens); no simulator runs here.
+"""
+
+import numpy as np
+
+from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
+from jigsaw_plugin.ids import RequestId
+from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen, get_policy
+from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
+from jigsaw_plugin.scheduler.state import (
+    DeviceTask,
+    DeviceView,
+    LengthSummary,
+    PipelineView,
+    ReplicaView,
+    RequestView,
+    SchedulerState,
+    StepView,
+)
+from sim_helpers import small_workload
+
+COST = CostModel(hardware_profile("h100"))
+MODEL = model_profile("qwen2.5-1.5b")
+SPECS = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, algorithms=("grpo", "grpo"),
+                       agentic=(False, False)).pipelines
+
+
+class _Requests:
+    """A replica's request source: fixed observations and predictions."""
+
+    def __init__(self, name, replica, generated, predicted):
+        self.pred = np.asarray(predicted, float)
+        self.rows = tuple(RequestView(RequestId(name, 0, i, 0), i // 4, None, 200, g, 4096, 10.0, replica, False, p)
+                          for i, (g, p) in enumerate(zip(generated, predicted)))
+
+    def predicted(self):
+        return self.pred
+
+    def views(self):
+        return self.rows
+
+
+def replica(name, rid, devices, generated=(), predicted=(), retiring=False):
+    n = len(generated)
+    kv = float(sum(200 + g for g in generated))
+    step_s = COST.decode_step_s(MODEL, len(devices), max(1, n), kv)
+    return ReplicaView(rid, name, tuple(devices), n, 0, kv, float(COST.kv_capacity_tokens(MODEL, len(devices))),
+                       256, retiring, step_s, 0.0, _Requests(name, rid, generated, predicted))
+
+
+def step(k=0, samples=32, done=0, rewarded=0, tokens=0):
+    return StepView(k, samples, done, rewarded, tokens, 0.0, {}, {}, 0)
+
+
+def pipeline(i, share, replicas=(), steps=None, gen_next=0, train_next=0, stage_next=0, generating=False,
+             stage_running=False, version=0, running_end=None):
+    spec = SPECS[i]
+    return PipelineView(
+        name=spec.name, index=i, spec=spec, model=MODEL, stages=("old_log_prob", "ref", "adv", "update_actor",
+                                                                   "weight_sync"),
+        static_devices=tuple(share), gen_next=gen_next, train_next=train_next, stage_next=stage_next,
+        stage_running=stage_running, version=version, rollout_version=version, done=False, generating=generating,
+        pending=0, replicas=tuple(replicas), steps=steps or {}, history=None,
+        lengths=LengthSummary(100, 150.0, 600.0, 750.0, 1.0, 3000.0), stage_history_s={},
+        running_stage_end_t=running_end)
+
+
+def state(pipes, busy=None, t=100.0):
+    busy = busy or {}
+    owner = {d: p.name for p in pipes for d in p.static_devices}
+    home = {p.name: (p.static_devices, p.static_devices) for p in pipes}
+    devices = tuple(DeviceView(d, 0, busy.get(d), (owner[d],), owner[d]) for d in range(8))
+    return SchedulerState(t=t, gpus=8, gpus_per_node=8, devices=devices,
+                          free=frozenset(d for d in range(8) if d not in busy), order=tuple(pipes), cost=COST,
+                          max_num_seqs=256, memo=JigsawMemo(home, owner))
+
+
+def _busy_with_replicas(pipes):
+    return {d: DeviceTask("replica", p.name, replica=r.id) for p in pipes for r in p.replicas for d in r.devices}
+
+
+def test_starts_generation_with_replicas_on_its_home():
+    p0 = pipeline(0, range(4))
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw").decide(state([p0, p1]))
+    assert StartGen("p0", 0) in out
+    launched = [d for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0"]
+    assert launched and all(set(d.devices) <= {0, 1, 2, 3} for d in launched)
+
+
+def test_retires_a_drained_replica_after_generation():
+    reps = [replica("p0", 1, (0,)), replica("p0", 2, (1,))]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, steps={0: step(0, done=32, rewarded=10)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    assert {RetireReplica(1), RetireReplica(2)} <= set(out)
+
+
+def test_consolidates_a_tail_replica_onto_a_sibling():
+    # replica 1 holds one short request in its tail, replica 2 a few long ones: moving the
+    # short one frees a device for a whole predicted drain of replica 2
+    reps = [replica("p0", 1, (0,), generated=[900], predicted=[100]),
+            replica("p0", 2, (1,), generated=[800, 700, 600], predicted=[2000, 1800, 1500])]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=28)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, generating=False,
+                  steps={1: step(1, samples=32, done=32, rewarded=32, tokens=32 * 900)})
+    out = get_policy("jigsaw", resize=False).decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    assert Migrate(1, 2) in out and RetireReplica(1) in out
+
+
+def test_widens_a_long_tail_onto_free_home_devices():
+    reps = [replica("p0", 1, (0,), generated=[3000], predicted=[20000])]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=31)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    wide = [d for d in out if isinstance(d, LaunchReplica) and d.absorb]
+    assert wide and wide[0].absorb == (1,) and len(wide[0].devices) > 1
+    assert set(wide[0].devices) <= {1, 2, 3}
+
+
+def test_the_same_tail_is_not_widened_when_predicted_short():
+    reps = [replica("p0", 1, (0,), generated=[3000], predicted=[20])]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=31)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    assert not [d for d in out if isinstance(d, LaunchReplica) and d.absorb]
+
+
+def test_a_ready_stage_borrows_devices_its_owner_can_spare():
+    # p1 is in a long predicted rollout tail on one device: its three idle devices are lent
+    # to p0's ready training stage, which then runs on 4 + 3 devices
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=1, generating=True, steps={0: step(0, done=31)})
+    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=_busy_with_replicas([p1])))
+    stage = [d for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    assert stage and stage[0].stage == "old_log_prob"
+    assert set(range(4)) < set(stage[0].devices) and set(stage[0].devices) - set(range(4)) <= {5, 6, 7}
+    # without multiplexing it stays on its home
+    out = get_policy("jigsaw", migration=False, multiplex=False).decide(state([p0, p1], busy=_busy_with_replicas([p1])))
+    assert [d.devices for d in out if isinstance(d, RunStage)] == [(0, 1, 2, 3)]
+
+
+def test_lookahead_waits_for_a_home_device_about_to_free():
+    # three of p0's four home devices are free; the fourth ends a predicted-short tail in a
+    # moment: the look-ahead waits rather than starting the stage on three
+    tail = [replica("p0", 1, (3,), generated=[500], predicted=[1])]
+    p0 = pipeline(0, range(4), replicas=tail, gen_next=1,
+                  steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
+                  steps={1: step(1, done=32, rewarded=32)})
+    busy = {**_busy_with_replicas([p0]), **{d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}}
+    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=busy))
+    assert not [d for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    out = get_policy("jigsaw", migration=False, lookahead=False).decide(state([p0, p1], busy=busy))
+    assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
