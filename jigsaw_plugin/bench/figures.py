@@ -111,9 +111,8 @@ def _gantt_axis(ax, tl: Timeline, colors: dict, run: dict) -> None:
 
 def _gantt(ab: dict, tls: tuple[Timeline, Timeline], path: Path) -> None:
     plt = _plt()
-    from matplotlib.patches import Patch
-
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     names = list(ab["baseline"]["pipelines"])
     colors = _pipeline_colors(names)

@@ -19,18 +19,20 @@ __all__ = ["LOGGER_NAME", "setup_logging", "progress_enabled", "SimProgress", "A
 
 LOGGER_NAME = "jigsaw_plugin"
 _MIN_REFRESH_S = 0.25  # wall seconds between two redraws of a plain progress line
+_HANDLER: logging.Handler | None = None  # the CLI's stderr handler
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     """``jigsaw`` messages to stderr: INFO by default, DEBUG with ``-v``, WARNING with ``-q``."""
     level = logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO)
+    global _HANDLER
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(level)
-    if not any(getattr(h, "_jigsaw_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("jigsaw: %(message)s"))
-        handler._jigsaw_cli = True  # one handler however often main() runs in a process
-        logger.addHandler(handler)
+    if _HANDLER is not None:  # one handler however often main() runs in a process
+        logger.removeHandler(_HANDLER)
+    _HANDLER = logging.StreamHandler(sys.stderr)  # the stderr of now (tests swap it)
+    _HANDLER.setFormatter(logging.Formatter("jigsaw: %(message)s"))
+    logger.addHandler(_HANDLER)
     logger.propagate = False
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.spans import Timeline, timeline_from_dict, timeline_to_dict
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["RESULT_FILE", "SPANS_FILE", "SavedRun", "save_run", "load_run", "bench_json"]
+__all__ = ["RESULT_FILE", "SPANS_FILE", "SIDES", "SavedRun", "save_run", "load_run", "bench_json"]
 
 RESULT_FILE = "result.json"
 SPANS_FILE = "spans.json"
