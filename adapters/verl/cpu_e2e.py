@@ -100,7 +100,8 @@ def main_ppo_args(s: E2ESettings, model: Path, data: Path, events_path: Path) ->
         f"actor_rollout_ref.model.path={model}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # flash-attn is verl's default
         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",  # FSDP1 refuses CPU params
-        "actor_rollout_ref.actor.optim.lr=1e-3",
+        # a large step on purpose: stale weights in vLLM would then show as a large rollout-vs-trainer KL
+        "actor_rollout_ref.actor.optim.lr=5e-2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
@@ -161,6 +162,21 @@ def parse_step_metrics(log: str) -> list[dict]:
     return [steps[k] for k in sorted(steps)]
 
 
+def _run_in_own_session(cmd: list[str], log, cwd: Path, env: dict, timeout_s: float) -> int:
+    """Run ``cmd`` in a session of its own; on timeout end that session (main_ppo, the Ray head
+    it started; Ray's workers exit when their raylet does). Returns the exit code (-9: killed)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.write(f"\njigsaw cpu_e2e: killed after {timeout_s:.0f} s\n")
+        return -9
+
+
 def run(s: E2ESettings, timeout_s: float = 900.0, python: str = sys.executable) -> E2EResult:
     """Run ``main_ppo`` once (twice if Ray's node start timed out); the log goes to the workdir."""
     workdir = Path(s.workdir).resolve()
@@ -174,12 +190,11 @@ def run(s: E2ESettings, timeout_s: float = 900.0, python: str = sys.executable) 
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
-                                  cwd=workdir, env=run_env(s))
+            returncode = _run_in_own_session(cmd, log, workdir, run_env(s), timeout_s)
         text = log_path.read_text(errors="replace")
-        if proc.returncode == 0 or _RAY_START_TIMEOUT not in text or attempt == 2:
+        if returncode == 0 or _RAY_START_TIMEOUT not in text or attempt == 2:
             break
-    return E2EResult(returncode=proc.returncode, wall_s=round(time.monotonic() - t0, 1), attempts=attempt,
+    return E2EResult(returncode=returncode, wall_s=round(time.monotonic() - t0, 1), attempts=attempt,
                      log_path=str(log_path), events_path=str(events), steps=parse_step_metrics(text))
 
 
@@ -192,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coordinator", default=None)
     p.add_argument("--ray-address", default=None)
     p.add_argument("--no-platform", action="store_true", help="leave VERL_PLATFORM unset (shows verl's error)")
+    p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("overrides", nargs="*", help="more Hydra overrides")
     a = p.parse_args(argv)
     from jigsaw_plugin.errors import SpecError
@@ -203,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = run(s)
+    result = run(s, timeout_s=a.timeout_s)
     print(json.dumps(asdict(result)), flush=True)
     if result.returncode != 0:
         print(f"main_ppo exited {result.returncode}; log: {result.log_path}", file=sys.stderr)

@@ -122,6 +122,20 @@ class JigsawTrainerMixin:
             rep.stage_end(stage, samples, tokens)
 
     # ---- lifecycle ------------------------------------------------------------------------
+    def init(self):
+        """verl's ``init`` (worker groups, rollout replicas), after checking that Ray has the
+        devices verl's platform will ask for: a clear error instead of base.py:240's."""
+        import ray
+        from verl.plugin.platform import get_platform
+
+        from jigsaw_plugin.adapters.verl.cpu_device import check_devices_exist
+
+        if ray.is_initialized():
+            trainer = self.config.trainer
+            required = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
+            check_devices_exist(get_platform().ray_resource_name(), ray.cluster_resources(), required)
+        return super().init()
+
     def _jigsaw_spec(self) -> dict:
         cfg = self.config
         return {
