@@ -226,3 +226,25 @@ def test_doctor_verdicts_and_exit_code():
     else:
         assert verdicts["ray"] == "NOT READY"
         assert p.returncode == 1 and "not ready for: ray" in p.stdout and "torch==2.13.0" in p.stdout
+
+
+def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_dir, tmp_path):
+    # the policy issue adds these fields to the result; the report prints them as they are
+    import shutil
+
+    run = tmp_path / "with-bounds"
+    shutil.copytree(bench_dir, run)
+    result = json.loads((run / "result.json").read_text())
+    for side, eff, lb in (("baseline", 0.41, 250.0), ("candidate", 0.57, 250.0)):
+        result[side]["effective_utilisation"] = eff
+        result[side]["bounds"] = {"work_s": 180.5, "critical_path_s": 240.25, "makespan_lower_bound_s": lb}
+    result["gap_recovered"] = 0.625
+    (run / "result.json").write_text(json.dumps(result))
+    p = jigsaw("report", run)
+    assert p.returncode == 0, p.stderr
+    report = (run / "report.md").read_text()
+    assert "| effective utilisation | 0.41 | 0.57 | 1.39x |" in report
+    assert "| bound: makespan_lower_bound_s | 250.00 | 250.00 |" in report
+    assert "| bound: critical_path_s | 240.25 | 240.25 |" in report
+    assert "gap_recovered: **0.625**" in report
+    assert (run / "throughput.png").read_bytes()[:8] == PNG_MAGIC

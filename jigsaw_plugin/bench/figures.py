@@ -171,7 +171,7 @@ def _throughput(ab: dict, path: Path) -> None:
     if bound:  # no policy can finish these samples faster than the lower bound on the makespan
         ax.axhline(c["samples"] / bound, color="tab:red", linestyle="--",
                    label=f"bound: {c['samples'] / bound:.2f} samples/s (makespan >= {bound:.0f} s)")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left")
     ax.set_ylabel("samples/s (higher is better)")
     ax.set_title(f"Throughput: {_name(c)} / {_name(b)} = {ab['throughput_ratio']:.2f}x\n{_title(ab)}", fontsize=9)
     ax.set_ylim(0, max(values + ([c["samples"] / bound] if bound else [])) * 1.15)
