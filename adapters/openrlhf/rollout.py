@@ -34,7 +34,7 @@ from vllm import SamplingParams
 from jigsaw_plugin.adapters.openrlhf.config import MigrationSettings
 from jigsaw_plugin.adapters.openrlhf.engines import RequestState, RequestTable, RolloutEngine
 from jigsaw_plugin.adapters.openrlhf.hooks import RunHooks
-from jigsaw_plugin.runtime.router import Router
+from jigsaw_plugin.runtime.router import Router, RouterError
 
 __all__ = ["JigsawSamplesGenerator", "StepClock", "make_executor"]
 
@@ -258,7 +258,10 @@ class JigsawSamplesGenerator(SamplesGenerator):
         """Move the engine's requests to ``target``, detach it, release its device. The
         release follows the detach with no await between: a cancelled drain leaves the
         engine attached, and ``_generate`` releases it with the others."""
-        moved = await batch.router.drain_to(replica, target)
+        try:
+            moved = await batch.router.drain_to(replica, target)
+        except RouterError:
+            return  # the target died meanwhile (checked before anything moved): this engine stays on
         self.hooks.release([batch.devices[replica]])
         self.stats["switched_off"] += 1
         self.stats["migrations"] += moved
