@@ -149,3 +149,46 @@ def test_the_predictor_is_a_default_plugin_and_the_oracle_is_labelled():
     assert oracle["predictor"]["remaining_tokens_mae"] == pytest.approx(0.0, abs=1.0)
     assert default["predictor"]["remaining_tokens_mae"] > 1.0
     assert default["samples"] == oracle["samples"]
+
+
+class _ResizeOnce:
+    """verl-sync, but the first update_actor is shrunk to one device at its first boundary,
+    then paused, then resumed on all of them (what micro-batch loans do)."""
+
+    def __init__(self, plan):
+        self.inner, self.plan, self.seen = get_policy("verl-sync"), list(plan), []
+
+    @hookimpl(tryfirst=True)
+    def jigsaw_schedule(self, state):
+        from jigsaw_plugin.scheduler import ResizeStage
+
+        p = state.order[0]
+        if p.stage_running and p.stages[p.stage_next] == "update_actor" and p.train_next == 0 and self.plan:
+            devs = self.plan.pop(0)
+            self.seen.append((state.t, devs))
+            return [ResizeStage(p.name, 0, "update_actor", devs)]
+        return self.inner.decide(state)
+
+
+def test_a_stage_resizes_and_pauses_at_micro_batch_boundaries():
+    from jigsaw_plugin.scheduler import ResizeStage
+
+    wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=8, steps=1, median=2000, algorithms=("grpo",),
+                        models=("qwen2.5-7b",), agentic=(False,))  # compute-bound update: width matters
+    base = Simulation(wl, get_policy("verl-sync")).run()["pipelines"]["p0"]["stage_s"]["update_actor"]
+    pm = get_plugin_manager(load_entrypoints=False)
+    spy = _ResizeOnce([(0,)])
+    register(pm, spy, "resize")
+    sim = Simulation(wl, get_policy("verl-sync"), pm=pm)
+    narrow = sim.run()["pipelines"]["p0"]["stage_s"]["update_actor"]
+    # one micro-batch of eight on 4 devices, seven on one: slower than all eight on four
+    assert narrow > base * 2
+    spans = [x for x in sim.world.trace if x[1] == "update_actor"]
+    assert [len(x[2]) for x in spans] == [4, 1]
+    assert spans[0][4] == pytest.approx(spans[1][3])  # devices 1-3 freed at the boundary
+    # pausing (no devices) and resuming later keeps the update whole
+    pm = get_plugin_manager(load_entrypoints=False)
+    register(pm, _ResizeOnce([()]), "pause")
+    with pytest.raises(Exception, match="stalled"):  # paused and never resumed: the run cannot finish
+        Simulation(wl, get_policy("verl-sync"), pm=pm).run()
+    assert ResizeStage("p0", 0, "update_actor", ()).devices == ()

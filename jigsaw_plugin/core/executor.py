@@ -19,7 +19,7 @@ from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, buil
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import build_state
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask, DeviceView
 
 __all__ = ["ExecutorCore", "PolicyViolation", "PREDICTORS"]
@@ -162,6 +162,8 @@ class ExecutorCore:
             self._migrate(d)
         elif isinstance(d, RunStage):
             self._run_stage(d)
+        elif isinstance(d, ResizeStage):
+            self._resize_stage(d)
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
 
@@ -394,6 +396,10 @@ class ExecutorCore:
 
     def _run_stage(self, d: RunStage) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def _resize_stage(self, d: ResizeStage) -> None:
+        """Executors whose training stages cannot change width say so (the policy time-shares)."""
+        raise PolicyViolation(f"{type(self).__name__} cannot resize a running stage ({d!r})")
 
     # ---- end of run ---------------------------------------------------------------------
     def result(self, backend: str = "sim", events: int = 0) -> dict:

@@ -1,7 +1,14 @@
 """Pure scheduling policies (state in, decisions out) and their registry."""
 
 from jigsaw_plugin.scheduler.base import Policy, get_policy, policy_names, register_policy
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import (
+    LaunchReplica,
+    Migrate,
+    ResizeStage,
+    RetireReplica,
+    RunStage,
+    StartGen,
+)
 
 __all__ = [
     "Policy",
@@ -10,6 +17,7 @@ __all__ = [
     "register_policy",
     "LaunchReplica",
     "Migrate",
+    "ResizeStage",
     "RetireReplica",
     "RunStage",
     "StartGen",

@@ -15,6 +15,7 @@ __all__ = [
     "RetireReplica",
     "Migrate",
     "RunStage",
+    "ResizeStage",
     "Decision",
 ]
 
@@ -77,4 +78,22 @@ class RunStage:
     colocated: bool = True
 
 
-Decision = StartGen | LaunchReplica | RetireReplica | Migrate | RunStage
+@dataclass(frozen=True, slots=True)
+class ResizeStage:
+    """Grow, shrink or pause a running training stage at its next micro-batch boundary.
+
+    A training stage runs as a sequence of micro-batch sub-stages; from the next boundary
+    on it runs on ``devices`` (an empty tuple pauses it until another ``ResizeStage`` gives
+    it devices). Devices it gains are claimed now and join at the boundary; devices it
+    loses are freed at the boundary, so an owner gets a lent device back within one
+    micro-batch. Gradients accumulate across micro-batches, so the update does not
+    depend on the widths (the reference trainer tests this on real tensors).
+    """
+
+    pipeline: str
+    step: int
+    stage: str
+    devices: tuple
+
+
+Decision = StartGen | LaunchReplica | RetireReplica | Migrate | RunStage | ResizeStage

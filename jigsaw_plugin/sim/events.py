@@ -7,7 +7,7 @@ called after a batch of simultaneous events sees all of them.
 
 from __future__ import annotations
 
-__all__ = ["Event", "StageDone", "ReplicaTick", "ToolDone", "RewardDone"]
+__all__ = ["Event", "StageDone", "MicroBatchDone", "ReplicaTick", "ToolDone", "RewardDone"]
 
 
 class Event:
@@ -33,6 +33,20 @@ class StageDone(Event):
 
     def handle(self, world) -> None:
         world.on_stage_done(self)
+
+
+class MicroBatchDone(Event):
+    """A micro-batch of a training stage finished: the stage may resize here."""
+
+    priority = 0
+    __slots__ = ("pipeline", "epoch")
+
+    def __init__(self, t, pipeline, epoch):
+        super().__init__(t)
+        self.pipeline, self.epoch = pipeline, epoch
+
+    def handle(self, world) -> None:
+        world.on_micro_batch_done(self)
 
 
 class ReplicaTick(Event):

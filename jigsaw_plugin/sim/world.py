@@ -1,29 +1,50 @@
 """The simulator's executor: replicas and stages on the cost model's clock.
 
 ``World`` is ``core.ExecutorCore`` plus simulated mechanics: requests decode in simulated
-replicas (``sim.replica``), stages end at a priced time (``StageDone``), tool calls and
-rewards take their sampled latencies. Every duration is priced through
+replicas (``sim.replica``); a training stage runs as ``micro_batches`` micro-batch
+sub-stages (``MicroBatchDone``), each priced at the width it runs on, so that it can grow,
+shrink or pause at a boundary (``ResizeStage``); weight syncs and host stages end at one
+priced time (``StageDone``); tool calls and rewards take their sampled latencies. Every duration is priced through
 ``jigsaw_predict_duration`` (``core.pricing``). The event loop is ``sim.engine``.
 """
 
 from __future__ import annotations
 
 from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
-from jigsaw_plugin.core.pipelines import PipelineRun
+from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask
-from jigsaw_plugin.sim.events import ReplicaTick, RewardDone, StageDone, ToolDone
+from jigsaw_plugin.sim.events import MicroBatchDone, ReplicaTick, RewardDone, StageDone, ToolDone
 from jigsaw_plugin.sim.replica import Replica, Request
 
 __all__ = ["World", "PolicyViolation"]
 
 
+class _StageRun:
+    """A training stage in progress, micro-batch by micro-batch."""
+
+    __slots__ = ("p", "s", "stage", "colocated", "devices", "pending", "index", "epoch", "seg_start")
+
+    def __init__(self, p: PipelineRun, s: StepRun, stage: str, colocated: bool, devices: tuple, t: float):
+        self.p, self.s, self.stage, self.colocated, self.devices = p, s, stage, colocated, devices
+        self.pending = None  # devices from the next boundary on (ResizeStage), or None
+        self.index = 0  # micro-batches done
+        self.epoch = 0
+        self.seg_start = t  # start of the current run of micro-batches on ``devices``
+
+
 class World(ExecutorCore):
-    def __init__(self, workload, policy, push, seed: int = 0, **kw):
+    def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8, **kw):
+        from jigsaw_plugin.errors import SpecError
+
+        if not isinstance(micro_batches, int) or micro_batches < 1:
+            raise SpecError("micro_batches", micro_batches, "an integer >= 1")
         self.t = 0.0
         self.dirty = True
         self._push = push
+        self.micro_batches = micro_batches  # micro-batch sub-stages per training stage
+        self._stage_runs: dict[str, _StageRun] = {}
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
         self.interrupt_on_sync = getattr(policy, "interrupt_on_sync", False)
@@ -199,14 +220,85 @@ class World(ExecutorCore):
 
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
-        dur = self.price_stage(p, s, d.stage, devices, d.colocated)
-        if devices and d.stage != "weight_sync":
-            dur += self._switch_s(p, devices, "train")
-        s.stage_t[d.stage] = (self.t, self.t + dur)
-        self.busy_s += dur * len(devices)
-        if devices:
-            self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, self.t, self.t + dur))
-        self._push(StageDone(self.t + dur, p.name, d.step, d.stage, devices))
+        if d.stage in HOST_STAGES or d.stage == "weight_sync":
+            dur = self.price_stage(p, s, d.stage, devices, d.colocated)
+            s.stage_t[d.stage] = (self.t, self.t + dur)
+            self.busy_s += dur * len(devices)
+            if devices:
+                self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, self.t, self.t + dur))
+            self._push(StageDone(self.t + dur, p.name, d.step, d.stage, devices))
+            return
+        switch = self._switch_s(p, devices, "train")
+        self.busy_s += switch * len(devices)
+        run = _StageRun(p, s, d.stage, d.colocated, devices, self.t)
+        self._stage_runs[p.name] = run
+        s.stage_t[d.stage] = (self.t, self.t)
+        self._next_micro_batch(run, self.t + switch)
+
+    def _micro_batch_s(self, run: _StageRun, devices: tuple) -> float:
+        """One micro-batch on ``devices``: the stage's price at that width, split evenly (a
+        stage that never resizes costs exactly its whole-stage price)."""
+        return self.price_stage(run.p, run.s, run.stage, devices, run.colocated) / self.micro_batches
+
+    def _next_micro_batch(self, run: _StageRun, start: float) -> None:
+        dur = self._micro_batch_s(run, run.devices)
+        run.s.stage_t[run.stage] = (run.s.stage_t[run.stage][0], start + dur * (self.micro_batches - run.index))
+        self.busy_s += dur * len(run.devices)
+        run.epoch += 1
+        self._push(MicroBatchDone(start + dur, run.p.name, run.epoch))
+
+    def _close_segment(self, run: _StageRun) -> None:
+        if run.devices and self.t > run.seg_start:
+            self.trace.append((f"{run.p.name} {run.stage} s{run.s.step}", run.stage, run.devices, run.seg_start,
+                               self.t))
+        run.seg_start = self.t
+
+    def on_micro_batch_done(self, ev: MicroBatchDone) -> None:
+        run = self._stage_runs.get(ev.pipeline)
+        if run is None or ev.epoch != run.epoch:
+            return
+        run.index += 1
+        if run.index >= self.micro_batches:
+            self._close_segment(run)
+            del self._stage_runs[ev.pipeline]
+            self._stage_done(run.p, run.s.step, run.stage, run.devices)
+            return
+        if run.pending is None:
+            self._next_micro_batch(run, self.t)
+            return
+        new, run.pending = run.pending, None
+        self._close_segment(run)
+        self._release(tuple(d for d in run.devices if d not in new))
+        added = tuple(d for d in new if d not in run.devices)
+        run.devices = new
+        self._devices_version += 1
+        if not new:  # paused: resumes when a ResizeStage gives it devices
+            run.s.stage_t[run.stage] = (run.s.stage_t[run.stage][0], float("inf"))
+            return
+        switch = self._switch_s(run.p, added, "train") if added else 0.0
+        self.busy_s += switch * len(new)
+        self._next_micro_batch(run, self.t + switch)
+
+    def _resize_stage(self, d: ResizeStage) -> None:
+        run = self._stage_runs.get(d.pipeline)
+        if run is None or run.s.step != d.step or run.stage != d.stage:
+            raise PolicyViolation(f"{d.pipeline}: ResizeStage of {d.stage} step {d.step}, which is not running "
+                                  f"micro-batch by micro-batch")
+        new = tuple(d.devices)
+        held = set(run.devices) | set(run.pending or ())
+        for dev in (run.pending or ()):  # an earlier request not yet applied: its extra devices go back
+            if dev not in new and dev not in run.devices:
+                self._release((dev,))
+        self._claim(tuple(x for x in new if x not in held), DeviceTask("stage", d.pipeline, stage=d.stage))
+        paused = not run.devices
+        run.pending = new
+        if paused and new:  # a paused stage resumes at once
+            run.pending = None
+            run.devices = new
+            run.seg_start = self.t
+            switch = self._switch_s(run.p, new, "train")
+            self.busy_s += switch * len(new)
+            self._next_micro_batch(run, self.t + switch)
 
     # ---- event handlers -----------------------------------------------------------------
     def on_stage_done(self, ev: StageDone) -> None:
