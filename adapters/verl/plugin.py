@@ -121,6 +121,11 @@ def _load_cpu_platform(version: str | None) -> None:
 
     when_imported("verl.plugin.platform.platform_manager", guarded("register cpu platform", register_platform))
     when_imported(cpu_engines.TARGET, guarded("register cpu engines", cpu_engines.register))
+    from jigsaw_plugin.patches import tq_job_namespace
+
+    if tq_job_namespace.requested():  # several verl jobs on one Ray cluster
+        when_imported(tq_job_namespace.TARGET, guarded("patch tq_job_namespace",
+                                                       lambda m: tq_job_namespace.install(m, version)))
     if not cpu_platform_requested():
         return
     from jigsaw_plugin.patches import (verl_accelerator_ids, verl_gloo_backend, verl_resource_check,

@@ -1,11 +1,12 @@
-"""The real command line: ``python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=jigsaw``.
+"""The real command line without ``VERL_PLATFORM=cpu``: the error a user then sees.
 
 verl's ``main_ppo`` parses the flag and the ``+jigsaw.*`` options with Hydra, starts Ray and
 its ``TaskRunnerV1`` actor; inside it, verl's ``get_trainer_cls`` returns the jigsaw trainer
-and builds it (``main_ppo.py:141-152``). On this CPU-only machine the run then stops where
-every verl run stops here: ``trainer.init()`` -> ``_setup`` -> ``create_resource_pool``
-(``single_controller/ray/base.py:210``, ``use_gpu=True``) ->
-"Total available GPUs 0 is less than total desired GPUs 1" (``base.py:240``).
+and builds it (``main_ppo.py:141-152``). Without ``VERL_PLATFORM=cpu`` verl's platform falls
+back to ``nvidia``, and on this CPU-only machine ``trainer.init()`` would stop at verl's pool
+check ("Total available GPUs 0 is less than total desired GPUs 1", ``single_controller/ray/base.py:240``),
+which does not say what to do. The jigsaw trainer's ``init`` checks first and names the fix.
+The run that sets it, to the end: ``test_main_ppo_cpu.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def dataset(tiny_model, tmp_path_factory):
     return str(path)
 
 
-def test_main_ppo_builds_the_jigsaw_trainer_then_stops_at_verls_gpu_check(tiny_model, dataset, tmp_path):
+def test_main_ppo_without_verl_platform_builds_the_jigsaw_trainer_then_names_the_fix(tiny_model, dataset, tmp_path):
     args = [
         "trainer.v1.trainer_mode=jigsaw", "+jigsaw.pipeline=cpu-run", "+jigsaw.policy=observe",
         "algorithm.adv_estimator=grpo", f"data.train_files={dataset}", f"data.val_files={dataset}",
@@ -53,12 +54,13 @@ def test_main_ppo_builds_the_jigsaw_trainer_then_stops_at_verls_gpu_check(tiny_m
         "+ray_kwargs.ray_init.object_store_memory=200000000",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS") and k != "VERL_PLATFORM"}
     out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], capture_output=True, text=True,
                          timeout=420, cwd=tmp_path, env=env)
     log = out.stdout + out.stderr
     assert out.returncode != 0
     # built by verl's own get_trainer_cls inside its TaskRunner actor (the line is printed there)
     assert "jigsaw-plugin (verl): trainer_mode=jigsaw -> JigsawTrainerSync (verl 0.9.1), pipeline 'cpu-run'" in log
-    assert "single_controller/ray/base.py\", line 240, in _check_resource_available" in log
-    assert "Total available GPUs 0 is less than total desired GPUs 1" in log
+    assert ("VERL_PLATFORM: got '(unset)'; allowed: cpu to run verl on CPUs: this Ray cluster has no GPU, so "
+            "verl's platform fell back to 'nvidia' (set VERL_PLATFORM=cpu") in log
+    assert "Total available GPUs 0" not in log  # stopped before verl's own, less helpful, check

@@ -7,7 +7,8 @@ gloo, weights into vLLM. Once with one pretend device, once with two (two FSDP r
 replicas). The runs go through ``jigsaw_plugin.adapters.verl.cpu_e2e`` (what ``make verl-e2e``
 runs), which retries once when Ray's hard-coded 30 s node start times out.
 
-Without ``VERL_PLATFORM=cpu`` the same command line stops with the error a user then sees.
+Without ``VERL_PLATFORM=cpu`` the command line stops with the error a user then sees
+(``test_main_ppo.py``).
 
 Heavy (3-8 minutes per run on a 2-core machine): ``make integration-verl-e2e``.
 """
@@ -15,6 +16,7 @@ Heavy (3-8 minutes per run on a 2-core machine): ``make integration-verl-e2e``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,13 +75,6 @@ def test_main_ppo_runs_two_grpo_steps_on_cpu_under_the_jigsaw_flag(devices, tmp_
     result = run(E2ESettings(devices=devices, steps=2, workdir=workdir, pipeline=f"cpu-e2e-{devices}"))
     check_run(result, steps=2, devices=devices)
     log = Path(result.log_path).read_text(errors="replace")
-    assert log.count("LLMServerManager") >= 1
+    servers = re.search(r"LLMServerManager: \[([^\]]*)\]", log)
+    assert servers and len(servers.group(1).split(",")) == devices  # one vLLM replica per pretend device
 
-
-def test_main_ppo_without_verl_platform_says_what_to_set(tmp_path):
-    result = run(E2ESettings(devices=1, steps=1, workdir=tmp_path, pipeline="no-platform", platform=None),
-                 timeout_s=420)
-    log = Path(result.log_path).read_text(errors="replace")
-    assert result.returncode != 0
-    assert "VERL_PLATFORM: got '(unset)'; allowed: cpu to run verl on CPUs: this Ray cluster has no GPU" in log
-    assert "set VERL_PLATFORM=cpu" in log
