@@ -46,3 +46,10 @@ verl-e2e: venv-verl
 # two-job run on one coordinator and the error without VERL_PLATFORM.
 integration-verl-e2e: venv-verl
 	nice -n 10 $(VENV_VERL)/bin/python -m pytest -q -p no:cacheprovider integration_tests/verl/test_main_ppo_cpu.py
+
+# Two verl jobs (1 pretend device each) on one Ray cluster and one jigsaw coordinator whose
+# pool has one device: first one after the other, then at the same time; prints both wall
+# times and the coordinator's leases (docs/verl.md). About 10-15 minutes here.
+.PHONY: verl-e2e-two-jobs
+verl-e2e-two-jobs: venv-verl
+	nice -n 10 $(VENV_VERL)/bin/python -m jigsaw_plugin.adapters.verl.cpu_two_jobs --workdir build/verl-e2e/two-jobs

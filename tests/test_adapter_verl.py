@@ -482,3 +482,40 @@ def test_missing_devices_get_an_error_that_names_the_fix(monkeypatch):
         check_devices_exist("GPU", {"CPU": 16.0}, 1)
     with pytest.raises(SpecError, match=r"Ray resource cpu_device: got 1.0; allowed: >= 2 .*resources.cpu_device=2"):
         check_devices_exist("cpu_device", {"cpu_device": 1.0}, 2)
+
+
+def test_transfer_queue_namespace_is_scoped_to_the_ray_job(monkeypatch):
+    from jigsaw_plugin.patches import tq_job_namespace as tq
+
+    assert tq.job_namespace("transfer_queue", "02000000") == "transfer_queue.02000000"
+    assert tq.job_namespace("other", "02000000") == "other" and tq.job_namespace(None, "1") is None
+    calls = []
+    fake_ray = types.SimpleNamespace(
+        get_runtime_context=lambda: types.SimpleNamespace(get_job_id=lambda: "07000000"),
+        get_actor=lambda name, namespace=None: calls.append(("get_actor", name, namespace)),
+        kill=lambda actor: calls.append(("kill", actor)))
+    controller = types.SimpleNamespace(options=lambda **kw: calls.append(("options", kw)) or "handle")
+    scoped = tq._JobScopedRay(fake_ray)
+    scoped.get_actor("TransferQueueController", namespace="transfer_queue")
+    scoped.kill("x")  # everything else is Ray's own
+    assert tq._JobScopedActorClass(controller, fake_ray).options(name="C", namespace="transfer_queue") == "handle"
+    assert calls == [("get_actor", "TransferQueueController", "transfer_queue.07000000"), ("kill", "x"),
+                     ("options", {"name": "C", "namespace": "transfer_queue.07000000"})]
+    monkeypatch.setenv("JIGSAW_TQ_PER_JOB", "1")
+    assert tq.requested()
+    with pytest.raises(UnsupportedVerlVersion):
+        tq.install(types.SimpleNamespace(ray=fake_ray), "0.10.0")
+
+
+def test_two_job_leases_pair_up_and_overlaps_are_found():
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import lease_intervals, overlapping
+
+    ev = [{"hook": "jigsaw_lease_granted", "pipeline": "a", "devices": [0], "purpose": "rollout", "t": 1.0},
+          {"hook": "jigsaw_lease_released", "pipeline": "a", "devices": [0], "t": 2.0},
+          {"hook": "jigsaw_lease_granted", "pipeline": "b", "devices": [0], "purpose": "rollout", "t": 2.0},
+          {"hook": "jigsaw_lease_released", "pipeline": "b", "devices": [0], "t": 3.0}]
+    leases = lease_intervals(ev)
+    assert [(x["pipeline"], x["start"], x["end"]) for x in leases] == [("a", 1.0, 2.0), ("b", 2.0, 3.0)]
+    assert overlapping(leases) == []
+    leases[1]["start"] = 1.5
+    assert len(overlapping(leases)) == 1

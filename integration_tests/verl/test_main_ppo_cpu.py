@@ -78,3 +78,17 @@ def test_main_ppo_runs_two_grpo_steps_on_cpu_under_the_jigsaw_flag(devices, tmp_
     servers = re.search(r"LLMServerManager: \[([^\]]*)\]", log)
     assert servers and len(servers.group(1).split(",")) == devices  # one vLLM replica per pretend device
 
+
+
+def test_two_main_ppo_jobs_share_one_coordinator_pool(tmp_path):
+    """Two verl jobs on one Ray cluster and one coordinator (pool of one device): both finish
+    their steps with nothing lost, and no device is ever leased to both at once."""
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import overlapping, run_two_jobs
+
+    result = run_two_jobs(tmp_path, steps=2, pool_devices=1)
+    for r in [*result.sequential, *result.concurrent]:
+        check_run(r, steps=2, devices=1)
+    assert {lease["pipeline"] for lease in result.leases} == {"verl-a", "verl-b"}
+    assert sum(lease["pipeline"] == "verl-a" for lease in result.leases) == 4  # 2 steps x (rollout, train)
+    assert overlapping(result.leases) == []
+    print(f"two jobs: one after the other {result.sequential_wall_s} s, at the same time {result.concurrent_wall_s} s")
