@@ -8,7 +8,9 @@ For the tiny Qwen2 and 32 samples (8 prompts x 4) of 16 prompt + 64 response tok
 - per micro-batch size (None = one pass per mini-batch / stage, 8, 4, 2): the whole-stage
   calls (``old_log_prob``, ``update_actor``: micro-batches one after another, the runner
   without a grant) and the runner with a grant of width 1 and 2; the median stage wall
-  time and the median wall time of one micro-batch (records), over ``repeats`` steps;
+  time and the median wall time of one micro-batch (records), over ``repeats`` steps,
+  every configuration one step per round so that all see the same background load; and
+  the process CPU seconds of each stage (less sensitive to the load than wall time);
 - whether the gradient of one micro-batch depends on torch's intra-op thread count (1 vs
   2 threads), bitwise.
 
@@ -46,43 +48,64 @@ def _median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def _runner_stages(trainer, batch, grant, repeats: int) -> dict:
-    from jigsaw_plugin.runtime.reference import ReferenceStageRunner
+class _RunnerConfig:
+    """A trainer behind a runner with a constant grant of ``width`` devices."""
 
-    runner = ReferenceStageRunner(trainer, grant=grant)
+    def __init__(self, trainer, batch, width: int):
+        from jigsaw_plugin.runtime.reference import ReferenceStageRunner
 
-    async def main():
-        for k in range(repeats):
+        devices = tuple(range(width))
+        self.runner = ReferenceStageRunner(trainer, grant=lambda request: devices)
+        self.batch, self.steps = batch, 0
+        self.cpu: dict[str, list] = {"old_log_prob": [], "update_actor": []}
+
+    def step(self) -> None:
+        async def main():
             for stage in ("old_log_prob", "ref", "adv", "update_actor"):
-                await runner.run("p", k, stage, (0,), batch if stage == "old_log_prob" else None)
+                cpu = time.process_time()
+                await self.runner.run("p", self.steps, stage, (0,), self.batch if stage == "old_log_prob" else None)
+                if stage in self.cpu:
+                    self.cpu[stage].append(time.process_time() - cpu)
 
-    try:
         asyncio.run(main())
-    finally:
-        runner.close()
-    out = {}
-    for stage in ("old_log_prob", "update_actor"):
-        recs = [r for r in runner.records if r.stage == stage]
-        out[stage] = {"stage_s": _median([r.wall_s for r in recs]),
-                      "micro_batch_s": _median([m.wall_s for r in recs for m in r.micro_batches]),
-                      "micro_batches": len(recs[0].micro_batches)}
-    return out
+        self.steps += 1
+
+    def result(self) -> dict:
+        self.runner.close()
+        out = {}
+        for stage in ("old_log_prob", "update_actor"):
+            recs = [r for r in self.runner.records if r.stage == stage]
+            out[stage] = {"stage_s": _median([r.wall_s for r in recs]),
+                          "micro_batch_s": _median([m.wall_s for r in recs for m in r.micro_batches]),
+                          "micro_batches": len(recs[0].micro_batches), "cpu_s": _median(self.cpu[stage])}
+        return out
 
 
-def _whole_stages(trainer, batch, repeats: int) -> dict:
-    from jigsaw_plugin.runtime.reference import grpo_advantages, low_id_reward
+class _WholeConfig:
+    """The trainer's whole-stage calls (no grant): micro-batches one after another."""
 
-    adv = grpo_advantages(low_id_reward().batch(batch), [s[2] for s in batch])
-    old_s, upd_s = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        old = trainer.old_log_prob(batch)
-        old_s.append(time.perf_counter() - t0)
-        ref = trainer.ref_log_prob(batch)
-        t0 = time.perf_counter()
-        trainer.update_actor(batch, old, adv, ref)
-        upd_s.append(time.perf_counter() - t0)
-    return {"old_log_prob": {"stage_s": _median(old_s)}, "update_actor": {"stage_s": _median(upd_s)}}
+    def __init__(self, trainer, batch):
+        from jigsaw_plugin.runtime.reference import grpo_advantages, low_id_reward
+
+        self.trainer, self.batch = trainer, batch
+        self.adv = grpo_advantages(low_id_reward().batch(batch), [s[2] for s in batch])
+        self.times: dict[str, list] = {"old_log_prob": [], "update_actor": []}
+        self.cpu: dict[str, list] = {"old_log_prob": [], "update_actor": []}
+
+    def _timed(self, stage: str, fn, *args):
+        t0, cpu = time.perf_counter(), time.process_time()
+        out = fn(*args)
+        self.times[stage].append(time.perf_counter() - t0)
+        self.cpu[stage].append(time.process_time() - cpu)
+        return out
+
+    def step(self) -> None:
+        old = self._timed("old_log_prob", self.trainer.old_log_prob, self.batch)
+        ref = self.trainer.ref_log_prob(self.batch)
+        self._timed("update_actor", self.trainer.update_actor, self.batch, old, self.adv, ref)
+
+    def result(self) -> dict:
+        return {k: {"stage_s": _median(v), "cpu_s": _median(self.cpu[k])} for k, v in self.times.items()}
 
 
 def _threads_change_the_gradient(model_dir, batch) -> bool:
@@ -104,34 +127,45 @@ def _threads_change_the_gradient(model_dir, batch) -> bool:
 
 
 def measure(model_dir, repeats: int = 5, micro_sizes=(None, 8, 4, 2)) -> dict:
+    """Every configuration one step per round, ``repeats`` rounds (so that all of them see
+    the same background load), medians per configuration."""
+    import os
+
     from jigsaw_plugin.runtime.reference import ReferenceTrainer
 
     batch = _batch()
+    configs = {}
+    for size in micro_sizes:
+        configs[(size, "whole_stage")] = _WholeConfig(ReferenceTrainer(model_dir, seed=0, micro_batch_size=size), batch)
+        for width in (1, 2):
+            configs[(size, f"width_{width}")] = _RunnerConfig(
+                ReferenceTrainer(model_dir, seed=0, micro_batch_size=size), batch, width)
+    load = [os.getloadavg()[0]]
+    for _ in range(repeats):
+        for config in configs.values():
+            config.step()
+        load.append(os.getloadavg()[0])
     rows = []
     for size in micro_sizes:
-        row = {"micro_batch_size": size,
-               "whole_stage": _whole_stages(ReferenceTrainer(model_dir, seed=0, micro_batch_size=size), batch,
-                                            repeats)}
-        for width in (1, 2):
-            devices = tuple(range(width))
-            row[f"width_{width}"] = _runner_stages(ReferenceTrainer(model_dir, seed=0, micro_batch_size=size),
-                                                   batch, lambda request, d=devices: d, repeats)
-        rows.append(row)
+        rows.append(dict({"micro_batch_size": size},
+                         **{kind: configs[(size, kind)].result() for kind in ("whole_stage", "width_1", "width_2")}))
     return {"batch": "32 samples (8 prompts x 4), 16 prompt + 64 response tokens, 4 mini-batches",
-            "repeats": repeats, "rows": rows,
+            "repeats": repeats, "rows": rows, "load_average_1min": [round(x, 2) for x in load],
             "threads_change_micro_batch_gradient": _threads_change_the_gradient(model_dir, batch)}
 
 
 def _table(result: dict) -> str:
-    lines = ["micro | stage        | whole call | width 1 stage (per micro) | width 2 stage (per micro) | micro-batches"]
+    lines = ["wall s (cpu s) of the stage; [wall ms of one micro-batch]",
+             "micro | stage        | micro-batches | whole call    | width 1                  | width 2"]
     for row in result["rows"]:
         for stage in ("old_log_prob", "update_actor"):
-            w1, w2 = row["width_1"][stage], row["width_2"][stage]
-            lines.append(f"{str(row['micro_batch_size']):>5} | {stage:<12} | {row['whole_stage'][stage]['stage_s']:.3f} s"
-                         f"    | {w1['stage_s']:.3f} s ({w1['micro_batch_s'] * 1e3:.1f} ms)"
-                         f"       | {w2['stage_s']:.3f} s ({w2['micro_batch_s'] * 1e3:.1f} ms)"
-                         f"       | {w1['micro_batches']}")
+            wh, w1, w2 = row["whole_stage"][stage], row["width_1"][stage], row["width_2"][stage]
+            lines.append(f"{str(row['micro_batch_size']):>5} | {stage:<12} | {w1['micro_batches']:>13} "
+                         f"| {wh['stage_s']:.3f} ({wh['cpu_s']:.3f}) "
+                         f"| {w1['stage_s']:.3f} ({w1['cpu_s']:.3f}) [{w1['micro_batch_s'] * 1e3:.1f}] "
+                         f"| {w2['stage_s']:.3f} ({w2['cpu_s']:.3f}) [{w2['micro_batch_s'] * 1e3:.1f}]")
     lines.append(f"1 vs 2 torch threads change a micro-batch gradient: {result['threads_change_micro_batch_gradient']}")
+    lines.append(f"load average (1 min) during the rounds: {result['load_average_1min']}")
     return "\n".join(lines)
 
 
