@@ -192,3 +192,22 @@ def test_a_stage_resizes_and_pauses_at_micro_batch_boundaries():
     with pytest.raises(Exception, match="stalled"):  # paused and never resumed: the run cannot finish
         Simulation(wl, get_policy("verl-sync"), pm=pm).run()
     assert ResizeStage("p0", 0, "update_actor", ()).devices == ()
+
+
+def test_no_policy_beats_the_makespan_lower_bound():
+    from jigsaw_plugin.scheduler import policy_names
+    from jigsaw_plugin.workload import load_workload
+
+    for wl in (load_workload(PKG.parent / "examples" / "workloads" / "demo.yaml"),
+               small_workload(gpus=16, pipelines=3, prompts=16, samples=8, steps=2, median=1200,
+                              modes=("sync", "sync", "async"), staleness=(0, 0, 1))):
+        runs = [(name, "history") for name in policy_names()] + [("jigsaw", "oracle")]
+        for name, predictor in runs:
+            if name == "rollmux" and len(wl.pipelines) % 2:
+                continue
+            r = Simulation(wl, get_policy(name), seed=2, predictor=predictor).run()
+            b = r["bounds"]
+            assert 0 < b["work_s"] <= b["makespan_lower_bound_s"] and b["critical_path_s"] <= b["makespan_lower_bound_s"]
+            assert r["makespan_s"] >= b["makespan_lower_bound_s"], (name, r["makespan_s"], b)
+            assert 0 < r["effective_utilisation"] <= 1.0
+            assert r["active_samples_per_s"] > 0

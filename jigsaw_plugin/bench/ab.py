@@ -112,6 +112,7 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
                         record_events=True, log=log, predict=simulate)
         if ablate:
             ab["candidate"]["ablate"] = list(ablate)
+        ab["gap_recovered"] = gap_recovered(ab["baseline"], ab["candidate"])
         events = ab.get("events", {})
         gpus, gpn = workload.cluster.gpus, workload.cluster.gpus_per_node
         return RecordedAB(ab, timeline_from_events(events.get("baseline", []), gpus, gpn),
@@ -126,8 +127,18 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
         "baseline": base,
         "candidate": cand,
         "throughput_ratio": cand["samples_per_s"] / base["samples_per_s"],
+        "gap_recovered": gap_recovered(base, cand),
     }
     return RecordedAB(bench, base_tl, cand_tl)
+
+
+def gap_recovered(base: dict, cand: dict) -> float | None:
+    """How much of the gap between the baseline's makespan and the makespan lower bound
+    the candidate closes (1.0: it reaches the bound; 0: no better than the baseline)."""
+    lb = base.get("bounds", {}).get("makespan_lower_bound_s")
+    if lb is None or base["makespan_s"] - lb <= 0:
+        return None
+    return (base["makespan_s"] - cand["makespan_s"]) / (base["makespan_s"] - lb)
 
 
 def format_ab(ab: dict) -> str:
@@ -137,12 +148,17 @@ def format_ab(ab: dict) -> str:
         f"{'samples/s':<22}{b['samples_per_s']:>14.2f}{c['samples_per_s']:>14.2f}",
         f"{'makespan_s':<22}{b['makespan_s']:>14.1f}{c['makespan_s']:>14.1f}",
         f"{'gpu_busy_fraction':<22}{b['gpu_busy_fraction']:>14.2f}{c['gpu_busy_fraction']:>14.2f}",
+        *([f"{'effective_utilisation':<22}{b['effective_utilisation']:>14.2f}{c['effective_utilisation']:>14.2f}",
+           f"{'makespan lower bound':<22}{b['bounds']['makespan_lower_bound_s']:>14.1f}"]
+          if "bounds" in b and "effective_utilisation" in c else []),
         "mean step s per pipeline:",
     ]
     for name, bp in b["pipelines"].items():
         cp = c["pipelines"][name]
         lines.append(f"  {name:<20}{bp['mean_step_s']:>14.1f}{cp['mean_step_s']:>14.1f}")
     lines.append(f"throughput_ratio {c['policy']}/{b['policy']}: {ab['throughput_ratio']:.2f}x")
+    if ab.get("gap_recovered") is not None:
+        lines.append(f"gap to the makespan lower bound recovered: {ab['gap_recovered']:.0%}")
     if ab.get("backend") == "ray":  # measured on real engines: repeats, memory, the simulator's view
         sim = ab["simulated"]
         lines += [

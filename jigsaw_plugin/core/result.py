@@ -34,10 +34,23 @@ def _pipeline_result(p) -> dict:
     }
 
 
+def _active_samples_per_s(ex) -> float:
+    """Throughput while every pipeline is still running (until the first one finishes)."""
+    first = min((p.finished_t or 0.0) for p in ex.order)
+    if first <= 0:
+        return 0.0
+    done = sum(s.n for p in ex.order for s in p.steps.values()
+               if s.trained_version is not None and s.stage_t.get("update_actor", (0, first))[1] <= first)
+    return done / first
+
+
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
+    from jigsaw_plugin.core.bounds import compute_bounds
+
     pipes = {p.name: _pipeline_result(p) for p in ex.order}
     makespan = max((p.finished_t or 0.0) for p in ex.order)
+    bounds = compute_bounds(ex)
     samples = sum(r["samples"] for r in pipes.values())
     tokens = sum(r["generated_tokens"] for r in pipes.values())
     lat = np.asarray(ex.decision_us or [0.0])
@@ -53,6 +66,9 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
         "samples_per_s": samples / makespan if makespan > 0 else 0.0,
         "tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
         "gpu_busy_fraction": ex.busy_s / (gpus * makespan) if makespan > 0 else 0.0,
+        "effective_utilisation": bounds.ideal_device_s / (gpus * makespan) if makespan > 0 else 0.0,
+        "bounds": bounds.as_dict(),
+        "active_samples_per_s": _active_samples_per_s(ex),
         "pipelines": pipes,
         "predictor": ex.prediction_log.summary(ex.predictor_name),
         "scheduler": {

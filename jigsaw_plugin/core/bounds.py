@@ -1,0 +1,105 @@
+"""Lower bounds on a run's makespan and the ideal device-seconds of its work.
+
+Computed after a run from the samples it processed (true lengths are fine here: this is
+the record, never the policy's input), priced by the run's cost model:
+
+- ``ideal_device_s``: the least device-seconds any policy could spend. Decode at the
+  engine's largest batch with no KV reads (``max_num_seqs`` sequences per step, on the
+  replica width that makes a token cheapest), every prompt and observation token
+  prefilled once, every training-side pass at its compute alone (no per-stage overhead,
+  on the gang width that makes it cheapest). Weight syncs, tool calls and rewards cost no
+  device time here.
+- ``work_s``: ``ideal_device_s / gpus``: no policy finishes sooner than the pool can do the
+  work.
+- ``critical_path_s``: the longest pipeline's chain that no scheduling can overlap. For a
+  synchronous pipeline, every step's longest trajectory (decoded at batch 1 on the widest
+  replica a node allows, plus its tool and reward latencies) then its training passes on
+  the whole pool; for an asynchronous one, the first step's longest trajectory plus every
+  step's training passes on the whole pool.
+- ``makespan_lower_bound_s``: the larger of the two.
+
+docs/simulator.md derives each. A test checks that no policy, the oracle ablation
+included, beats them on the bundled workloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+
+__all__ = ["Bounds", "compute_bounds"]
+
+_TP = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    ideal_device_s: float
+    work_s: float
+    critical_path_s: float
+    makespan_lower_bound_s: float
+
+    def as_dict(self) -> dict:
+        return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
+                "makespan_lower_bound_s": self.makespan_lower_bound_s}
+
+
+def _widths(cost, model, limit: int) -> list[int]:
+    return [tp for tp in _TP if tp <= max(1, limit) and cost.kv_capacity_tokens(model, tp) > 0] or [max(1, limit)]
+
+
+def _decode_token_device_s(cost, model, limit: int) -> float:
+    """Least device-seconds per generated token: the largest batch, no KV reads."""
+    b = cost.f.max_num_seqs
+    return min(cost.decode_step_s(model, tp, b, 0.0) * tp / b for tp in _widths(cost, model, limit))
+
+
+def _tail_token_s(cost, model, limit: int) -> float:
+    """Least seconds per token of one sequence decoded alone (batch 1, widest replica)."""
+    return min(cost.decode_step_s(model, tp, 1, 0.0) for tp in _widths(cost, model, limit))
+
+
+def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
+    """Least device-seconds of a training-side pass: compute without the stage's fixed cost."""
+    price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
+    widths = sorted({1, gpus} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
+    return min(max(0.0, price(model, w, tokens) - cost.f.train_stage_overhead_s) * w for w in widths)
+
+
+def compute_bounds(ex) -> Bounds:
+    """``ex``: a finished ``ExecutorCore``."""
+    cost, gpus, gpn = ex.cost, ex.gpus, ex.gpus_per_node
+    ideal = 0.0
+    critical = 0.0
+    for p in ex.order:
+        m = p.model
+        per_token = _decode_token_device_s(cost, m, gpn)
+        tail_token = _tail_token_s(cost, m, gpn)
+        prefill_per_token = min(cost.prefill_s(m, tp, 1e6) * tp / 1e6 for tp in _widths(cost, m, gpn))
+        chain = 0.0
+        steps = [p.steps[k] for k in sorted(p.steps)]
+        for i, s in enumerate(steps):
+            smp = s.samples
+            gen = float(np.sum(smp.gen_tokens))
+            fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
+            ideal += gen * per_token + fresh * prefill_per_token
+            train = 0.0
+            for stage in p.stages:
+                if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
+                    d = _pass_device_s(cost, m, stage, s.tokens, gpus)
+                    ideal += d
+                    train += d / gpus
+            # the step's longest trajectory: its tokens one at a time, its tools and reward
+            starts = np.asarray(smp.turn_offset[:-1])
+            per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
+            waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
+            longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
+            if p.spec.mode == "sync" or i == 0:
+                chain += longest
+            chain += train
+        critical = max(critical, chain)
+    work = ideal / gpus
+    return Bounds(ideal, work, critical, max(work, critical))
