@@ -145,8 +145,11 @@ class Replica:
         if t <= self.t_sync:
             return
         start = max(self.t_sync, self.busy_until)
-        if self.n > 0 or self.queue:
-            self.busy_s += t - self.t_sync
+        # the context switch is counted once, by World._close (switch_s): not again here
+        # when requests queue while it runs
+        busy_from = max(self.t_sync, self.start_t + self.switch_s)
+        if (self.n > 0 or self.queue) and t > busy_from:
+            self.busy_s += t - busy_from
         if self.n > 0 and t > start and self.step_s > 0:
             self.p += (t - start) / self.step_s
         self.t_sync = t
