@@ -19,17 +19,37 @@ The actor is named (``name`` in ``namespace``) so that any driver connected to t
 Ray cluster finds it: ``connect_coordinator`` gets it or creates it. ``detached=True``
 keeps it alive after its creator exits (several drivers taking turns); ``client.shutdown()``
 ends it. A coordinator that died surfaces as :class:`CoordinatorDied` naming it.
+
+Faults (docs/runtime.md, "What happens when..."):
+
+- a driver that dies stops sending heartbeats (``runtime/liveness.py``): the coordinator's
+  reaper unregisters its pipelines, gives their devices back (``jigsaw_lease_released``
+  with ``reason="driver_lost"``) and serves the waiting drivers;
+- a coordinator that dies or stops answering is noticed by every client within
+  ``heartbeat_s + loss_timeout_s``; then ``on_coordinator_loss="stop"`` (default) makes
+  every later call raise ``CoordinatorDied``, ``"fallback"`` warns once and lets the host
+  run on its own devices (``acquire`` answers with them, other calls do nothing);
+- the event log keeps at most ``max_events_in_memory`` events in memory and spills older
+  ones to a JSONL file (:class:`SpillingEventLog`), so a long run's memory stays flat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.events import EventRecorder
 from jigsaw_plugin.hookspecs import HOOK_NAMES
+from jigsaw_plugin.runtime.liveness import HeartbeatBook, LivenessSettings
 
 __all__ = [
     "CoordinatorClient",
@@ -37,6 +57,7 @@ __all__ = [
     "CoordinatorForwarder",
     "DevicePool",
     "LeaseError",
+    "SpillingEventLog",
     "connect_coordinator",
 ]
 
@@ -116,39 +137,138 @@ class DevicePool:
             del self.holder[d]
         self.grant()
 
-    def release_all(self, pipeline: str) -> None:
-        self.release(pipeline, [d for d, p in self.holder.items() if p == pipeline])
+    def release_all(self, pipeline: str) -> tuple[int, ...]:
+        """Give back every device of ``pipeline`` and drop its waiting requests (their
+        ``acquire`` never returns a grant); returns the devices it held."""
+        held = tuple(sorted(d for d, p in self.holder.items() if p == pipeline))
         for w in [w for w in self.waiting if w.pipeline == pipeline]:
             self.waiting.remove(w)
+            w.event.set()  # wakes its acquire, which finds no grant
+        self.release(pipeline, held)
+        return held
+
+
+class SpillingEventLog(EventRecorder):
+    """The coordinator's event log: the newest ``max_in_memory`` events in memory, older
+    ones appended to ``spill_path`` (JSONL) in chunks, so memory stays flat however long
+    the run. ``all_events()`` reads both back in order; ``self.events`` is the in-memory
+    tail only.
+    """
+
+    def __init__(self, max_in_memory: int = 100_000, spill_path: str | Path | None = None):
+        if isinstance(max_in_memory, bool) or not isinstance(max_in_memory, int) or max_in_memory < 2:
+            raise SpecError("max_events_in_memory", max_in_memory, "an integer >= 2")
+        super().__init__(include_progress=True)
+        self.max_in_memory = max_in_memory
+        self.spill_path = Path(spill_path) if spill_path else None
+        self.spilled = 0  # events written to spill_path
+        if self.spill_path is not None:
+            self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+            self.spill_path.write_text("")  # a log of this coordinator only
+
+    def _record(self, hook_name: str, arguments: dict) -> None:
+        super()._record(hook_name, arguments)
+        self._bound()
+
+    def append(self, event: dict) -> None:
+        """Record an event the coordinator writes itself (a plain, JSON-friendly dict)."""
+        self.events.append(event)
+        self._bound()
+
+    def _bound(self) -> None:
+        if len(self.events) <= self.max_in_memory:
+            return
+        # Spill the older half at once: one file append per max_in_memory / 2 events.
+        cut = len(self.events) - self.max_in_memory // 2
+        old, self.events[:] = self.events[:cut], self.events[cut:]
+        if self.spill_path is None:
+            self.spill_path = Path(tempfile.mkstemp(prefix="jigsaw-coordinator-", suffix=".jsonl")[1])
+        with open(self.spill_path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(e, default=repr) + "\n" for e in old)
+        self.spilled += len(old)
+
+    def __len__(self) -> int:
+        return self.spilled + len(self.events)
+
+    def all_events(self) -> list[dict]:
+        """Every event of the run, oldest first (the spilled ones read back from disk)."""
+        spilled = self.from_jsonl(self.spill_path) if self.spilled else []
+        return spilled + list(self.events)
 
 
 class _CoordinatorImpl:
     """The actor's body (an async Ray actor: ``acquire`` waits without blocking others)."""
 
-    def __init__(self, devices: int):
+    def __init__(self, devices: int, heartbeat_timeout_s: float = 10.0, max_events_in_memory: int = 100_000,
+                 event_spill_path: str | None = None):
         from jigsaw_plugin.manager import get_plugin_manager, register
 
         self.pool = DevicePool(devices)
         self.pipelines: dict[str, dict] = {}
-        self.recorder = EventRecorder()
+        self.recorder = SpillingEventLog(max_events_in_memory, event_spill_path)
         self.pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
         register(self.pm, self.recorder, name="recorder")
         self.started = time.time()
         self._next: dict[str, int] = {}  # client -> sequence number of its next event
         self._held: dict[str, dict] = {}  # client -> events that arrived before their turn
+        self.heartbeats = HeartbeatBook(heartbeat_timeout_s)
+        self._reaper: asyncio.Task | None = None
+        self.reaped: list[dict] = []  # pipelines whose driver went silent (info())
 
     def info(self) -> dict:
         return {"devices": len(self.pool.devices), "pipelines": dict(self.pipelines),
                 "holder": dict(self.pool.holder), "waiting": len(self.pool.waiting),
-                "events": len(self.recorder.events)}
+                "events": len(self.recorder), "events_in_memory": len(self.recorder.events),
+                "events_spilled": self.recorder.spilled,
+                "spill_path": str(self.recorder.spill_path) if self.recorder.spill_path else None,
+                "watched": list(self.heartbeats.watched()), "reaped": list(self.reaped), "pid": os.getpid()}
 
-    def register_pipeline(self, pipeline: str, spec: dict) -> None:
+    async def register_pipeline(self, pipeline: str, spec: dict, client: str | None = None) -> None:
+        """Join the pool. A ``client`` id means that client sends heartbeats for the
+        pipeline, and its silence for ``heartbeat_timeout_s`` ends the pipeline."""
         self.pipelines[pipeline] = dict(spec or {})
         self._emit("jigsaw_register_pipeline", {"pipeline": pipeline, "spec": dict(spec or {})})
+        if client is not None:
+            self.heartbeats.watch(pipeline, time.monotonic())
+            self._start_reaper()
 
     def unregister_pipeline(self, pipeline: str) -> None:
+        self._drop(pipeline, "unregistered")
+
+    def heartbeat(self, pipelines: list) -> list:
+        """A client's heartbeat for its pipelines; returns those the coordinator no longer
+        knows (reaped after a silence, or never registered): their leases are gone."""
+        now = time.monotonic()
+        return [p for p in pipelines if not self.heartbeats.beat(p, now)]
+
+    def _drop(self, pipeline: str, reason: str) -> None:
+        """Forget a pipeline and give its devices to the waiting drivers."""
         self.pipelines.pop(pipeline, None)
-        self.pool.release_all(pipeline)
+        self.heartbeats.forget(pipeline)
+        held = self.pool.release_all(pipeline)
+        if held:
+            self._record_release(pipeline, held, reason)
+
+    def _record_release(self, pipeline: str, devices: tuple, reason: str) -> None:
+        # Written here, not through the hook: the hook has no ``reason`` argument.
+        self.recorder.append({"hook": "jigsaw_lease_released", "pipeline": pipeline, "devices": list(devices),
+                              "t": time.time() - self.started, "reason": reason})
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        period = min(1.0, self.heartbeats.timeout_s / 4)
+        while self.heartbeats.watched():
+            await asyncio.sleep(period)
+            for pipeline in self.heartbeats.expired(time.monotonic()):
+                held = tuple(sorted(d for d, p in self.pool.holder.items() if p == pipeline))
+                self.reaped.append({"pipeline": pipeline, "devices": list(held), "t": time.time() - self.started})
+                print(f"jigsaw coordinator: pipeline {pipeline!r} sent no heartbeat for "
+                      f"{self.heartbeats.timeout_s:g} s (its driver died or hangs): releasing devices "
+                      f"{list(held)}", file=sys.stderr)
+                self._drop(pipeline, "driver_lost")
 
     def _emit(self, hook_name: str, kwargs: dict) -> None:
         from jigsaw_plugin.manager import call
@@ -171,7 +291,7 @@ class _CoordinatorImpl:
         self._next[client] = nxt
 
     def events(self) -> list[dict]:
-        return list(self.recorder.events)
+        return self.recorder.all_events()
 
     async def acquire(self, pipeline: str, purpose: str, n_devices: int, timeout_s: float | None) -> tuple:
         if pipeline not in self.pipelines:
@@ -183,14 +303,16 @@ class _CoordinatorImpl:
             self.pool.cancel(w)
             raise TimeoutError(f"{pipeline}: no {n_devices} device(s) for {purpose!r} within {timeout_s} s "
                                f"(held: {dict(self.pool.holder)})") from None
+        if w.granted is None:
+            raise LeaseError(f"pipeline {pipeline!r} left the pool (unregistered, or its driver went silent) "
+                             f"while waiting for {n_devices} device(s) for {purpose!r}")
         self._emit("jigsaw_lease_granted", {"pipeline": pipeline, "devices": w.granted, "purpose": purpose,
                                             "t": time.time() - self.started})
         return w.granted
 
     def release(self, pipeline: str, devices) -> None:
         self.pool.release(pipeline, devices)
-        self._emit("jigsaw_lease_released", {"pipeline": pipeline, "devices": tuple(devices),
-                                             "t": time.time() - self.started})
+        self._record_release(pipeline, tuple(devices), "released")
 
     async def run_workload(self, workload: dict, policy: str, policy_options: dict | None, options: dict) -> dict:
         """Run a workload under a registered policy on live engines (runtime/ray_bench.py)."""
@@ -225,91 +347,243 @@ def coordinator_actor_class():
 
 
 class CoordinatorClient:
-    """A handle on the coordinator; every call raises ``CoordinatorDied`` if it is gone."""
+    """A handle on the coordinator; every call raises ``CoordinatorDied`` if it is gone.
 
-    def __init__(self, handle, name: str):
+    Each pipeline this client registers gets heartbeats from a daemon thread (one per
+    client) until it is unregistered: that is how the coordinator tells a dead driver from
+    a slow one. The same thread notices a lost coordinator (``liveness``); what follows is
+    ``liveness.on_coordinator_loss`` (module docstring).
+    """
+
+    def __init__(self, handle, name: str, liveness: LivenessSettings | None = None):
         import uuid
 
         self.handle, self.name = handle, name
+        self.liveness = liveness or LivenessSettings()
         self._unsent: list = []  # refs of emits not yet known to have run
         self._id, self._seq = uuid.uuid4().hex, 0  # emits are numbered: recorded in order
+        self._registered: set[str] = set()
+        self._lock = threading.Lock()
+        self._beating: threading.Thread | None = None
+        self._stop_beating = threading.Event()
+        self.lost: str | None = None  # why the coordinator counts as lost, once it does
+        self.evicted: set[str] = set()  # pipelines the coordinator reaped (a long silence)
+        self._warned = False
 
     def __reduce__(self):
-        # a copy in another process numbers its own emits: it gets a fresh client id
-        return (CoordinatorClient, (self.handle, self.name))
+        # a copy in another process numbers its own emits and beats for what it registers
+        return (CoordinatorClient, (self.handle, self.name, self.liveness))
+
+    # ---- loss -------------------------------------------------------------------------
+    @property
+    def fallback(self) -> bool:
+        """True once the coordinator is lost and the client was told to fall back."""
+        return self.lost is not None and self.liveness.on_coordinator_loss == "fallback"
+
+    def _mark_lost(self, why: str) -> None:
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = why
+        self._stop_beating.set()
+        if self.liveness.on_coordinator_loss == "fallback":
+            self._warn_fallback()
+        else:
+            print(f"jigsaw-plugin: ERROR: {why}; stopping (on_coordinator_loss=stop)", file=sys.stderr, flush=True)
+
+    def _warn_fallback(self) -> None:
+        if not self._warned:
+            self._warned = True
+            print(f"jigsaw-plugin: WARNING: {self.lost}; on_coordinator_loss=fallback: this driver goes on "
+                  f"with the host's own scheduling on its own devices (no shared pool, no event log)",
+                  file=sys.stderr, flush=True)
+
+    def _died(self, detail: str) -> CoordinatorDied:
+        return CoordinatorDied(f"the jigsaw coordinator {self.name!r} died: {detail}")
+
+    def _check_lost(self) -> None:
+        """Fail fast (stop mode) once the coordinator is lost; fallback callers check
+        ``self.fallback`` first."""
+        if self.lost is not None:
+            raise CoordinatorDied(self.lost)
+
+    # ---- heartbeats -------------------------------------------------------------------
+    def _start_heartbeat(self) -> None:
+        if self._beating is None or not self._beating.is_alive():
+            self._stop_beating.clear()
+            self._beating = threading.Thread(target=self._beat_loop, name=f"jigsaw-heartbeat-{self.name}",
+                                             daemon=True)
+            self._beating.start()
+
+    def _beat_loop(self) -> None:
+        import ray
+
+        while not self._stop_beating.wait(self.liveness.heartbeat_s):
+            with self._lock:
+                pipelines = sorted(self._registered)
+            if not pipelines or not ray.is_initialized():  # never let ray.get start a new Ray
+                return
+            try:
+                unknown = ray.get(self.handle.heartbeat.remote(pipelines), timeout=self.liveness.loss_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                self._mark_lost(f"the jigsaw coordinator {self.name!r} did not answer a heartbeat within "
+                                f"{self.liveness.loss_timeout_s:g} s (hung or unreachable)")
+                return
+            except ray.exceptions.RayActorError as e:
+                self._mark_lost(str(self._died(str(e).splitlines()[0] if str(e) else type(e).__name__)))
+                return
+            except (Exception, SystemExit) as e:  # SystemExit: Ray shut down under this thread
+                if not ray.is_initialized() or isinstance(e, SystemExit):
+                    return
+                self._mark_lost(f"the jigsaw coordinator {self.name!r} is unreachable: {e!r}")
+                return
+            if unknown:
+                with self._lock:
+                    self.evicted.update(unknown)
+                    self._registered.difference_update(unknown)
+                print(f"jigsaw-plugin: ERROR: the coordinator {self.name!r} no longer knows pipeline(s) "
+                      f"{unknown} (no heartbeat reached it for its timeout); their leases are gone",
+                      file=sys.stderr, flush=True)
+
+    # ---- calls ------------------------------------------------------------------------
+    def _get(self, ref, timeout=None):
+        """``ray.get`` that waits in short slices, so a coordinator the heartbeat thread
+        found lost (hung, not dead) ends the wait too."""
+        import ray
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            slice_s = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            try:
+                return ray.get(ref, timeout=slice_s)
+            except ray.exceptions.GetTimeoutError:
+                if self.lost is not None:
+                    raise CoordinatorDied(self.lost) from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            except ray.exceptions.RayActorError as e:
+                err = self._died(str(e))
+                self._mark_lost(str(err))
+                raise err from None
+            except ray.exceptions.RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, (LeaseError, TimeoutError, ValueError, NotImplementedError)):
+                    raise cause from None
+                raise
+
+    def _call(self, method: str, *args, fallback=None):
+        """One coordinator call: ``fallback`` once lost in fallback mode, else the answer
+        (``CoordinatorDied`` in stop mode)."""
+        if self.fallback:
+            return fallback
+        self._check_lost()
+        try:
+            return self._get(getattr(self.handle, method).remote(*args))
+        except CoordinatorDied:
+            if self.fallback:
+                return fallback
+            raise
 
     def flush(self) -> None:
         """Wait until every event this client emitted is recorded (an async actor does not
         keep submission order, so ``events()`` flushes first)."""
         refs, self._unsent = self._unsent, []
-        if refs:
-            self._get(refs)
-
-    def _get(self, ref, timeout=None):
-        import ray
-
-        try:
-            return ray.get(ref, timeout=timeout)
-        except ray.exceptions.RayActorError as e:
-            raise CoordinatorDied(f"the jigsaw coordinator {self.name!r} died: {e}") from None
-        except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, (LeaseError, TimeoutError, ValueError, NotImplementedError)):
-                raise cause from None
-            raise
+        if refs and not self.fallback:
+            try:
+                self._get(refs)
+            except CoordinatorDied:
+                if not self.fallback:
+                    raise
 
     def info(self) -> dict:
+        self._check_lost()
         return self._get(self.handle.info.remote())
 
     def register_pipeline(self, pipeline: str, spec: dict | None = None) -> None:
-        self._get(self.handle.register_pipeline.remote(pipeline, dict(spec or {})))
+        with self._lock:
+            self._registered.add(pipeline)
+            self.evicted.discard(pipeline)
+        self._call("register_pipeline", pipeline, dict(spec or {}), self._id)
+        self._start_heartbeat()
 
     def unregister_pipeline(self, pipeline: str) -> None:
-        self._get(self.handle.unregister_pipeline.remote(pipeline))
+        with self._lock:
+            self._registered.discard(pipeline)
+        self._call("unregister_pipeline", pipeline)
 
     def emit(self, hook_name: str, **kwargs) -> None:
         """Fire-and-forget; the hook name is checked here, where a typo can be reported."""
         if hook_name not in HOOK_NAMES:
             raise ValueError(f"unknown hook {hook_name!r}; valid hooks: {', '.join(HOOK_NAMES)}")
+        if self.fallback:
+            return
+        self._check_lost()
         self._unsent.append(self.handle.emit.remote(hook_name, kwargs, self._id, self._seq))
         self._seq += 1
         if len(self._unsent) >= 256:  # keep the list short: drop the refs that have run
             import ray
 
             done, self._unsent = ray.wait(self._unsent, num_returns=len(self._unsent), timeout=0)
-            self._get(done)  # surfaces a coordinator that died
+            try:
+                self._get(done)  # surfaces a coordinator that died
+            except CoordinatorDied:
+                if not self.fallback:
+                    raise
 
     def events(self) -> list[dict]:
         self.flush()
+        self._check_lost()
         return self._get(self.handle.events.remote())
 
-    def acquire(self, pipeline: str, purpose: str, n_devices: int, timeout_s: float | None = None) -> tuple:
-        return tuple(self._get(self.handle.acquire.remote(pipeline, purpose, int(n_devices), timeout_s)))
+    def acquire(self, pipeline: str, purpose: str, n_devices: int, timeout_s: float | None = None,
+                default: tuple | None = None) -> tuple:
+        """A lease of ``n_devices`` from the pool (blocks until granted or ``timeout_s``).
+        After a coordinator loss in fallback mode: ``default`` (the host's own devices for
+        this purpose), else devices ``0..n_devices-1``."""
+        own = tuple(default) if default is not None else tuple(range(int(n_devices)))
+        got = self._call("acquire", pipeline, purpose, int(n_devices), timeout_s, fallback=own)
+        return tuple(got)
 
     def release(self, pipeline: str, devices) -> None:
-        self._get(self.handle.release.remote(pipeline, tuple(devices)))
+        self._call("release", pipeline, tuple(devices))
 
     def run_workload(self, workload: dict, policy: str, policy_options: dict | None = None, **options) -> dict:
+        self._check_lost()
         return self._get(self.handle.run_workload.remote(workload, policy, policy_options, options))
 
     def shutdown_pool(self) -> None:
+        self._check_lost()
         self._get(self.handle.shutdown_pool.remote())
+
+    def close(self) -> None:
+        """Stop this client's heartbeats (the pipelines stay registered until reaped)."""
+        self._stop_beating.set()
 
     def shutdown(self) -> None:
         import ray
 
+        self.close()
         ray.kill(self.handle)
 
 
 def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices: int | None = None,
-                        detached: bool = False, num_cpus: float = 0) -> CoordinatorClient:
+                        detached: bool = False, num_cpus: float = 0, *, heartbeat_s: float = 1.0,
+                        loss_timeout_s: float = 10.0, on_coordinator_loss: str = "stop",
+                        heartbeat_timeout_s: float = 10.0, max_events_in_memory: int = 100_000,
+                        event_spill_path: str | None = None) -> CoordinatorClient:
     """Get the named coordinator, creating it (with ``devices`` in its pool) if absent.
 
     ``ray.init`` must have been called (a local cluster, or ``address=...`` of a real one).
     ``devices`` defaults to the cluster's ``jigsaw_device`` resources, else its GPUs, else 1.
+    Client side: ``heartbeat_s``, ``loss_timeout_s``, ``on_coordinator_loss``
+    (:class:`~jigsaw_plugin.runtime.liveness.LivenessSettings`). Coordinator side, used only
+    when this call creates it: ``heartbeat_timeout_s`` (a pipeline silent this long is
+    released), ``max_events_in_memory`` and ``event_spill_path`` (:class:`SpillingEventLog`).
     """
     import ray
 
+    liveness = LivenessSettings(heartbeat_s, loss_timeout_s, on_coordinator_loss)  # checks before Ray
+    HeartbeatBook(heartbeat_timeout_s)
     if not ray.is_initialized():
         raise RuntimeError("connect_coordinator needs Ray: call ray.init(...) first "
                            "(address='auto' joins a running cluster)")
@@ -322,8 +596,9 @@ def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices
         opts = dict(name=name, namespace=namespace, get_if_exists=True, num_cpus=num_cpus, max_concurrency=1000)
         if detached:
             opts["lifetime"] = "detached"
-        handle = coordinator_actor_class().options(**opts).remote(int(devices))
-    client = CoordinatorClient(handle, name)
+        handle = coordinator_actor_class().options(**opts).remote(int(devices), heartbeat_timeout_s,
+                                                                   max_events_in_memory, event_spill_path)
+    client = CoordinatorClient(handle, name, liveness)
     client.info()  # fail here, naming the coordinator, if it cannot start
     return client
 
