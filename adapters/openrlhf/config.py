@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from jigsaw_plugin.runtime.liveness import LOSS_MODES
+
 __all__ = ["JigsawConfig", "MigrationSettings", "JigsawUsageError", "FLAGS", "MIGRATION_FLAGS", "POLICIES",
            "split_jigsaw_flags", "parse_jigsaw_flags"]
 
@@ -60,6 +62,8 @@ class JigsawConfig:
     migration: MigrationSettings = field(default_factory=MigrationSettings)
     events: str | None = None  # JSONL file receiving every hook event of this run
     lease_timeout_s: float | None = None  # how long to wait for devices from the coordinator
+    # the coordinator died or hangs: "stop" (raise CoordinatorDied) or "fallback" (warn, own devices)
+    on_coordinator_loss: str = "stop"
 
     def to_dict(self) -> dict:
         """The settings shipped to the trainer actors: ``migration`` stays a
@@ -135,6 +139,7 @@ FLAGS = {
     **MIGRATION_FLAGS,
     "events": _path,
     "lease_timeout_s": _number(float, 0.0, low_open=True, optional=True),
+    "on_coordinator_loss": _choice(LOSS_MODES),
 }
 assert set(MIGRATION_FLAGS) == {f.name for f in fields(MigrationSettings)}
 assert set(FLAGS) == {f.name for f in fields(JigsawConfig)} - {"migration"} | set(MIGRATION_FLAGS)

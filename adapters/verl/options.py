@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.runtime.liveness import LOSS_MODES
 
 __all__ = ["JigsawOptions", "parse_options", "algorithm_of", "TRAINER_MODES", "OPTION_PREFIX"]
 
@@ -38,6 +39,9 @@ class JigsawOptions:
         trainer's own driver starts Ray; ``None`` keeps verl's ``ray_kwargs.ray_init``.
     :param lookahead_s: Look-ahead horizon of the scheduler, seconds (> 0).
     :param events_path: Write every recorded hook event here as JSON lines at the end of the run.
+    :param on_coordinator_loss: What the trainer does when its coordinator dies or stops
+        answering: ``stop`` (default: the next call raises ``CoordinatorDied`` naming it) or
+        ``fallback`` (warn once, then go on with verl's own scheduling on its own devices).
     """
 
     policy: str = "jigsaw"
@@ -47,6 +51,7 @@ class JigsawOptions:
     address: str | None = None
     lookahead_s: float = 30.0
     events_path: str | None = None
+    on_coordinator_loss: str = "stop"
 
 
 def _allowed_keys() -> str:
@@ -71,8 +76,11 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         if value is not None and (not isinstance(value, str) or not value):
             raise SpecError(f"{OPTION_PREFIX}.{key}", value, "a non-empty string")
     lookahead = raw.get("lookahead_s", 30.0)
-    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not lookahead > 0:
-        raise SpecError(f"{OPTION_PREFIX}.lookahead_s", lookahead, "a number of seconds > 0")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, float)) or not 0 < lookahead < float("inf"):
+        raise SpecError(f"{OPTION_PREFIX}.lookahead_s", lookahead, "a number of seconds > 0, finite")
+    on_loss = raw.get("on_coordinator_loss", "stop")
+    if on_loss not in LOSS_MODES:
+        raise SpecError(f"{OPTION_PREFIX}.on_coordinator_loss", on_loss, " | ".join(LOSS_MODES))
     return JigsawOptions(
         policy=policy,
         pipeline=pipeline,
@@ -81,6 +89,7 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         address=raw.get("address"),
         lookahead_s=float(lookahead),
         events_path=raw.get("events_path"),
+        on_coordinator_loss=on_loss,
     )
 
 
