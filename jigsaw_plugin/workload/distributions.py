@@ -56,7 +56,12 @@ _MC_DRAWS = 1 << 16
 
 
 def _is_number(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(float(x))
+    if not isinstance(x, numbers.Real) or isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an integer too big for a float (YAML reads 400 digits as an int)
+        return False
 
 
 def _is_int(x: object) -> bool:

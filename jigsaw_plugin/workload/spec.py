@@ -64,6 +64,8 @@ _PIPELINE_KEYS = (
 _AGENTIC_KEYS = ("turns", "tool_latency_s", "observation_len")
 _REWARD_KEYS = ("kind", "latency_s")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+#: The largest count a spec may give (GPUs, steps, prompts, tokens): products of two stay in int64.
+MAX_COUNT = 10**9
 
 
 def default_reward_latency(kind: str) -> Distribution | None:
@@ -256,11 +258,11 @@ def _int(d: dict, key: str, field: str, where: str | None, *, minimum: int = 1, 
     f = f"{field}.{key}"
     if key not in d or d[key] is None:
         if default == "<required>":
-            raise SpecError(f, "<missing>", f"an integer >= {minimum}", where)
+            raise SpecError(f, "<missing>", f"an integer >= {minimum} and <= {MAX_COUNT}", where)
         return default
     v = d[key]
-    if not _is_int(v) or v < minimum:
-        raise SpecError(f, v, f"an integer >= {minimum}", where)
+    if not _is_int(v) or not minimum <= v <= MAX_COUNT:  # a bigger count overflows numpy's int64 later
+        raise SpecError(f, v, f"an integer >= {minimum} and <= {MAX_COUNT}", where)
     return int(v)
 
 
