@@ -17,7 +17,7 @@ and verl's closing ``process_weights_after_loading(model, model_config, device)`
 ``finalize_layerwise_reload(model, model_config)``, which processes what is left. The reload
 keeps each tensor until its layer is complete, past verl's bucket callback, so
 ``_update_weights`` gets copies of the bucket's tensors (what verl itself does for LoRA,
-``utils.py:373-376``: the bucket buffer is reused, and the shared-memory one is closed at the
+``utils.py:374-376``: the bucket buffer is reused, and the shared-memory one is closed at the
 end). verl's receiving, bucketing and loading code runs unchanged. Guarded: verl 0.9.x and the
 signatures ``update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False)``
 and ``_update_weights(self, weights, peft_config, base_sync_done)``.
