@@ -64,6 +64,7 @@ class ExecutorCore:
         self.migrations = 0
         self.trace: list = []  # (name, category, devices, start, end) for the Chrome trace
         self.decision_us: list[float] = []
+        self.request_cache: dict = {}  # pipeline -> (key, its gathered requests): core.snapshot
         self.predictor_name = predictor
         self.pm = pm if pm is not None else self._default_manager()
         self._register_builtins()
@@ -106,9 +107,9 @@ class ExecutorCore:
         known workload (the simulator) can answer; used by the oracle ablation alone."""
         raise NotImplementedError(f"{type(self).__name__} cannot offer the oracle predictor")
 
-    def predict_remaining(self, p: PipelineRun, batch, step_s: float = 0.0):
+    def predict_remaining(self, p: PipelineRun, batch, step_s: dict | None = None):
         """Predicted remaining tokens of ``batch`` (a ``RequestBatch`` of ``p``); ``step_s``:
-        the decode step time of the replica they run on (to score predictions in seconds)."""
+        replica -> its decode step time (to score predictions in seconds)."""
         import numpy as np
 
         if len(batch) == 0:
@@ -118,12 +119,13 @@ class ExecutorCore:
         self._note_predictions(batch, pred, step_s)
         return pred
 
-    def _note_predictions(self, batch, pred, step_s: float) -> None:
+    def _note_predictions(self, batch, pred, step_s: dict | None) -> None:
         """Record a few predictions at this decision point (scored when they finish)."""
-        step = max(1, len(batch) // 4)
+        step = max(1, len(batch) // 16)
         for i in range(0, len(batch), step):
             if not batch.queued[i]:
-                self.prediction_log.note(batch.ids[i], int(batch.generated[i]), float(pred[i]), step_s, self.t)
+                s = (step_s or {}).get(int(batch.replica[i]), 0.0)
+                self.prediction_log.note(batch.ids[i], int(batch.generated[i]), float(pred[i]), s, self.t)
 
     # ---- the decide round -----------------------------------------------------------------
     def snapshot(self):

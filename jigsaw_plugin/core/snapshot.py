@@ -3,8 +3,9 @@
 Both executors go through ``build_state``. What it reads of a replica is the replica's
 ``observe(t)`` (a ``ReplicaObs``) and ``request_rows(t)`` (observable per-request rows);
 the executor's true lengths never reach it. Remaining work is predicted through
-``jigsaw_predict_remaining``, once per replica and round, and only when a policy first
-reads one of that replica's predictions or request views.
+``jigsaw_predict_remaining``, once per pipeline and round (reused across rounds while
+nothing it reads has changed), and only when a policy first reads a prediction or a
+request view of that pipeline.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ RequestRow = tuple
 _EMPTY = np.zeros(0)
 
 
-def _batch(rows: list, replica: int) -> RequestBatch:
+def _batch(rows: list, replicas: list) -> RequestBatch:
     cols = list(zip(*rows)) if rows else [()] * 8
     n = len(rows)
     return RequestBatch(
@@ -58,35 +59,75 @@ def _batch(rows: list, replica: int) -> RequestBatch:
         max_tokens=np.fromiter(cols[5], dtype=np.int64, count=n),
         context_tokens=np.fromiter(cols[3], dtype=np.int64, count=n),
         in_flight_s=np.fromiter(cols[6], dtype=float, count=n),
-        replica=np.full(n, replica, dtype=np.int64),
+        replica=np.fromiter(replicas, dtype=np.int64, count=n),
         queued=np.fromiter(cols[7], dtype=bool, count=n),
         prompt_key=tuple(cols[2]),
     )
 
 
-class _ReplicaSource:
-    """One replica's requests for one round: gathered and predicted on first use (a policy
-    that reads only loads pays nothing; one that reads a tail replica pays for its few)."""
+class _PipelineRequests:
+    """One pipeline's in-flight requests for one round, gathered and predicted together (one
+    ``jigsaw_predict_remaining`` call) the first time a policy reads any of them."""
 
-    __slots__ = ("_ex", "_p", "_rep", "_t", "_step_s", "_batch", "_pred")
-
-    def __init__(self, ex, p, rep, t: float, step_s: float):
-        self._ex, self._p, self._rep, self._t, self._step_s = ex, p, rep, t, step_s
+    def __init__(self, ex, p, t: float):
+        self._ex, self._p, self._t = ex, p, t
         self._batch = self._pred = None
+        self._slices: dict[int, slice] = {}
+        self._step_s: dict[int, float] = {}
+
+    def step_s(self, replica: int, step_s: float) -> None:
+        self._step_s[replica] = step_s
 
     def _gather(self) -> None:
-        self._batch = _batch(self._rep.request_rows(self._t), self._rep.id)
+        rows, reps = [], []
+        for rep in self._p.replicas:
+            start = len(rows)
+            rows.extend(rep.request_rows(self._t))
+            self._slices[rep.id] = slice(start, len(rows))
+            reps.extend([rep.id] * (len(rows) - start))
+        self._batch = _batch(rows, reps)
         self._pred = self._ex.predict_remaining(self._p, self._batch, self._step_s)
 
-    def predicted(self) -> np.ndarray:
+    def predicted(self, replica: int) -> np.ndarray:
         if self._batch is None:
             self._gather()
-        return self._pred
+        sl = self._slices.get(replica)
+        return self._pred[sl] if sl is not None else _EMPTY
+
+    def views(self, replica: int) -> tuple:
+        if self._batch is None:
+            self._gather()
+        sl = self._slices.get(replica)
+        if sl is None:
+            return ()
+        return tuple(self._batch.view(i, float(self._pred[i])) for i in range(sl.start, sl.stop))
+
+
+class _ReplicaSource:
+    __slots__ = ("_reqs", "_id")
+
+    def __init__(self, reqs: _PipelineRequests, replica: int):
+        self._reqs, self._id = reqs, replica
+
+    def predicted(self) -> np.ndarray:
+        return self._reqs.predicted(self._id)
 
     def views(self) -> tuple:
-        if self._batch is None:
-            self._gather()
-        return tuple(self._batch.view(i, float(self._pred[i])) for i in range(len(self._batch)))
+        return self._reqs.views(self._id)
+
+
+def _requests_of(ex, p, t: float) -> _PipelineRequests:
+    """This round's gatherer for ``p``; reused while nothing the prediction reads has changed
+    (same time, same replicas at the same version, same history): the rounds of one
+    decide-and-apply loop, or pipelines a decision did not touch."""
+    versions = tuple((rep.id, getattr(rep, "version", None)) for rep in p.replicas)
+    key = (t, versions, p.history.count)
+    cached = ex.request_cache.get(p.name)
+    if cached is not None and cached[0] == key and None not in (v for _, v in versions):
+        return cached[1]
+    reqs = _PipelineRequests(ex, p, t)
+    ex.request_cache[p.name] = (key, reqs)
+    return reqs
 
 
 def prior_summary(spec) -> LengthSummary:
@@ -116,11 +157,13 @@ def _step_view(s) -> StepView:
 
 
 def _pipeline_view(ex, p, t: float) -> PipelineView:
+    reqs = _requests_of(ex, p, t)
     replicas = []
     for rep in p.replicas:
         o = rep.observe(t)
+        reqs.step_s(rep.id, o.step_s)
         replicas.append(ReplicaView(rep.id, p.name, rep.devices, o.running, o.queued, o.kv_tokens, o.kv_capacity,
-                                    o.max_seqs, rep.retiring, o.step_s, o.stall_s, _ReplicaSource(ex, p, rep, t, o.step_s)))
+                                    o.max_seqs, rep.retiring, o.step_s, o.stall_s, _ReplicaSource(reqs, rep.id)))
     running_end = None
     if p.stage_running and not p.done:
         running_end = ex.running_stage_end_t(p)

@@ -119,6 +119,12 @@ class Replica:
         return self.n + len(self.queue)
 
     # ---- what the engine reports (core.snapshot) ----------------------------------------
+    @property
+    def version(self) -> int:
+        """Changes whenever its requests or their schedule change (predictions may be reused
+        while it does not, at the same time)."""
+        return self.tick_epoch
+
     def observe(self, t: float):
         from jigsaw_plugin.core.snapshot import ReplicaObs
 
