@@ -8,6 +8,7 @@ core test environment).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from jigsaw_plugin.runtime.liveness import LOSS_MODES
@@ -109,7 +110,8 @@ def _number(kind, low, high=None, *, low_open=False, optional=False):
             value = kind(raw)
         except ValueError:
             raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: {kind.__name__} {bound}") from None
-        if (value <= low if low_open else value < low) or (high is not None and value > high):
+        if (value <= low if low_open else value < low) or (high is not None and value > high) \
+                or not math.isfinite(value):  # inf passes the bounds above, nan every comparison
             raise JigsawUsageError(f"{PREFIX}{name}: got {raw!r}; allowed: {kind.__name__} {bound}")
         return value
     return parse

@@ -64,7 +64,9 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
     known = {f.name for f in fields(JigsawOptions)}
     for key in raw:
         if key not in known:
-            raise SpecError(f"{OPTION_PREFIX}.{key}", raw[key], f"one of {_allowed_keys()}")
+            # a key that would break the one-line message (a newline, not a string) is quoted
+            name = f"{OPTION_PREFIX}.{key}" if isinstance(key, str) and key.isprintable() else f"{OPTION_PREFIX}[{key!r}]"
+            raise SpecError(name, raw[key], f"one of {_allowed_keys()}")
     policy = raw.get("policy", "jigsaw")
     if policy not in _POLICIES:
         raise SpecError(f"{OPTION_PREFIX}.policy", policy, " | ".join(_POLICIES))
@@ -85,7 +87,7 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         policy=policy,
         pipeline=pipeline,
         coordinator=raw.get("coordinator"),
-        namespace=raw.get("namespace", "jigsaw"),
+        namespace=raw.get("namespace") or "jigsaw",  # null (Hydra's ~ or null) = the default
         address=raw.get("address"),
         lookahead_s=float(lookahead),
         events_path=raw.get("events_path"),
