@@ -89,7 +89,8 @@ def cmd_sim(args) -> int:
     total = sum(p.steps for p in workload.pipelines)
     with SimProgress(f"simulating {policy.name}", total, progress_enabled(args.quiet)) as bar:
         register(pm, bar, "progress")
-        sim = Simulation(workload, policy, seed=args.seed, hooks=Emitter(pm), record_requests=bool(args.events), pm=pm)
+        sim = Simulation(workload, policy, seed=args.seed, hooks=Emitter(pm), record_requests=bool(args.events), pm=pm,
+                         predictor=args.predictor)
         result = sim.run()
     _write_json(result, args.json)
     if recorder is not None:
@@ -184,7 +185,7 @@ def cmd_bench(args) -> int:
         recorded = run_ab_recorded(workload, args.baseline, args.candidate, seed=args.seed, backend=args.backend,
                                    ablate=args.ablate, baseline_options=baseline_options,
                                    workload_path=args.workload, repeats=args.repeats,
-                                   progress=progress_enabled(args.quiet))
+                                   progress=progress_enabled(args.quiet), predictor=args.predictor)
     _write_json(bench_json(recorded.bench), args.json)
     print(format_ab(recorded.bench))
     if args.out:
@@ -266,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write the result JSON here")
     s.add_argument("--trace", help="write a Chrome trace here (ui.perfetto.dev: one track per device)")
     s.add_argument("--events", help="record every hook event of the run to this JSONL file")
+    s.add_argument("--predictor", default="history", choices=("history", "oracle"),
+                   help="remaining-length predictor: history (default) or oracle (an ablation reading true lengths)")
     s.set_defaults(func=cmd_sim)
 
     b = _sub(sub, "bench", "A/B: a baseline and a candidate on the same workload, seed and samples; "
@@ -280,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
                    help="switch one jigsaw mechanism off: migration, resize, lookahead, multiplex")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--predictor", default="history", choices=("history", "oracle"),
+                   help="the candidate's remaining-length predictor (oracle: an ablation reading true lengths)")
     b.add_argument("--out", metavar="DIR", help="folder for the saved run and its report")
     b.add_argument("--json", help="also write the bench JSON here")
     b.set_defaults(func=cmd_bench)

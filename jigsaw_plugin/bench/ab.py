@@ -62,14 +62,16 @@ def check_backend(backend: str, workload) -> None:
 
 def run_ab(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
            ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
-           repeats: int = 3) -> dict:
+           repeats: int = 3, predictor: str = "history") -> dict:
     """Run both policies; the bench JSON of DESIGN.md section 5. ``backend="ray"`` runs
-    them ``repeats`` times side by side on real engines (``workload_path`` needed)."""
+    them ``repeats`` times side by side on real engines (``workload_path`` needed).
+    ``predictor``: the candidate's length predictor ("oracle": the labelled ablation)."""
     return run_ab_recorded(workload, baseline, candidate, seed, backend, ablate, baseline_options,
-                           workload_path, repeats).bench
+                           workload_path, repeats, predictor=predictor).bench
 
 
-def _simulate_recorded(workload, policy, seed: int, progress: bool) -> tuple[dict, Timeline]:
+def _simulate_recorded(workload, policy, seed: int, progress: bool,
+                       predictor: str = "history") -> tuple[dict, Timeline]:
     """One simulated run through a plugin manager (user plugins included, as ``jigsaw sim``)
     that also records the migrations and drives the progress line."""
     from jigsaw_plugin.bench.progress import SimProgress
@@ -84,14 +86,14 @@ def _simulate_recorded(workload, policy, seed: int, progress: bool) -> tuple[dic
     total = sum(p.steps for p in workload.pipelines)
     with SimProgress(f"simulating {policy.name}", total, progress) as bar:
         register(pm, bar, "bench-progress")
-        sim = Simulation(workload, policy, seed=seed, hooks=Emitter(pm), pm=pm)
+        sim = Simulation(workload, policy, seed=seed, hooks=Emitter(pm), pm=pm, predictor=predictor)
         result = sim.run()
     return result, timeline_of(sim, recorder.events)
 
 
 def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: int = 0, backend: str = "sim",
                     ablate: list[str] | None = None, baseline_options: dict | None = None, workload_path=None,
-                    repeats: int = 3, progress: bool = False, log=None) -> RecordedAB:
+                    repeats: int = 3, progress: bool = False, log=None, predictor: str = "history") -> RecordedAB:
     """:func:`run_ab` that also keeps each side's :class:`Timeline` (the report's figures
     and Perfetto traces). ``progress``: draw progress on stderr; ``log``: a callable that
     receives the real runs' messages (default: the ``jigsaw_plugin`` logger)."""
@@ -118,7 +120,7 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
         return RecordedAB(ab, timeline_from_events(events.get("baseline", []), gpus, gpn),
                           timeline_from_events(events.get("candidate", []), gpus, gpn))
     base, base_tl = _simulate_recorded(workload, _policy(baseline, [], baseline_options), seed, progress)
-    cand, cand_tl = _simulate_recorded(workload, _policy(candidate, ablate or []), seed, progress)
+    cand, cand_tl = _simulate_recorded(workload, _policy(candidate, ablate or []), seed, progress, predictor)
     if base["samples"] != cand["samples"]:
         raise RuntimeError(f"runs processed different samples: {base['samples']} vs {cand['samples']}")
     if ablate:
