@@ -157,3 +157,15 @@ def test_lookahead_waits_for_a_home_device_about_to_free():
     assert not [d for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
     out = get_policy("jigsaw", migration=False, lookahead=False).decide(state([p0, p1], busy=busy))
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
+
+
+def test_width_bounds_the_candidate_gangs_the_lookahead_weighs():
+    tail = [replica("p0", 1, (3,), generated=[500], predicted=[1])]
+    p0 = pipeline(0, range(4), replicas=tail, gen_next=1,
+                  steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
+                  steps={1: step(1, done=32, rewarded=32)})
+    busy = {**_busy_with_replicas([p0]), **{d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}}
+    # width 1: the only candidate is "start now" on the three free devices
+    out = get_policy("jigsaw", migration=False, width=1).decide(state([p0, p1], busy=busy))
+    assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]

@@ -56,7 +56,7 @@ class JigsawConfig:
     migration: bool = True  # consolidate rollout tails by abort + resume
     lookahead: bool = True  # gang sizes, loans and service order from projections (off: greedy)
     horizon_s: float = 600.0  # how far ahead the look-ahead projects
-    width: int = 4  # candidate gang sizes per ready stage
+    width: int = 4  # candidate gang sizes per ready stage (start now, or wait for 1..width-1 more devices)
     tail_requests: int = 16  # a replica with at most this many requests is in its tail
     min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x the move's cost
     latency_slack: float = 0.05  # a move may stretch its pipeline's generation by this much
@@ -362,7 +362,7 @@ class Jigsaw(Policy):
         # projected free and start bigger; pick the earliest projected end
         later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
         best = None
-        for i in range(0, len(later) + 1):
+        for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate gangs
             wait = later[i - 1] if i else 0.0
             if wait > self.config.horizon_s:
                 break
