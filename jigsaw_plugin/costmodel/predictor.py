@@ -27,14 +27,14 @@ class EfficiencyFactors:
     """
 
     # decode: vLLM continuous batching with CUDA graphs
-    decode_bw_eff: float = 0.40  # fitted: fraction of HBM bandwidth a decode step achieves
-    decode_mfu: float = 0.60  # fitted: fraction of peak FLOP/s of a compute-bound decode step
-    decode_step_overhead_s: float = 0.006  # fitted: scheduler + sampler + launches per step
+    decode_bw_eff: float = 0.906  # fitted: fraction of HBM bandwidth a decode step achieves
+    decode_mfu: float = 0.308  # fitted: fraction of peak FLOP/s of a compute-bound decode step
+    decode_step_overhead_s: float = 0.0016  # fitted: scheduler + sampler + launches per step
     cuda_graph_max_batch: int = 512  # set: vLLM's largest captured batch (smaller ones pad to a bucket)
     prefill_mfu: float = 0.50  # set: prefill and migration re-prefill (no public point, see docs)
     # training side: FSDP gangs
     forward_mfu: float = 0.535  # fitted: log-prob / ref / values forward passes
-    train_mfu: float = 0.486  # fitted: forward + backward of an update
+    train_mfu: float = 0.526  # fitted: forward + backward of an update
     recompute: bool = False  # set: activation checkpointing (adds one forward: 8N instead of 6N)
     micro_batch_overhead_s: float = 0.0  # fitted: fixed cost of one micro-batch (launches, loss, packing)
     ppo_mini_batches: int = 16  # set: optimizer steps per update (verl DAPO: 512 prompts / 32)
@@ -42,7 +42,7 @@ class EfficiencyFactors:
     forward_micro_batch_tokens: int = 45056  # set: the same for forward-only passes (twice as many)
     gpus_per_node: int = 8  # set: devices joined by NVLink; a wider gang crosses the node NICs
     # links
-    link_eff: float = 0.70  # fitted: fraction of link bandwidth a collective achieves
+    link_eff: float = 0.968  # fitted: fraction of link bandwidth a collective achieves
     allreduce_latency_s: float = 8e-6  # set: per all-reduce of a tensor-parallel layer (NVLink)
     sync_overhead_s: float = 3.0  # set: fixed cost of one weight update round (barriers, resharding)
     train_stage_overhead_s: float = 2.0  # set: fixed cost per training-side stage (dispatch, gather)
