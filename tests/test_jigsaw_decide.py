@@ -23,7 +23,7 @@ from jigsaw_plugin.scheduler.state import (
 from sim_helpers import small_workload
 
 COST = CostModel(hardware_profile("h100"))
-MODEL = model_profile("qwen2.5-1.5b")
+MODEL = model_profile("qwen2.5-7b")  # big enough that a wider replica decodes a tail faster
 SPECS = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, algorithms=("grpo", "grpo"),
                        agentic=(False, False)).pipelines
 
