@@ -350,3 +350,45 @@ def test_device_grant_answers_what_the_scheduler_set_last():
     assert rec[0].pauses > 0 and rec[0].waited_s >= 0.02 and [m.width for m in rec] == [2, 2, 2, 2]
     with pytest.raises(SpecError, match="grant"):
         g.set((0, 0))
+
+
+def test_the_live_executor_resizes_a_training_stage_through_the_runners_grant():
+    """ResizeStage on the live executor: the update of step 0 shrinks from 2 devices to 1 at
+    a micro-batch boundary; the freed device goes back to the pool there, and the update is
+    whole (every micro-batch ran once, summed in order)."""
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.hookspecs import hookimpl
+    from jigsaw_plugin.manager import get_plugin_manager, register
+    from jigsaw_plugin.runtime.live import LiveExecutor
+    from jigsaw_plugin.scheduler import ResizeStage, get_policy
+    from sim_helpers import small_workload
+
+    cost = CostModel(hardware_profile("h100"))
+    wl = small_workload(gpus=2, pipelines=1, prompts=2, samples=4, steps=1, median=20, algorithms=("grpo",),
+                        agentic=(False,))
+    trainer = _MicroTrainer()
+    runner = ReferenceStageRunner({"p0": trainer}, pause_poll_s=0.001)
+    asked = []
+
+    class Shrink:
+        @hookimpl(tryfirst=True)
+        def jigsaw_schedule(self, state):
+            p = state.order[0]
+            if p.stage_running and p.stages[p.stage_next] == "update_actor" and not asked:
+                asked.append(state.t)
+                return [ResizeStage("p0", 0, "update_actor", (1,))]
+            return None
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    register(pm, Shrink(), "shrink")
+    live = LiveExecutor(wl, get_policy("verl-sync"), lambda p, d: EmulatedEngine(cost, p.model, tp=len(d),
+                                                                                 time_scale=0.02),
+                        time_scale=0.02, stage_runner=runner, pm=pm)
+    asyncio.run(asyncio.wait_for(live.run(), 60))
+    runner.close()
+    rec = [r for r in runner.records if r.stage == "update_actor"][0]
+    assert asked and rec.micro_batches
+    assert sorted(m.index for m in rec.micro_batches) == list(range(len(rec.micro_batches)))
+    assert {m.device for m in rec.micro_batches[-2:]} == {1}  # after the boundary: device 1 only
+    assert trainer.steps == [[0, 1], [2, 3]] and live.pipelines["p0"].done
+    assert live.free == {0, 1}

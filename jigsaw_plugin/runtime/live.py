@@ -24,7 +24,8 @@ from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.snapshot import ReplicaObs
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.runtime.router import Router, RouterError
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RunStage, StartGen
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask
 
 __all__ = ["LiveExecutor", "LiveReplica", "run_live", "run_executor"]
@@ -88,6 +89,24 @@ class LiveReplica:
             self.spawn(abort_all())
 
 
+class _StageGrant:
+    """The devices a running training stage may use from its next micro-batch on: the
+    stage runner asks it at every boundary (``stage_runner.run(..., grant=)``); devices it
+    no longer uses are handed back to the executor at that boundary, never before."""
+
+    def __init__(self, ex, p, step: int, stage: str, devices: tuple):
+        self._ex, self.p, self.step, self.stage = ex, p, step, stage
+        self.devices = devices  # what runs now
+        self.wanted = devices  # what the policy granted (ResizeStage)
+        self.seg_start = ex.t
+        self.first_end = None  # the first boundary where the devices changed
+
+    def __call__(self, request=None) -> tuple:
+        if self.wanted != self.devices:
+            self._ex._stage_boundary(self)
+        return self.devices
+
+
 def _tokens(seed: str, n: int) -> list[int]:
     base = zlib.crc32(seed.encode())
     return [(base + 7919 * j) % 2048 for j in range(int(n))]
@@ -110,6 +129,7 @@ class LiveExecutor(ExecutorCore):
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._budgets = {p.name: {"samples_per_prompt": p.spec.samples_per_prompt} for p in self.order}
+        self._grants: dict[str, _StageGrant] = {}  # pipeline -> its running micro-batched stage
         self._tasks: set = set()
         self._error = None
 
@@ -308,6 +328,12 @@ class LiveExecutor(ExecutorCore):
             for rep in p.replicas:
                 rep.interrupt()
 
+    def _resizable(self, p, stage: str) -> bool:
+        """A stage the runner executes micro-batch by micro-batch on granted devices (the
+        runner says so: ``stage_runner.resizable(pipeline, stage)``)."""
+        check = getattr(self.stage_runner, "resizable", None)
+        return stage in FORWARD_STAGES + UPDATE_STAGES and check is not None and bool(check(p, stage))
+
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
         modelled = self.price_stage(p, s, d.stage, devices, d.colocated)
@@ -315,6 +341,9 @@ class LiveExecutor(ExecutorCore):
             modelled += self._switch_s(p, devices, "train")
         start = self.t
         s.stage_t[d.stage] = (start, start + modelled)  # predicted end until it ends
+        grant = _StageGrant(self, p, d.step, d.stage, devices) if self._resizable(p, d.stage) else None
+        if grant is not None:
+            self._grants[p.name] = grant
         at = len(self.trace) if devices else None
         if devices:
             self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, start, start + modelled))
@@ -323,17 +352,57 @@ class LiveExecutor(ExecutorCore):
         async def run():
             if self.stage_runner is None:  # the cost model's duration, slept (emulated)
                 await asyncio.sleep(modelled * self.time_scale)
+            elif grant is not None:
+                await self.stage_runner.run(p, d.step, d.stage, devices, [traj[i] for i in sorted(traj)], grant=grant)
             else:
                 await self.stage_runner.run(p, d.step, d.stage, devices, [traj[i] for i in sorted(traj)])
-            self.busy_s += (self.t - start) * len(devices)
+            held, end = devices, self.t
+            if grant is not None:
+                self._grants.pop(p.name, None)
+                held = grant.devices
+                self.busy_s += (self.t - grant.seg_start) * len(held)
+                if grant.wanted != grant.devices:  # granted but never joined: back to the pool
+                    self._release(tuple(x for x in grant.wanted if x not in grant.devices))
+                if grant.first_end is not None:
+                    end = grant.first_end
+                    if held:
+                        self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, held, grant.seg_start, self.t))
+            else:
+                self.busy_s += (self.t - start) * len(devices)
             if at is not None:
-                self.trace[at] = self.trace[at][:4] + (self.t,)
+                self.trace[at] = self.trace[at][:4] + (end,)
             if d.stage == p.stages[-1]:
                 self.trajectories.pop((p.name, d.step), None)
-            self._stage_done(p, d.step, d.stage, devices)
+            self._stage_done(p, d.step, d.stage, held)
             self.dirty = True
 
         self._spawn(run())
+
+    def _resize_stage(self, d: ResizeStage) -> None:
+        """Grow, shrink or pause a running stage from its next micro-batch boundary."""
+        g = self._grants.get(d.pipeline)
+        if g is None or g.step != d.step or g.stage != d.stage:
+            raise PolicyViolation(f"{d.pipeline}: ResizeStage of {d.stage} step {d.step}, which is not running "
+                                  f"micro-batch by micro-batch on this executor")
+        new = tuple(d.devices)
+        held = set(g.devices) | set(g.wanted)
+        for dev in g.wanted:  # an earlier grant not yet joined: its extra devices go back
+            if dev not in new and dev not in g.devices:
+                self._release((dev,))
+        self._claim(tuple(x for x in new if x not in held), DeviceTask("stage", d.pipeline, stage=d.stage))
+        g.wanted = new
+
+    def _stage_boundary(self, g: _StageGrant) -> None:
+        """A micro-batch boundary of a resized stage: the new devices take over, the old
+        ones no longer used go back to the pool."""
+        self.busy_s += (self.t - g.seg_start) * len(g.devices)
+        if g.first_end is None:
+            g.first_end = self.t  # closes the stage's first trace span
+        elif g.devices:
+            self.trace.append((f"{g.p.name} {g.stage} s{g.step}", g.stage, g.devices, g.seg_start, self.t))
+        self._release(tuple(x for x in g.devices if x not in g.wanted))
+        g.devices, g.seg_start = g.wanted, self.t
+        self.dirty = True
 
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, max_rounds: int = 8) -> None:

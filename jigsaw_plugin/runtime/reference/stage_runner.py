@@ -139,6 +139,13 @@ class ReferenceStageRunner:
         self._state: dict[tuple, dict] = {}  # (pipeline, step) -> tensors between stages
         self._latest: dict[str, tuple] = {}  # pipeline -> (version, bf16 state dict)
 
+    def resizable(self, pipeline, stage: str) -> bool:
+        """Whether ``run(..., grant=)`` can resize this stage at micro-batch boundaries (the
+        stage is micro-batched and the pipeline's trainer has the micro-batch methods)."""
+        name = getattr(pipeline, "name", pipeline)
+        needs = ("micro_grad",) if stage == "update_actor" else ("forward_plan", "micro_log_probs")
+        return stage in MICRO_BATCHED_STAGES and all(hasattr(self.trainer(name), m) for m in needs)
+
     def trainer(self, name: str):
         t = self._trainers
         if isinstance(t, dict):
