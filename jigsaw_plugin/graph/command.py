@@ -57,6 +57,7 @@ def run_graph_from_events(events_path: str, out: str, pipeline: str | None = Non
         raise SpecError("--from-events", events_path, f"a readable JSONL file of hook events ({e})") from None
     try:
         graph = build_from_events(events, pipeline=pipeline or None)
+        graph.validate()  # times out of order in the log show here (end before start)
     except GraphError as e:
         raise SpecError("--from-events", events_path, f"hook events of the jigsaw contract ({e})") from None
     if pipeline and not len(graph):

@@ -39,6 +39,7 @@ step hooks are accepted; an unknown hook, a missing argument or an unknown stage
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, STAGES_BY_ALGORITHM
@@ -68,7 +69,67 @@ _REQUIRED = {
 }
 #: accepted and not needed for the graph
 _IGNORED = frozenset({"jigsaw_request_progress", "jigsaw_lease_released", "jigsaw_pipeline_start",
-                      "jigsaw_pipeline_end", "jigsaw_step_end", "jigsaw_schedule", "jigsaw_predict_duration"})
+                      "jigsaw_pipeline_end", "jigsaw_step_end", "jigsaw_schedule", "jigsaw_predict_duration",
+                      "jigsaw_predict_remaining"})
+
+
+def _is_int(v, low=0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_time(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_name(v) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _is_id(v) -> bool:  # a request or replica id: hashable, orderable with its kind
+    return isinstance(v, str) or _is_int(v, low=-(2**63))
+
+
+#: field -> (check, what is allowed). A corrupt or hand-edited log is refused naming the
+#: event and the field, before a wrong type turns into a traceback deep in the builder.
+_FIELDS = {
+    "pipeline": (_is_name, "a non-empty string"),
+    "to_pipeline": (_is_name, "a non-empty string"),
+    "from_pipeline": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "stage": (_is_name, "a stage name"),
+    "purpose": (_is_name, "a non-empty string"),
+    "reason": (_is_name, "a non-empty string"),
+    "step": (_is_int, "an integer >= 0"),
+    "turn": (_is_int, "an integer >= 0"),
+    "t": (_is_time, "a finite number of seconds"),
+    "duration_s": (lambda v: _is_time(v) and v >= 0, "a finite number of seconds >= 0"),
+    "devices": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(d) for d in v), "a list of device ids >= 0"),
+    "request_id": (_is_id, "a string or an integer"),
+    "replica": (lambda v: v is None or _is_id(v), "a string, an integer or null"),
+    "src_replica": (lambda v: v is None or _is_id(v), "a string, an integer or null"),
+    "dst_replica": (lambda v: v is None or _is_id(v), "a string, an integer or null"),
+    "spec": (lambda v: v is None or isinstance(v, dict), "a mapping"),
+    **{k: (lambda v: v is None or _is_int(v), "an integer >= 0 or null")
+       for k in ("samples", "tokens", "max_tokens", "bytes", "version")},
+    **{k: (_is_int, "an integer >= 0") for k in ("prompt_tokens", "generated_tokens", "observation_tokens")},
+}
+#: the keys of a registered spec that the builder reads
+_SPEC_FIELDS = {
+    "mode": (lambda v: v in ("sync", "async"), "sync | async"),
+    "staleness": (lambda v: v is None or _is_int(v), "an integer >= 0"),
+    "algorithm": (lambda v: v is None or v in STAGES_BY_ALGORITHM, " | ".join(STAGES_BY_ALGORITHM)),
+    "gpus": (lambda v: v is None or _is_int(v, low=1), "an integer >= 1"),
+}
+
+
+def _check_fields(i: int, hook: str, ev: dict) -> None:
+    for key, value in ev.items():
+        check = _FIELDS.get(key)
+        if check is not None and not check[0](value):
+            raise GraphError(f"event {i} ({hook}): {key} = {value!r}; allowed: {check[1]}")
+    for key, value in (ev.get("spec") or {}).items() if hook == "jigsaw_register_pipeline" else ():
+        check = _SPEC_FIELDS.get(key)
+        if check is not None and not check[0](value):
+            raise GraphError(f"event {i} ({hook}): spec.{key} = {value!r}; allowed: {check[1]}")
 
 
 class _Seg:
@@ -113,6 +174,7 @@ class _Reader:
             missing = [k for k in _REQUIRED.get(hook, ()) if k not in ev]
             if missing:
                 raise GraphError(f"event {i} ({hook}): missing {', '.join(missing)}")
+            _check_fields(i, hook, ev)
             if hook in _IGNORED:
                 continue
             getattr(self, hook[len("jigsaw_"):])(i, ev)
