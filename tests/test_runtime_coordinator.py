@@ -303,3 +303,41 @@ def test_coordinator_loss_stops_or_falls_back_within_a_bounded_time(ray_local, m
         assert "FALLBACK [7]" in out  # the host's own devices (acquire's default)
         assert err.count("on_coordinator_loss=fallback") == 1 and "did not answer a heartbeat" in err
         assert "Traceback" not in err
+
+
+def test_event_log_memory_stays_flat_over_many_events(tmp_path):
+    import tracemalloc
+
+    log = SpillingEventLog(max_in_memory=200, spill_path=tmp_path / "events.jsonl")
+    pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+    register(pm, log, name="log")
+    emit = Emitter(pm)
+
+    def run(steps):
+        for k in steps:
+            emit.jigsaw_stage_start(pipeline="p", step=k, stage="gen", devices=(0, 1), samples=8, tokens=k, t=k)
+
+    tracemalloc.start()
+    run(range(0, 1_000))
+    after_1k = tracemalloc.get_traced_memory()[0]
+    run(range(1_000, 10_000))
+    after_10k, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(log.events) <= 200 and len(log) == 10_000 and log.spilled == len(log) - len(log.events)
+    assert after_10k < after_1k * 1.2 + 32 * 1024, (after_1k, after_10k)  # ten times the events, same memory
+    assert peak < after_1k * 1.5 + 128 * 1024, (after_1k, peak)
+    everything = log.all_events()
+    assert [e["step"] for e in everything] == list(range(10_000))  # nothing lost, in order
+    with pytest.raises(SpecError, match="max_events_in_memory: got 1; allowed: an integer >= 2"):
+        SpillingEventLog(max_in_memory=1)
+
+
+def test_the_coordinators_log_spills_beyond_its_limit(ray_local):
+    client = connect_coordinator(name="coord-spill", devices=1, max_events_in_memory=10)
+    for k in range(50):
+        client.emit("jigsaw_step_end", pipeline="p", step=k, t=float(k))
+    events = client.events()
+    info = client.info()
+    assert info["events"] == 50 and info["events_in_memory"] <= 10 and info["events_spilled"] >= 40
+    assert [e["step"] for e in events] == list(range(50))
+    client.shutdown()
