@@ -25,10 +25,12 @@ def load(name_or_dict):
 
 
 def run_one(job: tuple) -> dict:
-    """(workload, policy, options, seed) -> result JSON plus wall time and peak RSS."""
-    workload, policy, options, seed = job
+    """(workload, policy, options, seed[, predictor]) -> result JSON plus wall time and peak
+    RSS. ``predictor``: "history" (default) or "oracle" (the labelled ablation)."""
+    workload, policy, options, seed, *rest = job
+    predictor = rest[0] if rest else "history"
     t0 = time.perf_counter()
-    result = Simulation(load(workload), get_policy(policy, **(options or {})), seed).run()
+    result = Simulation(load(workload), get_policy(policy, **(options or {})), seed, predictor=predictor).run()
     result["wall_s"] = time.perf_counter() - t0
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["options"] = options or {}

@@ -23,6 +23,17 @@ from common import ROOT  # noqa: E402
 
 
 
+FIGURES = ("<!-- report-figures:start -->", "<!-- report-figures:end -->")
+
+
+def _kept_block(marks: tuple) -> str:
+    """A marked block of the current docs/benchmarks.md, kept as it is."""
+    old = (ROOT / "docs" / "benchmarks.md").read_text()
+    if marks[0] not in old or marks[1] not in old:
+        return ""
+    return "\n" + old[old.index(marks[0]): old.index(marks[1]) + len(marks[1])] + "\n"
+
+
 def main() -> None:
     speed = sim_speed.run()
     pol, summary = policies.run()
@@ -57,29 +68,30 @@ a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_3
 
 ### Against the targets
 
-| target | workload | measured | met? |
+| target (issue 12; default predictor) | workload | measured | met? |
 |---|---|---|---|
 """ + "\n".join(
-        f"| jigsaw / verl-sync >= 1.85 | ({k}) | {summary[k]['vs_verl_sync']:.2f}x (tuned baseline {summary[k]['vs_tuned_verl_sync']:.2f}x) | no |"
+        f"| jigsaw / verl-sync >= 1.7x (or >= 85% of the bound's {summary[k]['bound_ratio']:.2f}x) | ({k}) | "
+        f"{summary[k]['vs_verl_sync']:.2f}x (tuned baseline {summary[k]['vs_tuned_verl_sync']:.2f}x) | "
+        f"{'yes' if summary[k]['vs_verl_sync'] >= min(1.7, 0.85 * summary[k]['bound_ratio']) else 'no'} |"
         for k in ("a", "b")
+    ) + "\n" + "\n".join(
+        f"| gap to the makespan lower bound recovered >= 70% | ({k}) | "
+        f"{'-' if summary[k]['gap_recovered'] is None else format(summary[k]['gap_recovered'], '.0%')} | "
+        f"{'yes' if (summary[k]['gap_recovered'] or 0) >= 0.7 else 'no'} |"
+        for k in ("a", "b", "c", "d")
     ) + f"""
-| jigsaw (async) / best of streamrl, areal, one-step-off >= 1.54 | (c) | {summary['c']['vs_best_async']:.2f}x vs {summary['c']['best_async']} | no |
-""" + "\n".join(
-        f"| gpu_busy_fraction >= 0.90 | ({k}) | {summary[k]['busy']:.2f} | {'yes' if summary[k]['busy'] >= 0.9 else 'no'} |"
-        for k in ("a", "b")
-    ) + f"""
+| jigsaw (async) / best of streamrl, areal, one-step-off >= 1.6x | (c) | {summary['c']['vs_best_async']:.2f}x vs {summary['c']['best_async']} | {'yes' if summary['c']['vs_best_async'] >= 1.6 else 'no'} |
 | decision p99 < 1 ms at 64 GPUs / 8 pipelines | scaling table | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
 | decision p99 < 10 ms at 1024 GPUs / 32 pipelines | scaling table | {lat_summary[(1024, 32)]:.0f} us | {'yes' if lat_summary[(1024, 32)] < 10000 else 'no'} |
 
-Why the throughput targets are not reached here: in these workloads a synchronous
-pipeline's step is bounded by its longest response (10-20K tokens decoded one token per
-step), and no scheduler can make a step shorter than that on-policy. jigsaw shortens the
-tail itself (re-sharding it onto a wider tensor-parallel replica) and fills the devices
-the tail leaves idle with other pipelines' training, which is worth 1.2-1.3x over
-verl-sync as configured; a verl-sync whose rollout tensor-parallel size is tuned by hand
-recovers part of the same tail speed-up, so the margin over it is smaller. The paper's
-1.85x is reported on agentic workloads whose per-pipeline device shares are far more
-oversubscribed than these.
+Every jigsaw figure above is measured with the default length predictor: the policy sees
+tokens generated so far and predicts what remains (docs/predictor.md); the "ORACLE
+lengths" column shows what exact lengths would add. The bound table says how far any
+policy could go on the cost model: most of the gap between verl-sync and the bound is
+still open, and where the targets are missed the structural reasons are those issue 12
+lists (rollouts never borrow other pipelines' devices, training gangs are lent only
+whole, tails widen only on their own node, the look-ahead weighs few candidates).
 
 ## Scheduler decision latency (jigsaw policy)
 
@@ -106,6 +118,7 @@ the number of requests (about linearly) and only weakly with the pool size.
 """
     if real_ab.RESULTS.exists():  # measured separately (needs .venv-cpu): kept from its JSON
         text += f"\n{real_ab.START}\n{real_ab.render(json.loads(real_ab.RESULTS.read_text()))}\n{real_ab.END}\n"
+    text += _kept_block(FIGURES)  # drawn by `jigsaw bench --out` (docs/report.md), not by this script
     (ROOT / "docs" / "benchmarks.md").write_text(text)
     print(text)
 
