@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from jigsaw_plugin.hookspecs import STAGES
+
 __all__ = ["build_result", "STAGE_KEYS"]
 
-STAGE_KEYS = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
-              "update_actor", "weight_sync")
+STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
 
 
 def _pipeline_result(p) -> dict:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+
 __all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "train_estimate_s",
            "balanced_split"]
 
-_FWD = {"old_log_prob", "ref", "values"}
-_TRAIN = {"update_actor", "update_critic"}
 
 
 def rollout_tp(pipeline, cost) -> int:
@@ -76,9 +76,9 @@ def train_estimate_s(pipeline, cost, devices: int, stats: dict | None = None) ->
     tokens = pipeline.spec.samples_per_step * st["context"]
     total = 0.0
     for stage in pipeline.stages:
-        if stage in _FWD:
+        if stage in FORWARD_STAGES:
             total += cost.forward_s(pipeline.model, devices, tokens)
-        elif stage in _TRAIN:
+        elif stage in UPDATE_STAGES:
             total += cost.train_s(pipeline.model, devices, tokens)
     return total
 

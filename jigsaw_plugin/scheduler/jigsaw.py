@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.estimates import (
@@ -42,8 +43,6 @@ from jigsaw_plugin.scheduler.estimates import (
 
 __all__ = ["JigsawConfig", "JigsawMemo", "Jigsaw"]
 
-_HOST = ("adv",)
-_FWD = ("old_log_prob", "ref", "values")
 _INF = float("inf")
 
 
@@ -158,7 +157,7 @@ class Jigsaw(Policy):
             if p.done:
                 continue
             stage = p.next_stage
-            if stage in _HOST:
+            if stage in HOST_STAGES:
                 out.append(RunStage(p.name, p.train_next, stage, ()))
             elif stage:
                 demands.append((0 if stage == "weight_sync" else 1, "stage", p))
@@ -341,7 +340,7 @@ class Jigsaw(Policy):
 
     def _stage_s(self, state, p, stage, g) -> float:
         s = p.steps[p.train_next]
-        if stage in _FWD:
+        if stage in FORWARD_STAGES:
             return state.cost.forward_s(p.model, g, s.tokens)
         return state.cost.train_s(p.model, g, s.tokens)
 
