@@ -57,7 +57,8 @@ class RunHooks:
             from jigsaw_plugin.runtime.coordinator import CoordinatorForwarder, connect_coordinator
 
             self.client = connect_coordinator(name=self.settings["coordinator"],
-                                              namespace=self.settings["namespace"])
+                                              namespace=self.settings["namespace"],
+                                              on_coordinator_loss=self.settings.get("on_coordinator_loss", "stop"))
             # The coordinator records register_pipeline and the lease events itself: the
             # forwarder's default leaves them out, so they are not recorded twice.
             register(self.pm, CoordinatorForwarder(self.client), name="jigsaw-coordinator-forwarder")

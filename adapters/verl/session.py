@@ -60,7 +60,7 @@ class JigsawSession:
         if not ray.is_initialized():
             ray.init(address=self.options.address or "auto", namespace=self.options.namespace)
         self.client = connect_coordinator(name=self.options.coordinator, namespace=self.options.namespace,
-                                          devices=self.n_devices)
+                                          devices=self.n_devices, on_coordinator_loss=self.options.on_coordinator_loss)
         forwarder = CoordinatorForwarder(self.client)
         # The coordinator records these itself (register_pipeline, acquire, release): not twice.
         forwarder._hooks = forwarder._hooks - _RECORDED_BY_COORDINATOR
