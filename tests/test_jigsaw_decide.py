@@ -144,28 +144,27 @@ def test_a_ready_stage_borrows_devices_its_owner_can_spare():
     assert [d.devices for d in out if isinstance(d, RunStage)] == [(0, 1, 2, 3)]
 
 
-def test_lookahead_waits_for_a_home_device_about_to_free():
-    # three of p0's four home devices are free; the fourth ends a predicted-short tail in a
-    # moment: the look-ahead waits rather than starting the stage on three
+def _one_home_device_about_to_free():
+    """Three of p0's four home devices are free; the fourth ends a predicted-short tail in a
+    moment; p1 holds the other four in a long stage."""
     tail = [replica("p0", 1, (3,), generated=[500], predicted=[1])]
     p0 = pipeline(0, range(4), replicas=tail, gen_next=1,
                   steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
                   steps={1: step(1, done=32, rewarded=32)})
     busy = {**_busy_with_replicas([p0]), **{d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}}
-    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=busy))
+    return state([p0, p1], busy=busy)
+
+
+def test_lookahead_waits_for_a_home_device_about_to_free():
+    # the look-ahead waits rather than starting the stage on three
+    out = get_policy("jigsaw", migration=False).decide(_one_home_device_about_to_free())
     assert not [d for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
-    out = get_policy("jigsaw", migration=False, lookahead=False).decide(state([p0, p1], busy=busy))
+    out = get_policy("jigsaw", migration=False, lookahead=False).decide(_one_home_device_about_to_free())
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
 
 
 def test_width_bounds_the_candidate_gangs_the_lookahead_weighs():
-    tail = [replica("p0", 1, (3,), generated=[500], predicted=[1])]
-    p0 = pipeline(0, range(4), replicas=tail, gen_next=1,
-                  steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
-    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
-                  steps={1: step(1, done=32, rewarded=32)})
-    busy = {**_busy_with_replicas([p0]), **{d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}}
     # width 1: the only candidate is "start now" on the three free devices
-    out = get_policy("jigsaw", migration=False, width=1).decide(state([p0, p1], busy=busy))
+    out = get_policy("jigsaw", migration=False, width=1).decide(_one_home_device_about_to_free())
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
