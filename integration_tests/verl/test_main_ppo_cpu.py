@@ -69,6 +69,7 @@ def check_run(result, steps: int = 2, devices: int = 1) -> list[dict]:
     return events
 
 
+@pytest.mark.timeout(1200)  # one main_ppo run: 3-5 minutes here, more under load
 @pytest.mark.parametrize("devices", [1, 2])
 def test_main_ppo_runs_two_grpo_steps_on_cpu_under_the_jigsaw_flag(devices, tmp_path_factory):
     workdir = tmp_path_factory.mktemp(f"e2e{devices}")
@@ -80,6 +81,7 @@ def test_main_ppo_runs_two_grpo_steps_on_cpu_under_the_jigsaw_flag(devices, tmp_
 
 
 
+@pytest.mark.timeout(2700)  # four main_ppo runs (two one after the other, two at once): 11-15 minutes here
 def test_two_main_ppo_jobs_share_one_coordinator_pool(tmp_path):
     """Two verl jobs on one Ray cluster and one coordinator (pool of one device): both finish
     their steps with nothing lost, and no device is ever leased to both at once."""
