@@ -34,11 +34,34 @@ def _kept_block(marks: tuple) -> str:
     return "\n" + old[old.index(marks[0]): old.index(marks[1]) + len(marks[1])] + "\n"
 
 
-def main() -> None:
-    speed = sim_speed.run()
-    pol, summary = policies.run()
-    lat, lat_summary = decision_latency.run()
-    cp = control_plane.run()
+_KEPT_NOTE = ("*Kept from the previous full run of this script (`python benchmarks/report.py`); "
+              "`--only policies` regenerated the sections above it.*")
+
+
+def _old_section(title: str) -> str:
+    """A section of the current docs/benchmarks.md (title line to the next ``## ``), kept."""
+    old = (ROOT / "docs" / "benchmarks.md").read_text()
+    start = old.index(title)
+    nxt = old.find("\n## ", start + len(title))
+    body = old[start + len(title): nxt if nxt >= 0 else len(old)].strip("\n")
+    body = body.replace(_KEPT_NOTE + "\n\n", "")
+    return body.split("\n" + _KEPT_NOTE)[0].split("<!-- ")[0].rstrip("\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--only policies``: re-run the policy tables alone (the slow sections are kept)."""
+    only = (argv or sys.argv[1:])[1:2] if (argv or sys.argv[1:])[:1] == ["--only"] else []
+    if only:
+        pol, summary = policies.run()
+        speed = _KEPT_NOTE + "\n\n" + _old_section("## Simulator speed")
+        lat = _KEPT_NOTE + "\n\n" + _old_section("## Scheduler decision latency (jigsaw policy)")
+        cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
+        lat_summary = None
+    else:
+        speed = sim_speed.run()
+        pol, summary = policies.run()
+        lat, lat_summary = decision_latency.run()
+        cp = control_plane.run()
     calib = (ROOT / "docs" / "calibration.md").read_text()
     calib_table = calib[calib.index("| quantity |"):].split("\n\n")[0]
     text = f"""# Benchmarks
@@ -82,9 +105,9 @@ a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_3
         for k in ("a", "b", "c", "d")
     ) + f"""
 | jigsaw (async) / best of streamrl, areal, one-step-off >= 1.6x | (c) | {summary['c']['vs_best_async']:.2f}x vs {summary['c']['best_async']} | {'yes' if summary['c']['vs_best_async'] >= 1.6 else 'no'} |
-| decision p99 < 1 ms at 64 GPUs / 8 pipelines | scaling table | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
+""" + (f"""| decision p99 < 1 ms at 64 GPUs / 8 pipelines | scaling table | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
 | decision p99 < 10 ms at 1024 GPUs / 32 pipelines | scaling table | {lat_summary[(1024, 32)]:.0f} us | {'yes' if lat_summary[(1024, 32)] < 10000 else 'no'} |
-
+""" if lat_summary else "| decision p99 | scaling table | see the kept latency section below | - |\n") + f"""
 Every jigsaw figure above is measured with the default length predictor: the policy sees
 tokens generated so far and predicts what remains (docs/predictor.md); the "ORACLE
 lengths" column shows what exact lengths would add. The bound table says how far any
