@@ -273,7 +273,7 @@ def test_live_world_runs_real_training_stages_on_the_tokens_it_generated(model_d
     stages = ["old_log_prob", "ref", "adv", "update_actor", "weight_sync"]
     assert [(r.step, r.stage) for r in runner.records] == [(k, s) for k in (0, 1) for s in stages]
     first = runner.records[0]
-    assert first.samples == 8 and first.tokens == 8 * 12 + int(sim.pipelines[0].steps[0].generated)
+    assert first.samples == 8 and first.tokens == 8 * 12 + int(live.order[0].steps[0].generated)
     assert trainer.version == 2 and live.pipelines["g"].version == 2
     assert all(math.isfinite(r.metrics["loss"]) for r in runner.records if r.stage == "update_actor")
     assert runner.sync["g"]["mode"] in ("version-only", "no-engines")  # EMULATED engines hold no weights

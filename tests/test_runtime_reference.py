@@ -383,7 +383,7 @@ def test_the_live_executor_resizes_a_training_stage_through_the_runners_grant():
     register(pm, Shrink(), "shrink")
     live = LiveExecutor(wl, get_policy("verl-sync"), lambda p, d: EmulatedEngine(cost, p.model, tp=len(d),
                                                                                  time_scale=0.02),
-                        time_scale=0.02, stage_runner=runner, pm=pm)
+                        time_scale=0.02, stage_runner=runner, pm=pm, resize_stages=True)
     asyncio.run(asyncio.wait_for(live.run(), 60))
     runner.close()
     rec = [r for r in runner.records if r.stage == "update_actor"][0]

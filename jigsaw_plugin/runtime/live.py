@@ -116,7 +116,7 @@ class LiveExecutor(ExecutorCore):
     """Executes decisions on live engines; see the module docstring."""
 
     def __init__(self, workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0,
-                 stage_runner=None, sampling: dict | None = None, **core_kw):
+                 stage_runner=None, sampling: dict | None = None, resize_stages: bool = False, **core_kw):
         self._t0 = 0.0
         self._wake: asyncio.Event | None = None
         self._dirty = True
@@ -124,6 +124,9 @@ class LiveExecutor(ExecutorCore):
         super().__init__(workload, policy, seed, **core_kw)
         self.engine_factory = engine_factory
         self.stage_runner = stage_runner
+        # run training stages micro-batch by micro-batch on a grant, so that ResizeStage can
+        # change their width (off: each stage is one call on its devices, as before)
+        self.resize_stages = resize_stages
         self.sampling = dict(sampling or {})  # Router SAMPLING_KEYS; a seed is made per request
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
@@ -332,7 +335,8 @@ class LiveExecutor(ExecutorCore):
         """A stage the runner executes micro-batch by micro-batch on granted devices (the
         runner says so: ``stage_runner.resizable(pipeline, stage)``)."""
         check = getattr(self.stage_runner, "resizable", None)
-        return stage in FORWARD_STAGES + UPDATE_STAGES and check is not None and bool(check(p, stage))
+        return (self.resize_stages and stage in FORWARD_STAGES + UPDATE_STAGES and check is not None
+                and bool(check(p, stage)))
 
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
