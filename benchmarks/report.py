@@ -49,10 +49,12 @@ def _old_section(title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--only policies``: re-run the policy tables alone (the slow sections are kept)."""
-    only = (argv or sys.argv[1:])[1:2] if (argv or sys.argv[1:])[:1] == ["--only"] else []
+    """``--only policies``: re-run the policy tables alone (the slow sections are kept);
+    ``--reuse``: render them from the runs saved last time (benchmarks/results/)."""
+    args = argv or sys.argv[1:]
+    only = args[1:2] if args[:1] == ["--only"] else []
     if only:
-        pol, summary = policies.run()
+        pol, summary = policies.run(reuse="--reuse" in args)
         speed = _KEPT_NOTE + "\n\n" + _old_section("## Simulator speed")
         lat = _KEPT_NOTE + "\n\n" + _old_section("## Scheduler decision latency (jigsaw policy)")
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         lat, lat_summary = decision_latency.run()
         cp = control_plane.run()
     calib = (ROOT / "docs" / "calibration.md").read_text()
-    calib_table = calib[calib.index("| quantity |"):].split("\n\n")[0]
+    calib_table = calib[calib.index("| point | regime | published | fitted model |"):].split("\n\n")[0]
     text = f"""# Benchmarks
 
 Every figure below is produced by `python benchmarks/report.py` (simulator, `--backend
