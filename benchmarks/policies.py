@@ -90,6 +90,7 @@ def run(reuse: bool = False) -> tuple[str, dict]:
             "best_async": best_async["policy"],
             "busy": jig["gpu_busy_fraction"],
             "p99_us": jig["scheduler"]["decision_p99_us"],
+            "p50_us": jig["scheduler"]["decision_p50_us"],
             "gap_recovered": _gap(by["verl-sync"], jig),
             "bound_ratio": by["verl-sync"]["makespan_s"] / jig["bounds"]["makespan_lower_bound_s"],
         }
