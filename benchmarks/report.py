@@ -46,8 +46,10 @@ def _old_section(title: str) -> str:
     start = old.index(title)
     nxt = old.find("\n## ", start + len(title))
     body = old[start + len(title): nxt if nxt >= 0 else len(old)].strip("\n")
-    body = body.split("regenerated the sections above it")[-1].split("*\n\n", 1)[-1] if "*Kept from" in body else body
-    return body.split("\n" + _KEPT_NOTE)[0].split("<!-- ")[0].rstrip("\n")
+    body = body.split("<!-- ")[0]
+    table = body.find("\n|")  # the table alone: the section's prose is in this script's template
+    body = body[table + 1:] if not body.startswith("|") and table >= 0 else body
+    return body.rstrip("\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,7 +133,7 @@ whole, tails widen only on their own node, the look-ahead weighs few candidates)
 The same jigsaw policy object drives live engines through the runtime's router
 (`runtime/live.py`, `runtime/router.py`); the engines here are EMULATED (no model: decode
 steps slept on the cost model's clock at 1/100 speed), so these rows measure the control
-plane only. "CPU ms/request" is the whole process (router, LiveWorld, policy and the
+plane only. "CPU ms/request" is the whole process (router, LiveExecutor, policy and the
 emulated engines) per request: an upper bound of the router's own cost. Peak memory grows
 with the requests in flight (last row), and only slightly with finished requests (rows 1-3).
 
