@@ -53,8 +53,8 @@ def _old_section(title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--only policies``: re-run the policy tables alone (the slow sections are kept);
-    ``--reuse``: render them from the runs saved last time (benchmarks/results/)."""
+    """``--only policies``: re-run the policy tables alone (the other sections are kept);
+    ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/)."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     if only:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         lat_summary = None
     else:
         speed = sim_speed.run()
-        pol, summary = policies.run()
+        pol, summary = policies.run(reuse="--reuse" in args)
         lat, lat_summary = decision_latency.run()
         cp = control_plane.run()
     calib = (ROOT / "docs" / "calibration.md").read_text()
