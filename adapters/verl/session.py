@@ -18,7 +18,6 @@ from jigsaw_plugin.manager import register
 
 __all__ = ["JigsawSession", "PHASE_OF_STAGE"]
 
-_RECORDED_BY_COORDINATOR = frozenset({"jigsaw_register_pipeline", "jigsaw_lease_granted", "jigsaw_lease_released"})
 
 #: Which lease a stage runs under.
 PHASE_OF_STAGE = {
@@ -61,10 +60,9 @@ class JigsawSession:
             ray.init(address=self.options.address or "auto", namespace=self.options.namespace)
         self.client = connect_coordinator(name=self.options.coordinator, namespace=self.options.namespace,
                                           devices=self.n_devices, on_coordinator_loss=self.options.on_coordinator_loss)
-        forwarder = CoordinatorForwarder(self.client)
-        # The coordinator records these itself (register_pipeline, acquire, release): not twice.
-        forwarder._hooks = forwarder._hooks - _RECORDED_BY_COORDINATOR
-        register(self.reporter.pm, forwarder)
+        # its default leaves out what the coordinator records itself (register_pipeline,
+        # the lease events), so they are not recorded twice
+        register(self.reporter.pm, CoordinatorForwarder(self.client))
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, spec: dict) -> None:
