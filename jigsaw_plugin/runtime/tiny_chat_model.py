@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from jigsaw_plugin.runtime.tiny_model import TINY_QWEN2
+from jigsaw_plugin.runtime.tiny_model import TINY_QWEN2, already_built
 
 __all__ = ["SPECIAL_TOKENS", "CHATML_TEMPLATE", "VOCAB_SIZE", "tiny_chat_config", "build_tiny_chat_qwen2",
            "byte_alphabet"]
@@ -92,13 +92,8 @@ def build_tiny_chat_qwen2(path, seed: int = 0) -> Path:
     """
     path = Path(path)
     recipe = _recipe(seed)
-    marker = path / _MARKER
-    if marker.is_file() and any(path.glob("*.safetensors")):
-        try:
-            if json.loads(marker.read_text()) == recipe:
-                return path
-        except (OSError, ValueError):
-            pass  # unreadable marker: rebuild
+    if already_built(path, recipe):
+        return path
 
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -125,7 +120,7 @@ def build_tiny_chat_qwen2(path, seed: int = 0) -> Path:
         os.replace(tmp, path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another builder renamed an identical folder first
-        if not (marker.is_file() and json.loads(marker.read_text()) == recipe):
+        if not already_built(path, recipe):
             raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -38,6 +38,18 @@ def _recipe(seed: int) -> dict:
     return {"model": "tiny-qwen2", "config": dict(TINY_QWEN2), "seed": int(seed)}
 
 
+def already_built(path: Path, recipe: dict) -> bool:
+    """Whether folder ``path`` holds a model whose marker file records ``recipe`` (an
+    unreadable marker means: rebuild)."""
+    marker = path / _MARKER
+    if not (marker.is_file() and any(path.glob("*.safetensors"))):
+        return False
+    try:
+        return json.loads(marker.read_text()) == recipe
+    except (OSError, ValueError):
+        return False
+
+
 def build_tiny_qwen2(path, seed: int = 0) -> Path:
     """Build (or reuse) the tiny random Qwen2 in folder ``path``; returns the folder.
 
@@ -49,13 +61,8 @@ def build_tiny_qwen2(path, seed: int = 0) -> Path:
     """
     path = Path(path)
     recipe = _recipe(seed)
-    marker = path / _MARKER
-    if marker.is_file() and any(path.glob("*.safetensors")):
-        try:
-            if json.loads(marker.read_text()) == recipe:
-                return path
-        except (OSError, ValueError):
-            pass  # unreadable marker: rebuild
+    if already_built(path, recipe):
+        return path
 
     model = _random_model(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +76,7 @@ def build_tiny_qwen2(path, seed: int = 0) -> Path:
     except OSError:
         # Another process may have renamed its (identical) build into place first.
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (marker.is_file() and json.loads(marker.read_text()) == recipe):
+        if not already_built(path, recipe):
             raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
