@@ -70,7 +70,8 @@ class LiveReplica:
         rows = []
         for rec in self._records():
             rid = RequestId.parse(rec.request_id)
-            budget, submit_t = self._budgets.get(rec.request_id, (rec.max_tokens, t))
+            # the user's budget, never the record's max_tokens (the engine's stop length)
+            budget, submit_t = self._budgets.get(rec.request_id, (self._budgets["max_response_len"], t))
             spp = self._budgets.get("samples_per_prompt", 1)
             rows.append((rid, rid.sample // spp, None, len(rec.prompt), len(rec.prefix) + len(rec.live),
                          budget, t - submit_t, False))
@@ -131,7 +132,8 @@ class LiveExecutor(ExecutorCore):
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
-        self._budgets = {p.name: {"samples_per_prompt": p.spec.samples_per_prompt} for p in self.order}
+        self._budgets = {p.name: {"samples_per_prompt": p.spec.samples_per_prompt,
+                                  "max_response_len": p.spec.max_response_len} for p in self.order}
         self._grants: dict[str, _StageGrant] = {}  # pipeline -> its running micro-batched stage
         self._tasks: set = set()
         self._error = None
