@@ -34,9 +34,10 @@ __all__ = ["LiveExecutor", "LiveReplica", "run_live", "run_executor"]
 class LiveReplica:
     """A live engine as the executor tracks it."""
 
-    def __init__(self, rid: int, pipeline: str, devices: tuple, router: Router, model, cost, pricer, budgets: dict,
-                 spawn=None):
-        self.id, self.pipeline, self.devices, self.tp = rid, pipeline, devices, len(devices)
+    def __init__(self, rid: int, pipeline, devices: tuple, router: Router, cost, pricer, budgets: dict, spawn=None):
+        self.id, self.pipeline, self.devices, self.tp = rid, pipeline.name, devices, len(devices)
+        self._spp, self._max_len = pipeline.spec.samples_per_prompt, pipeline.spec.max_response_len
+        model = pipeline.model
         self.spawn = spawn  # runs a coroutine on the executor's loop (interrupt's aborts)
         self.router, self.model, self.cost, self._pricer = router, model, cost, pricer
         self._budgets = budgets  # turn id -> (budget tokens, submit time): what the user configured
@@ -71,9 +72,8 @@ class LiveReplica:
         for rec in self._records():
             rid = RequestId.parse(rec.request_id)
             # the user's budget, never the record's max_tokens (the engine's stop length)
-            budget, submit_t = self._budgets.get(rec.request_id, (self._budgets["max_response_len"], t))
-            spp = self._budgets.get("samples_per_prompt", 1)
-            rows.append((rid, rid.sample // spp, None, len(rec.prompt), len(rec.prefix) + len(rec.live),
+            budget, submit_t = self._budgets.get(rec.request_id, (self._max_len, t))
+            rows.append((rid, rid.sample // self._spp, None, len(rec.prompt), len(rec.prefix) + len(rec.live),
                          budget, t - submit_t, False))
         return rows
 
@@ -132,8 +132,7 @@ class LiveExecutor(ExecutorCore):
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
-        self._budgets = {p.name: {"samples_per_prompt": p.spec.samples_per_prompt,
-                                  "max_response_len": p.spec.max_response_len} for p in self.order}
+        self._budgets: dict = {p.name: {} for p in self.order}  # turn id -> (budget, submit time)
         self._grants: dict[str, _StageGrant] = {}  # pipeline -> its running micro-batched stage
         self._tasks: set = set()
         self._error = None
@@ -270,8 +269,8 @@ class LiveExecutor(ExecutorCore):
         rid = self._new_replica_id()
         self._claim(devices, DeviceTask("replica", p.name, replica=rid))
         self._switch_s(p, devices, "rollout")
-        rep = LiveReplica(rid, p.name, devices, self.routers[p.name], p.model, self.cost, self.pricer,
-                          self._budgets[p.name], spawn=self._spawn)
+        rep = LiveReplica(rid, p, devices, self.routers[p.name], self.cost, self.pricer, self._budgets[p.name],
+                          spawn=self._spawn)
         rep.start_t = self.t
         self.routers[p.name].add_replica(rid, self.engine_factory(p, devices))
         self.replicas[rid] = rep
