@@ -314,6 +314,11 @@ class ExecutorCore:
             return None
         return s.stage_t[stage][1]
 
+    def running_stage_view(self, p: PipelineRun):
+        """``scheduler.state.RunningStageView`` of ``p``'s running stage, where this executor
+        runs it micro-batch by micro-batch; None otherwise."""
+        return None
+
     def _stage_done(self, p: PipelineRun, step: int, stage: str, devices: tuple) -> None:
         """Bookkeeping when a training-side stage ends (both executors)."""
         s = p.steps[step]

@@ -25,6 +25,7 @@ __all__ = [
     "ReplicaView",
     "LengthSummary",
     "StepView",
+    "RunningStageView",
     "PipelineView",
     "DeviceTask",
     "DeviceView",
@@ -171,6 +172,20 @@ class StepView:
     min_version: int  # oldest policy version that generated any of its tokens
 
 
+@dataclass(frozen=True, slots=True)
+class RunningStageView:
+    """A training-side stage running micro-batch by micro-batch (what ``ResizeStage`` acts on)."""
+
+    step: int
+    stage: str
+    devices: tuple[int, ...]  # what it runs on now
+    resize_to: tuple[int, ...] | None  # a ResizeStage not applied yet (at the next boundary)
+    micro_batches_left: int  # the one in progress included
+    micro_batches: int
+    boundary_t: float  # when the micro-batch in progress ends
+    resizable: bool  # whether this executor can grow, shrink or pause it
+
+
 @dataclass(frozen=True)
 class PipelineView:
     """One pipeline: where its step is, its versions, and what it has finished before."""
@@ -198,6 +213,7 @@ class PipelineView:
     lengths: LengthSummary
     stage_history_s: Mapping[str, tuple[float, ...]]  # measured durations of finished stages
     running_stage_end_t: float | None  # predicted end of the stage running now
+    running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
 
     @property
     def total_steps(self) -> int:

@@ -14,7 +14,7 @@ from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
-from jigsaw_plugin.scheduler.state import DeviceTask
+from jigsaw_plugin.scheduler.state import DeviceTask, RunningStageView
 from jigsaw_plugin.sim.events import MicroBatchDone, ReplicaTick, RewardDone, StageDone, ToolDone
 from jigsaw_plugin.sim.replica import Replica, Request
 
@@ -24,7 +24,7 @@ __all__ = ["World", "PolicyViolation"]
 class _StageRun:
     """A training stage in progress, micro-batch by micro-batch."""
 
-    __slots__ = ("p", "s", "stage", "colocated", "devices", "pending", "index", "epoch", "seg_start")
+    __slots__ = ("p", "s", "stage", "colocated", "devices", "pending", "index", "epoch", "seg_start", "boundary_t")
 
     def __init__(self, p: PipelineRun, s: StepRun, stage: str, colocated: bool, devices: tuple, t: float):
         self.p, self.s, self.stage, self.colocated, self.devices = p, s, stage, colocated, devices
@@ -32,6 +32,7 @@ class _StageRun:
         self.index = 0  # micro-batches done
         self.epoch = 0
         self.seg_start = t  # start of the current run of micro-batches on ``devices``
+        self.boundary_t = t  # end of the micro-batch in progress
 
 
 class World(ExecutorCore):
@@ -245,6 +246,7 @@ class World(ExecutorCore):
         run.s.stage_t[run.stage] = (run.s.stage_t[run.stage][0], start + dur * (self.micro_batches - run.index))
         self.busy_s += dur * len(run.devices)
         run.epoch += 1
+        run.boundary_t = start + dur
         self._push(MicroBatchDone(start + dur, run.p.name, run.epoch))
 
     def _close_segment(self, run: _StageRun) -> None:
@@ -278,6 +280,13 @@ class World(ExecutorCore):
         switch = self._switch_s(run.p, added, "train") if added else 0.0
         self.busy_s += switch * len(new)
         self._next_micro_batch(run, self.t + switch)
+
+    def running_stage_view(self, p: PipelineRun):
+        run = self._stage_runs.get(p.name)
+        if run is None:
+            return None
+        return RunningStageView(run.s.step, run.stage, run.devices, run.pending, self.micro_batches - run.index,
+                                self.micro_batches, run.boundary_t if run.devices else float("inf"), True)
 
     def _resize_stage(self, d: ResizeStage) -> None:
         run = self._stage_runs.get(d.pipeline)
