@@ -1,0 +1,250 @@
+"""The Ray actors that move the weights: a trainer, replicas and a version registry.
+
+Imported only by ``group.py`` when a run starts (this module imports ray at the top; the
+package's ``__init__`` does not import it). All three are async actors: a modelled link is
+an ``asyncio.sleep`` under the sender's uplink lock, so a node keeps receiving (and copying
+for real) while its uplink is busy, which is what makes the chain a pipeline.
+
+Every byte still moves for real through Ray's object store (a put by the sender, a read
+and a copy into the replica's own buffer); the link only adds the wide-area time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.runtime.dissemination.codec import (
+    StateLayout,
+    pack_state,
+    state_checksum,
+    synthetic_state,
+    unpack_state,
+)
+from jigsaw_plugin.runtime.dissemination.spec import LinkSpec
+
+__all__ = ["ChunkArrival", "ReplicaActor", "SyntheticSource", "TrainerActor", "VersionRegistryActor"]
+
+# Chunk calls a sender keeps in flight per receiver before it waits (bounds the object
+# store to a few chunks per hop instead of the whole state).
+_WINDOW = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticSource:
+    """A state the trainer builds itself (no driver-to-trainer copy): ``synthetic_state``."""
+
+    total_bytes: int
+    seed: int = 0
+    tensor_bytes: int = 64 * 1024 * 1024
+    backend: str = "numpy"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkArrival:
+    """One chunk reaching one replica: which chunk, from whom (-1: the trainer), when."""
+
+    chunk: int
+    sender: int
+    at_s: float  # time.time() on this machine; every actor shares its clock
+
+
+async def _hold(link: LinkSpec | None, lock: asyncio.Lock, nbytes: int) -> None:
+    """The modelled link: the sender's uplink is busy for latency + bytes / bandwidth."""
+    if link is not None:
+        async with lock:
+            await asyncio.sleep(link.seconds(nbytes))
+
+
+@ray.remote(num_cpus=0)
+class TrainerActor:
+    """Holds the current weights as one packed buffer and sends them out."""
+
+    def __init__(self) -> None:
+        self._layout: StateLayout | None = None
+        self._buffer: np.ndarray | None = None
+        self._checksum = ""
+        self._uplink = asyncio.Lock()
+
+    def set_state(self, source) -> tuple[int, str]:
+        """Load a new version: a ``SyntheticSource`` or a name -> tensor dict. Returns
+        (bytes, checksum)."""
+        if isinstance(source, SyntheticSource):
+            state = synthetic_state(source.total_bytes, source.seed, source.tensor_bytes, source.backend)
+        else:
+            state = source
+        self._layout, self._buffer = pack_state(state)
+        self._checksum = state_checksum(unpack_state(self._layout, self._buffer))
+        return self._layout.total_bytes, self._checksum
+
+    def layout(self) -> StateLayout:
+        return self._layout
+
+    async def naive(self, replicas: list, link: LinkSpec | None) -> float:
+        """The whole state to each replica in turn; returns the seconds the trainer was busy."""
+        t0 = time.perf_counter()
+        for r in replicas:
+            await _hold(link, self._uplink, self._layout.total_bytes)
+            await r.receive_full.remote(self._layout, self._buffer)
+        return time.perf_counter() - t0
+
+    async def chain(self, first, chunk_bytes: int, link: LinkSpec | None) -> float:
+        """Chunk k to the first replica of the chain while it relays chunk k-1; returns
+        the seconds until the first replica holds the trainer's last chunk."""
+        t0 = time.perf_counter()
+        inflight: list = []
+        for k, off in enumerate(range(0, self._layout.total_bytes, chunk_bytes)):
+            piece = self._buffer[off : off + chunk_bytes]
+            await _hold(link, self._uplink, piece.nbytes)
+            if len(inflight) >= _WINDOW:
+                await inflight.pop(0)
+            inflight.append(first.receive_chunk.remote(k, off, piece, -1))
+        await asyncio.gather(*inflight)
+        return time.perf_counter() - t0
+
+    async def push(self, registry, version: int) -> float:
+        """Put this version into the object store and publish it (the registry drops the
+        older one); returns the seconds the trainer was busy."""
+        t0 = time.perf_counter()
+        ref = ray.put(self._buffer)
+        await registry.publish.remote(version, [ref], self._layout, self._checksum)
+        return time.perf_counter() - t0
+
+
+@ray.remote(num_cpus=0)
+class ReplicaActor:
+    """An inference worker's copy of the weights, in its own buffer."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+        self._uplink = asyncio.Lock()
+        self._reset(None)
+
+    def _reset(self, layout: StateLayout | None) -> None:
+        self._layout = layout
+        self._buffer = None if layout is None else np.empty(layout.total_bytes, dtype=np.uint8)
+        self._state: dict | None = None
+        self._version: int | None = None
+        self._arrivals: list[ChunkArrival] = []
+        self._expected = 0
+        self._next = None
+        self._link: LinkSpec | None = None
+        self._relay: asyncio.Queue | None = None
+        self._relay_task: asyncio.Task | None = None
+        self._complete = asyncio.Event()
+
+    def _finish(self) -> None:
+        self._state = unpack_state(self._layout, self._buffer)
+        self._complete.set()
+
+    # --- naive ---
+    async def receive_full(self, layout: StateLayout, buffer: np.ndarray) -> None:
+        self._reset(layout)
+        self._buffer[:] = buffer  # the object store's read-only view, copied into our own memory
+        self._finish()
+
+    # --- chain ---
+    async def begin_chain(self, layout: StateLayout, chunks: int, next_replica, link: LinkSpec | None) -> None:
+        self._reset(layout)
+        self._expected, self._next, self._link = chunks, next_replica, link
+        if next_replica is not None:
+            self._relay = asyncio.Queue()
+            self._relay_task = asyncio.get_running_loop().create_task(self._relay_chunks())
+
+    async def receive_chunk(self, k: int, offset: int, piece: np.ndarray, sender: int) -> None:
+        """Copy chunk k out of the object store into our buffer; the relay task sends it
+        on, so this returns as soon as the chunk is ours (receiving and sending overlap)."""
+        end = offset + piece.nbytes
+        self._buffer[offset:end] = piece
+        self._arrivals.append(ChunkArrival(k, sender, time.time()))
+        if self._next is not None:
+            self._relay.put_nowait((k, offset, end))
+        elif len(self._arrivals) == self._expected:
+            self._finish()
+
+    async def _relay_chunks(self) -> None:
+        """One sender per replica: chunks leave in the order they arrived, over our uplink."""
+        inflight: deque = deque()
+        for _ in range(self._expected):
+            k, offset, end = await self._relay.get()
+            await _hold(self._link, self._uplink, end - offset)
+            if len(inflight) >= _WINDOW:
+                await inflight.popleft()
+            inflight.append(self._next.receive_chunk.remote(k, offset, self._buffer[offset:end], self._index))
+        await asyncio.gather(*inflight)
+        self._finish()
+
+    async def wait_complete(self) -> int:
+        if self._relay_task is not None:
+            await self._relay_task  # a failed relay raises here instead of hanging
+        await self._complete.wait()
+        return self._index
+
+    def arrivals(self) -> list[ChunkArrival]:
+        return list(self._arrivals)
+
+    # --- pull ---
+    async def pull(self, registry) -> int | None:
+        """Fetch the registry's latest version if it is newer than ours; returns the
+        version now held (None: nothing published yet)."""
+        latest = await registry.latest.remote()
+        if latest is None:
+            return self._version
+        version, (ref,), layout, _ = latest
+        if version == self._version:
+            return version
+        await registry.serve.remote(layout.total_bytes)  # the store's modelled egress
+        view = await ref
+        self._reset(layout)
+        self._buffer[:] = view
+        del view, ref  # our reference to the version ends here: the store may release it
+        self._finish()
+        self._version = version
+        return version
+
+    # --- what a replica holds ---
+    def checksum(self) -> str:
+        if self._state is None:
+            raise RuntimeError(f"replica {self._index} holds no complete state")
+        return state_checksum(self._state)
+
+    def version(self) -> int | None:
+        return self._version
+
+    def state(self) -> dict:
+        """The delivered tensors (for tests: compared tensor by tensor)."""
+        if self._state is None:
+            raise RuntimeError(f"replica {self._index} holds no complete state")
+        return self._state
+
+
+@ray.remote(num_cpus=0)
+class VersionRegistryActor:
+    """RLAX's parameter server, made of Ray's object store: holds the ObjectRef of the
+    latest published version only, so older versions are released once no replica still
+    reads them. ``serve`` is the store's modelled egress link (one uplink, serialised)."""
+
+    def __init__(self, link: LinkSpec | None) -> None:
+        self._link = link
+        self._egress = asyncio.Lock()
+        self._latest: tuple | None = None
+
+    def publish(self, version: int, refs: list, layout: StateLayout, checksum: str) -> None:
+        if self._latest is not None and version <= self._latest[0]:
+            raise SpecError("version", version, f"an integer > {self._latest[0]} (the latest published)")
+        self._latest = (version, tuple(refs), layout, checksum)
+
+    def latest(self) -> tuple | None:
+        return self._latest
+
+    def held_versions(self) -> list[int]:
+        return [] if self._latest is None else [self._latest[0]]
+
+    async def serve(self, nbytes: int) -> None:
+        await _hold(self._link, self._egress, nbytes)
