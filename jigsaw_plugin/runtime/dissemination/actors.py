@@ -237,7 +237,9 @@ class VersionRegistryActor:
 
     def publish(self, version: int, refs: list, layout: StateLayout, checksum: str) -> None:
         if self._latest is not None and version <= self._latest[0]:
-            raise SpecError("version", version, f"an integer > {self._latest[0]} (the latest published)")
+            # SpecError's four-argument constructor does not survive Ray's pickling of a
+            # task error: its one-paragraph message travels as a ValueError
+            raise ValueError(str(SpecError("version", version, f"an integer > {self._latest[0]} (the latest published)")))
         self._latest = (version, tuple(refs), layout, checksum)
 
     def latest(self) -> tuple | None:

@@ -49,8 +49,8 @@ def _as_bytes(name: str, value) -> tuple[str, tuple[int, ...], np.ndarray]:
 
         return str(value.dtype), tuple(value.shape), t.view(torch.uint8).numpy()
     if isinstance(value, np.ndarray):
-        a = np.ascontiguousarray(value)
-        return a.dtype.str, tuple(a.shape), a.reshape(-1).view(np.uint8)
+        a = np.ascontiguousarray(value)  # (makes a 0-d array 1-d: the shape comes from value)
+        return a.dtype.str, tuple(value.shape), a.reshape(-1).view(np.uint8)
     raise SpecError(f"state[{name!r}]", type(value).__name__, "a torch tensor or a numpy array")
 
 
