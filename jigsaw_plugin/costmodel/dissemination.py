@@ -1,0 +1,131 @@
+"""The simulator's price of weight dissemination: closed forms for naive, chain and pull.
+
+Symbols: S bytes of weights, N replicas, c chunk bytes (C = ceil(S / c) chunks), a modelled
+wide-area link of bandwidth B and latency L (``link(x) = L + x / B``, 0 without a link),
+and the machine's own per-hop transfer ``hop(x) = o + x / beta`` (an object-store put and
+the receiver's copy on CPU; an NCCL send on GPUs). ``P`` is how many hops can run at once
+(cores on the CPU machine; unbounded on GPUs, where every node has its own link).
+
+- naive: the trainer sends S to each replica in turn:   N * (link(S) + hop(S))
+- chain: chunks relayed trainer -> r1 -> ... -> rN, every node sending over its own uplink;
+  C + N - 1 pipeline stages of one chunk:                (C + N - 1) * (link(c) + hop(c)),
+  but never less than the work N * C * hop(c) spread over P
+- pull: the trainer puts S into the store once (hop(S)); N replicas pull it through the
+  store's one egress link (serialised) and copy it in parallel (up to P):
+  hop(S) + max(N * link(S) + hop(S), link(S) + N * hop(S) / P)
+
+``trainer_seconds`` is how long the trainer itself is held: N * (link(S) + hop(S)) for
+naive, C * (link(c) + hop(c)) for chain, hop(S) for pull.
+
+``CPU_HOP`` is fitted to this machine's measurements (benchmarks/dissemination.py, naive
+with one replica across sizes, no link: least squares of seconds on bytes); the GPU hops
+come from published bandwidths (``gpu_hop``), not from measurements here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.runtime.dissemination.spec import STRATEGIES, DisseminationSpec, LinkSpec, check_replicas
+
+__all__ = ["CPU_HOP", "DisseminationPrice", "HopCost", "dissemination_price", "fit_hop", "gpu_hop"]
+
+
+@dataclass(frozen=True, slots=True)
+class HopCost:
+    """One real transfer between two nodes: ``overhead_s + bytes / bytes_per_s``;
+    ``parallel_hops`` is how many can run at once (``None``: unbounded)."""
+
+    overhead_s: float
+    bytes_per_s: float
+    parallel_hops: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.overhead_s, (int, float)) and math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise SpecError("hop.overhead_s", self.overhead_s, "a finite number >= 0 (seconds)")
+        if not (isinstance(self.bytes_per_s, (int, float)) and math.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
+            raise SpecError("hop.bytes_per_s", self.bytes_per_s, "a finite number > 0 (bytes per second)")
+        p = self.parallel_hops
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise SpecError("hop.parallel_hops", p, "an integer >= 1, or None for unbounded")
+
+    def seconds(self, nbytes: float) -> float:
+        return self.overhead_s + nbytes / self.bytes_per_s
+
+
+# PROVISIONAL (a first smoke run's order of magnitude); benchmarks/dissemination.py --fit
+# replaces it with the least-squares fit of its naive x1 runs.
+CPU_HOP = HopCost(overhead_s=0.0068, bytes_per_s=1.2e9, parallel_hops=2,
+                  source="provisional: smoke run on the 2-core CI machine (Ray object store, numpy buffers)")
+
+
+def gpu_hop(hardware: str = "h100", scope: str = "internode", overhead_s: float = 30e-6) -> HopCost:
+    """A GPU-to-GPU hop priced from the hardware profile's published link bandwidth
+    (``costmodel/profiles``: NVLink per direction intra-node, one 400 Gb/s NIC per device
+    across nodes). ``overhead_s`` is a per-message NCCL launch/handshake cost (an
+    estimate, not a measurement). Every node has its own link, so hops are unbounded."""
+    from jigsaw_plugin.costmodel.profiles import hardware_profile
+
+    if scope not in ("intranode", "internode"):
+        raise SpecError("scope", scope, "intranode or internode")
+    hw = hardware_profile(hardware)
+    gbps = hw.link_gbps if scope == "intranode" else hw.internode_gbps
+    return HopCost(overhead_s=overhead_s, bytes_per_s=gbps * 1e9, parallel_hops=None,
+                   source=f"published: {hw.name} {scope} {gbps:g} GB/s per direction")
+
+
+def fit_hop(points: list[tuple[float, float]], parallel_hops: int | None, source: str) -> HopCost:
+    """Least squares of ``seconds = overhead + bytes / bandwidth`` over (bytes, seconds)
+    points (at least two distinct sizes); a negative intercept is clamped to 0."""
+    if len({b for b, _ in points}) < 2:
+        raise SpecError("points", len(points), "at least two distinct sizes")
+    n = len(points)
+    mx = sum(b for b, _ in points) / n
+    my = sum(s for _, s in points) / n
+    sxx = sum((b - mx) ** 2 for b, _ in points)
+    slope = sum((b - mx) * (s - my) for b, s in points) / sxx
+    if slope <= 0:
+        raise SpecError("points", points, "seconds that grow with bytes")
+    return HopCost(overhead_s=max(0.0, my - slope * mx), bytes_per_s=1.0 / slope, parallel_hops=parallel_hops,
+                   source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class DisseminationPrice:
+    """The predicted time until every replica holds the weights, and the trainer's share."""
+
+    strategy: str
+    seconds: float
+    trainer_seconds: float
+
+
+def _link(link: LinkSpec | None, nbytes: float) -> float:
+    return 0.0 if link is None else link.seconds(nbytes)
+
+
+def dissemination_price(spec: DisseminationSpec, total_bytes: int, replicas: int,
+                        hop: HopCost = CPU_HOP) -> DisseminationPrice:
+    """The closed form of ``spec.strategy`` for ``total_bytes`` to ``replicas`` replicas."""
+    if spec.strategy not in STRATEGIES:  # a spec is validated on construction; belt and braces
+        raise SpecError("strategy", spec.strategy, "one of " + ", ".join(STRATEGIES))
+    if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 1:
+        raise SpecError("total_bytes", total_bytes, "an integer >= 1 (bytes)")
+    n = check_replicas(replicas)
+    s, link = total_bytes, spec.link
+    p = math.inf if hop.parallel_hops is None else hop.parallel_hops
+    if spec.strategy == "naive":
+        per = _link(link, s) + hop.seconds(s)
+        return DisseminationPrice("naive", n * per, n * per)
+    if spec.strategy == "chain":
+        chunks = spec.chunks(s)
+        c = s / chunks  # equal chunks: the last, shorter one is spread over all
+        stage = _link(link, c) + hop.seconds(c)
+        pipeline = (chunks + n - 1) * stage
+        work = n * chunks * hop.seconds(c) / p
+        return DisseminationPrice("chain", max(pipeline, work), chunks * stage)
+    push = hop.seconds(s)
+    pulls = max(n * _link(link, s) + hop.seconds(s), _link(link, s) + n * hop.seconds(s) / p)
+    return DisseminationPrice("pull", push + pulls, push)
