@@ -42,6 +42,13 @@ class JigsawOptions:
     :param on_coordinator_loss: What the trainer does when its coordinator dies or stops
         answering: ``stop`` (default: the next call raises ``CoordinatorDied`` naming it) or
         ``fallback`` (warn once, then go on with verl's own scheduling on its own devices).
+    :param scheduler: The coordinator's policy when this trainer creates it: ``jigsaw``
+        (default; ``lookahead_s`` is its look-ahead horizon), ``fifo-lease`` (first-come
+        leases) or another registered policy (``verl-sync``: static shares).
+    :param pool_devices: Devices in the coordinator's pool when this trainer creates it
+        (default: this trainer's own devices).
+    :param model_profile: The cost-model profile the policy prices this trainer's stages
+        with (default: inferred from the model path, e.g. ``qwen2.5-0.5b``).
     """
 
     policy: str = "jigsaw"
@@ -52,6 +59,9 @@ class JigsawOptions:
     lookahead_s: float = 30.0
     events_path: str | None = None
     on_coordinator_loss: str = "stop"
+    scheduler: str = "jigsaw"
+    pool_devices: int | None = None
+    model_profile: str | None = None
 
 
 def _allowed_keys() -> str:
@@ -83,6 +93,17 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
     on_loss = raw.get("on_coordinator_loss", "stop")
     if on_loss not in LOSS_MODES:
         raise SpecError(f"{OPTION_PREFIX}.on_coordinator_loss", on_loss, " | ".join(LOSS_MODES))
+    scheduler = raw.get("scheduler", "jigsaw")
+    _check_scheduler(scheduler)
+    pool = raw.get("pool_devices")
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
+        raise SpecError(f"{OPTION_PREFIX}.pool_devices", pool, "an integer >= 1")
+    profile = raw.get("model_profile")
+    if profile is not None:
+        from jigsaw_plugin.workload.spec import KNOWN_MODELS
+
+        if profile not in KNOWN_MODELS:
+            raise SpecError(f"{OPTION_PREFIX}.model_profile", profile, " | ".join(KNOWN_MODELS))
     return JigsawOptions(
         policy=policy,
         pipeline=pipeline,
@@ -92,7 +113,19 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         lookahead_s=float(lookahead),
         events_path=raw.get("events_path"),
         on_coordinator_loss=on_loss,
+        scheduler=scheduler,
+        pool_devices=pool,
+        model_profile=profile,
     )
+
+
+def _check_scheduler(name) -> None:
+    from jigsaw_plugin.runtime.lease_schedulers import FIFO_LEASE
+    from jigsaw_plugin.scheduler.base import policy_names
+
+    allowed = (FIFO_LEASE, *policy_names())
+    if name not in allowed:
+        raise SpecError(f"{OPTION_PREFIX}.scheduler", name, " | ".join(allowed))
 
 
 def algorithm_of(adv_estimator: str, use_critic: bool, use_reference: bool) -> str:

@@ -120,6 +120,7 @@ class JigsawTrainerMixin:
             return method(batch, *args, **kwargs)
         finally:
             rep.stage_end(stage, samples, tokens)
+            self.jigsaw.stage_done(stage)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def init(self):
@@ -148,6 +149,10 @@ class JigsawTrainerMixin:
             "samples_per_prompt": int(cfg.actor_rollout_ref.rollout.n),
             "rollout_tp": int(cfg.actor_rollout_ref.rollout.get("tensor_model_parallel_size", 1)),
             "steps": int(getattr(self, "total_training_steps", 0) or 0),
+            # verl's data config always has them; a policy scheduler needs them (host_pipeline)
+            **{ours: int(cfg.data[theirs]) for ours, theirs in (("max_response_len", "max_response_length"),
+                                                               ("max_prompt_len", "max_prompt_length"))
+               if theirs in cfg.data},
         }
 
     def on_train_begin(self):
@@ -180,6 +185,7 @@ class JigsawTrainerMixin:
         devices = self._jigsaw_devices("weight_sync")
         with rep.weight_sync(version=int(self.global_steps), devices=devices):
             out = super().on_step_end()
+        self.jigsaw.stage_done("weight_sync")
         rep.step_end()
         # fit() returns after the last step without calling on_train_end (trainer_base.py:524-529)
         total = getattr(self, "total_training_steps", None)
@@ -199,6 +205,7 @@ class JigsawTrainerMixin:
             return super().on_sample_end()
         finally:
             samples, tokens = batch_sizes(self._jigsaw_batch, "response_len")
+            self.jigsaw.rollout_tokens = tokens
             self.jigsaw.reporter.stage_end("gen", samples, tokens)
 
     # ---- stages of _step_once -------------------------------------------------------------

@@ -94,6 +94,7 @@ class V0Observer:
             finally:
                 samples, tokens = self._sizes or (0, 0)
                 rep.stage_end(stage, samples, tokens)
+                self.session.stage_done(stage)
                 self._stage = None
 
 

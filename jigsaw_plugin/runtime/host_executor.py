@@ -1,0 +1,430 @@
+"""The executor of host pipelines: a policy's decisions carried out by stage grants.
+
+verl and OpenRLHF run their own rollouts and training; what the coordinator can change is
+*when* and *on which devices* each of their stages runs, within what the host declared it
+can do (``runtime.capabilities``). ``HostExecutor`` is ``core.ExecutorCore`` (the same
+bookkeeping, the same ``SchedulerState``, the same ``jigsaw_schedule`` round as the
+simulator and the live executor) whose mechanics are grants:
+
+- a host asks before each stage (``want``): ``gen`` of step k (its rollout, reward
+  included), or a training stage of step k (``old_log_prob`` ... ``weight_sync``), or, for
+  a host with phase grants, ``train`` (all of a step's training stages at once);
+- the policy's decisions are what grants them: ``StartGen`` + ``LaunchReplica`` open the
+  step's rollout on the replicas' devices, ``RunStage`` a training stage on its gang;
+- the host reports each stage's end (``done``); the rollout ends when the host reports it
+  or asks for its first training stage.
+
+A decision outside the pipeline's capabilities is refused (``refusals``, and an event
+through ``on_refusal``); a host waiting on a refused ``RunStage`` gets the reason. A
+``RunStage`` wider than a fixed-width host gang runs on the gang's width (the first devices
+the policy chose) and is reported as adapted. Pure: no Ray, no asyncio; the coordinator
+calls it from its actor (``runtime.policy_scheduler``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from jigsaw_plugin.algorithms import HOST_STAGES
+from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
+from jigsaw_plugin.core.pipelines import build_pipelines
+from jigsaw_plugin.core.pricing import Pricer
+from jigsaw_plugin.core.snapshot import ReplicaObs, build_state
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.runtime.capabilities import HostCapabilities, refusal
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
+from jigsaw_plugin.scheduler.state import DeviceTask
+
+__all__ = ["HostPipeline", "HostExecutor", "Ticket", "ROLLOUT_STAGES", "host_workload"]
+
+#: Stages a host runs under its rollout grant (gen and the reward of its samples).
+ROLLOUT_STAGES = ("gen", "reward", "rollout")
+
+
+@dataclass(frozen=True)
+class HostPipeline:
+    """What a host declares of its pipeline at registration (observable settings only)."""
+
+    name: str
+    model_profile: str  # a costmodel profile name (workload.KNOWN_MODELS)
+    algorithm: str
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_len: int
+    prompt_len: int
+    steps: int
+    devices: int  # its own devices: its static share of the pool
+    capabilities: HostCapabilities
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["capabilities"] = self.capabilities.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "HostPipeline":
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in names:
+            if key not in raw:
+                raise SpecError(f"pipeline.{key}", "<missing>", "declared by the host adapter at registration")
+        kw = {k: raw[k] for k in names}
+        kw["capabilities"] = HostCapabilities.from_dict(raw["capabilities"])
+        return cls(**kw)
+
+    def workload_entry(self) -> dict:
+        """The pipeline as a workload-spec entry; lengths are constants (a host's length
+        distributions are not known: the policy reads only the scalar settings)."""
+        return {
+            "name": self.name, "model": self.model_profile, "algorithm": self.algorithm, "mode": "sync",
+            "prompts_per_step": self.prompts_per_step, "samples_per_prompt": self.samples_per_prompt,
+            "max_response_len": self.max_response_len,
+            "prompt_len": {"dist": "const", "value": self.prompt_len},
+            "response_len": {"dist": "const", "value": self.max_response_len},
+            "steps": self.steps, "gpus": self.devices,
+            "rollout_tp": 1,
+        }
+
+
+def host_workload(pool_devices: int, pipelines: list[HostPipeline]):
+    """The workload spec of a pool's host pipelines (shares are checked against the pool)."""
+    from jigsaw_plugin.workload.spec import parse_workload
+
+    return parse_workload({"version": 1, "cluster": {"gpus": int(pool_devices), "gpu": "cpu",
+                                                     "gpus_per_node": int(pool_devices)},
+                           "pipelines": [p.workload_entry() for p in pipelines]}, where="coordinator pool")
+
+
+@dataclass
+class Ticket:
+    """A host's wait for a grant: resolved with devices, or refused with a reason."""
+
+    pipeline: str
+    step: int
+    stage: str
+    granted: tuple | None = None
+    refused: str | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.granted is not None or self.refused is not None
+
+
+class HostReplica:
+    """A rollout server of a host as the policy sees it: its share of the step's samples
+    not yet generated (the host reports the rollout's end, not each request)."""
+
+    def __init__(self, rid: int, pipeline, devices: tuple, ex: "HostExecutor"):
+        self.id, self.pipeline, self.devices, self.tp = rid, pipeline.name, devices, len(devices)
+        self._p, self._ex = pipeline, ex
+        self.retiring = False
+        self.start_t = ex.t
+        self.predicted_work = 0.0
+
+    @property
+    def load(self) -> int:
+        outstanding = sum(s.n - s.n_gen_done for s in self._p.steps.values() if s.gen_end_t is None)
+        live = max(1, len(self._p.replicas))
+        return math.ceil(outstanding / live) if outstanding else 0
+
+    @property
+    def inflight(self) -> int:
+        return self.load
+
+    def observe(self, t: float) -> ReplicaObs:
+        load = self.load
+        cap = float(self._ex.cost.kv_capacity_tokens(self._p.model, self.tp))
+        step = self._ex.pricer.decode_step_s(self.pipeline, self.devices, max(1, load), 0.0)
+        return ReplicaObs(load, 0, 0.0, cap, self._ex.cost.f.max_num_seqs, step, 0.0)
+
+    def request_rows(self, t: float) -> list:
+        return []  # the coordinator does not see a host's requests one by one
+
+
+class HostExecutor(ExecutorCore):
+    """See the module docstring. ``on_refusal(record)`` and ``on_adapted(record)`` receive
+    plain dicts (pipeline, decision, reason, t) for the coordinator's event log."""
+
+    def __init__(self, pool_devices: int, first: HostPipeline, policy, hooks=None, pm=None,
+                 on_refusal: Callable[[dict], None] | None = None, clock=time.monotonic):
+        self._clock = clock
+        self._t0 = clock()
+        self.dirty = True
+        self.hosts: dict[str, HostPipeline] = {first.name: first}
+        super().__init__(host_workload(pool_devices, [first]), policy, hooks=hooks, pm=pm)
+        self.pricer = Pricer(self.pm, self.cost, self.models)  # one dict shared with the cost plugin
+        self.on_refusal = on_refusal
+        self.tickets: list[Ticket] = []
+        self.refusals: list[dict] = []
+        self.adapted: list[dict] = []
+        self._stage_grant: dict[tuple, tuple] = {}  # (pipeline, step, stage) -> devices granted
+        self._rollout: dict[str, tuple] = {}  # pipeline -> (step, devices) of its open rollout grant
+        self._phase_over: set = set()  # (pipeline, step): a phase host's training phase ended
+
+    @property
+    def t(self) -> float:
+        return self._clock() - self._t0
+
+    #: What this executor reports itself; the hosts report their own steps and stages.
+    EMITS = ("jigsaw_lease_granted", "jigsaw_lease_released")
+
+    def _emit(self, name: str, **kw) -> None:
+        if name in self.EMITS:
+            super()._emit(name, **kw)
+
+    def _register_builtins(self) -> None:
+        from jigsaw_plugin.builtin import CostModelPlugin
+
+        super()._register_builtins()
+        # the cost plugin prices from ``self.models``, which grows as pipelines join
+        self.models = {p.name: p.model for p in self.order}
+        plugin = self.pm.get_plugin(f"costmodel:{id(self)}")
+        self.pm.unregister(plugin)
+        from jigsaw_plugin.manager import register
+
+        register(self.pm, CostModelPlugin(self.cost, self.models), f"costmodel:{id(self)}")
+
+    # ---- membership -----------------------------------------------------------------------
+    def add(self, host: HostPipeline) -> None:
+        """A pipeline joins the pool: shares are recomputed and the policy set up again."""
+        if host.name in self.hosts:
+            raise SpecError("pipeline", host.name, "a name not yet registered in this pool")
+        hosts = [*self.hosts.values(), host]
+        workload = host_workload(self.gpus, hosts)
+        runs = build_pipelines(workload)
+        for old, new in zip(self.order, runs):
+            old.static_devices = new.static_devices
+        new = runs[-1]
+        self.order.append(new)
+        self.pipelines[new.name] = new
+        self.models[new.name] = new.model
+        self.hosts[host.name] = host
+        self.workload = workload
+        setup = self.policy.setup(build_state(self))
+        self.memo = setup.memo
+        self.dirty = True
+
+    def remove(self, name: str) -> None:
+        """A pipeline left (or its driver died): its devices go back, its waits end."""
+        p = self.pipelines.get(name)
+        if p is None:
+            return
+        for rep in list(p.replicas):
+            self._close(rep)
+        held = tuple(d for d, task in self.task.items() if task.pipeline == name)
+        self._release(held)
+        for tk in self.tickets:
+            if tk.pipeline == name and not tk.resolved:
+                tk.refused = f"pipeline {name!r} left the pool"
+        for key in [k for k in self._stage_grant if k[0] == name]:
+            del self._stage_grant[key]
+        p.stage_running = False
+        p.train_next = p.total_steps  # done: the policy plans no more for it
+        self._rollout.pop(name, None)
+
+    # ---- what hosts ask ----------------------------------------------------------------------
+    def want(self, pipeline: str, step: int, stage: str) -> Ticket:
+        """A host's stage is ready to start; the returned ticket resolves in a decide round."""
+        p = self._host(pipeline)
+        tk = Ticket(pipeline, int(step), stage)
+        if stage in ROLLOUT_STAGES:
+            held = self._rollout.get(pipeline)
+            if held is not None and held[0] == tk.step:
+                tk.granted = held[1]  # reward rides on its rollout's grant
+                return tk
+            opened = p.steps.get(tk.step)
+            if opened is not None and opened.gen_end_t is not None:
+                raise PolicyViolation(f"{pipeline}: asks for the rollout of step {tk.step}, which already ended")
+        else:
+            self._end_rollout_before(p, tk.step)
+            if stage != "train" and stage not in p.stages:
+                raise SpecError("stage", stage, f"{', '.join(ROLLOUT_STAGES + ('train',) + p.stages)} "
+                                                f"(the stages of {pipeline}'s {p.spec.algorithm})")
+            if stage == "train" and self.hosts[pipeline].capabilities.stage_grants != "phase":
+                raise SpecError("stage", stage, f"a training stage of {pipeline} (it declared stage grants)")
+            done = p.steps.get(tk.step)
+            if stage in p.stages and done is not None and stage in done.stages_done:
+                raise PolicyViolation(f"{pipeline}: stage {stage} of step {tk.step} already ran")
+        self.tickets.append(tk)
+        self.dirty = True
+        return tk
+
+    def done(self, pipeline: str, step: int, stage: str, tokens: int | None = None) -> None:
+        """A host's stage ended (``tokens``: what it generated or trained on, if it knows)."""
+        p = self._host(pipeline)
+        step = int(step)
+        if stage in ROLLOUT_STAGES:
+            self._rollout_done(p, step, tokens)
+        elif stage == "train":
+            self._phase_done(p, step)
+        else:
+            devices = self._stage_grant.pop((pipeline, step, stage), None)
+            if devices is None:
+                raise PolicyViolation(f"{pipeline}: stage {stage} of step {step} ended but was never granted")
+            self._stage_done(p, step, stage, devices)
+        self.dirty = True
+
+    def _host(self, pipeline: str):
+        p = self.pipelines.get(pipeline)
+        if p is None:
+            raise SpecError("pipeline", pipeline, f"one of {sorted(self.pipelines)} (registered in this pool)")
+        return p
+
+    # ---- the round ---------------------------------------------------------------------------
+    def round(self, max_rounds: int = 8) -> list[Ticket]:
+        """Decide and apply, then resolve what the hosts wait on; returns the tickets resolved."""
+        if self.dirty:
+            self.decide_and_apply(max_rounds)
+        resolved = []
+        for tk in list(self.tickets):
+            self._resolve(tk)
+            if tk.resolved:
+                self.tickets.remove(tk)
+                resolved.append(tk)
+        return resolved
+
+    def _resolve(self, tk: Ticket) -> None:
+        if tk.resolved:
+            return
+        p = self.pipelines[tk.pipeline]
+        if tk.stage in ROLLOUT_STAGES:
+            live = [r for r in p.replicas if not r.retiring] or list(p.replicas)
+            if p.gen_next > tk.step and tk.step in p.steps and live:
+                tk.granted = tuple(sorted({d for r in live for d in r.devices}))
+                self._rollout[tk.pipeline] = (tk.step, tk.granted)
+        elif tk.stage == "train":
+            first = next(((st, dev) for (n, k, st), dev in self._stage_grant.items()
+                          if n == tk.pipeline and k == tk.step), None)
+            if first is not None:
+                tk.granted = first[1]
+        else:
+            devices = self._stage_grant.get((tk.pipeline, tk.step, tk.stage))
+            if devices is not None:
+                tk.granted = devices
+
+    def apply(self, d) -> None:
+        name = self._pipeline_of(d)
+        host = self.hosts.get(name)
+        if host is not None:
+            live = len([r for r in self.pipelines[name].replicas if not r.retiring])
+            reason = refusal(host.capabilities, d, live)
+            caps = host.capabilities
+            if (reason and isinstance(d, RunStage) and not caps.training_resizable
+                    and len(d.devices) > caps.training_width):
+                # a wider gang than the host's fixed one: run it on the gang's width
+                narrowed = dataclasses.replace(d, devices=tuple(d.devices[:caps.training_width]))
+                self.adapted.append({"pipeline": name, "decision": repr(d), "carried_out": repr(narrowed),
+                                     "t": self.t})
+                d, reason = narrowed, None
+            if reason:
+                self._refuse(name, d, reason)
+                return
+        super().apply(d)
+
+    def _pipeline_of(self, d) -> str | None:
+        if isinstance(d, (StartGen, LaunchReplica, RunStage, ResizeStage)):
+            return d.pipeline
+        if isinstance(d, Migrate):
+            rep = self.replicas.get(d.src)
+            return rep.pipeline if rep is not None else None
+        rep = self.replicas.get(getattr(d, "replica", None))
+        return rep.pipeline if rep is not None else None
+
+    def _refuse(self, pipeline: str, d, reason: str) -> None:
+        record = {"pipeline": pipeline, "decision": repr(d), "reason": reason, "t": self.t}
+        last = self.refusals[-1] if self.refusals else None
+        if last is None or (last["decision"], last["reason"]) != (record["decision"], reason):
+            self.refusals.append(record)  # a decision repeated round after round is logged once
+            if self.on_refusal is not None:
+                self.on_refusal(record)
+        if isinstance(d, RunStage):
+            for tk in self.tickets:
+                if (tk.pipeline, tk.step) == (pipeline, d.step) and tk.stage in (d.stage, "train"):
+                    tk.refused = f"{pipeline}: the policy's {d!r} is outside the host's capabilities: {reason}"
+
+    # ---- mechanics ----------------------------------------------------------------------------
+    def _start_gen(self, d: StartGen) -> None:
+        self._open_step(d)
+
+    def _launch(self, d: LaunchReplica) -> None:
+        p = self.pipelines[d.pipeline]
+        devices = tuple(d.devices)
+        rid = self._new_replica_id()
+        self._claim(devices, DeviceTask("replica", p.name, replica=rid))
+        self._switch_s(p, devices, "rollout")
+        rep = HostReplica(rid, p, devices, self)
+        self.replicas[rid] = rep
+        p.replicas.append(rep)
+        self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
+
+    def _retire(self, rep) -> None:
+        rep.retiring = True
+        if rep.load == 0:
+            self._close(rep)
+
+    def _close(self, rep) -> None:
+        if rep.id not in self.replicas:
+            return
+        p = self.pipelines[rep.pipeline]
+        p.replicas.remove(rep)
+        del self.replicas[rep.id]
+        self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, rep.start_t, self.t))
+        self.busy_s += (self.t - rep.start_t) * rep.tp
+        self._release(rep.devices)
+        self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
+
+    def _migrate(self, d: Migrate) -> None:
+        raise PolicyViolation(f"no host route for {d!r}: the coordinator does not see a host's requests")
+
+    def _run_stage(self, d: RunStage) -> None:
+        p, s, devices = self._check_stage(d)
+        s.stage_t[d.stage] = (self.t, self.t + self.price_stage(p, s, d.stage, devices, d.colocated))
+        host = self.hosts[p.name]
+        phase_host = host.capabilities.stage_grants == "phase"
+        if d.stage in HOST_STAGES or (phase_host and (p.name, d.step) in self._phase_over):
+            # the host runs it on its driver (advantages), or already ran it in its phase
+            self._stage_done(p, d.step, d.stage, devices)
+            return
+        if devices:
+            self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, self.t, self.t))
+        self._stage_grant[(p.name, d.step, d.stage)] = devices
+
+    def _stage_done(self, p, step: int, stage: str, devices: tuple) -> None:
+        for i in range(len(self.trace) - 1, -1, -1):  # close the stage's trace span
+            name, cat, devs, start, _ = self.trace[i]
+            if name == f"{p.name} {stage} s{step}" and devs == devices:
+                self.trace[i] = (name, cat, devs, start, self.t)
+                self.busy_s += (self.t - start) * len(devs)
+                break
+        super()._stage_done(p, step, stage, devices)
+
+    def _end_rollout_before(self, p, step: int) -> None:
+        held = self._rollout.get(p.name)
+        if held is not None and held[0] <= step:
+            self._rollout_done(p, held[0], None)
+
+    def _rollout_done(self, p, step: int, tokens: int | None) -> None:
+        s = p.steps.get(step)
+        if s is None:
+            raise PolicyViolation(f"{p.name}: rollout of step {step} ended but was never started")
+        if tokens is not None and s.gen_end_t is None:
+            s.generated = int(tokens)
+        while s.n_gen_done < s.n:
+            self._trajectory_finished(p, s, s.n_gen_done)
+        while s.n_rewarded < s.n:
+            self._rewarded(p, s)
+        for rep in list(p.replicas):  # the host sleeps its servers: their devices go back
+            self._close(rep)
+        self._rollout.pop(p.name, None)
+
+    def _phase_done(self, p, step: int) -> None:
+        """A phase host's training ended: the stage it was granted for ends, and the policy's
+        later stages of that step are bookkept as done when it asks for them."""
+        self._phase_over.add((p.name, step))
+        for (name, k, stage), devices in list(self._stage_grant.items()):
+            if name == p.name and k == step:
+                del self._stage_grant[(name, k, stage)]
+                self._stage_done(p, k, stage, devices)
