@@ -6,12 +6,29 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "STAGE_KEYS"]
+__all__ = ["build_result", "cost_result", "staleness_histogram", "STAGE_KEYS"]
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
 
 
-def _pipeline_result(p) -> dict:
+def staleness_histogram(p, sample_versions=None) -> dict:
+    """How many trained samples were generated how many versions behind the weights they
+    trained (``{"0": n0, "1": n1, ...}``). ``sample_versions``: step -> Counter of each
+    sample's version (the simulator records it); without it, each step's samples count at
+    the step's oldest version (an upper bound)."""
+    hist: dict[int, int] = {}
+    for s in p.steps.values():
+        if s.trained_version is None:
+            continue
+        per = (sample_versions or {}).get(s.step)
+        items = per.items() if per else [(s.min_version, s.n)]
+        for v, n in items:
+            lag = int(s.trained_version - v)
+            hist[lag] = hist.get(lag, 0) + int(n)
+    return {str(k): hist[k] for k in sorted(hist)}
+
+
+def _pipeline_result(p, sample_versions=None) -> dict:
     steps = [s for s in p.steps.values() if s.trained_version is not None]
     stage_s = {k: 0.0 for k in STAGE_KEYS}
     for s in steps:
@@ -29,6 +46,8 @@ def _pipeline_result(p) -> dict:
         "mean_step_s": span / n,
         "stage_s": {k: v / n for k, v in stage_s.items()},
         "max_staleness": p.max_staleness,
+        "staleness_histogram": staleness_histogram(p, sample_versions),
+        "staleness_unit": "sample" if sample_versions is not None else "step",
         "migrations": sum(s.migrations for s in steps),
         "context_switches": p.context_switches,
         "generated_tokens": sum(s.generated for s in steps),
@@ -45,11 +64,34 @@ def _active_samples_per_s(ex) -> float:
     return done / first
 
 
+def cost_result(ex, makespan: float, samples: int) -> dict:
+    """Cost of the run: each class's provisioned devices for the makespan, less the
+    downtime of preempted devices (not billed), times its price per device-hour; a class
+    without a price counts device-hours (``unit``)."""
+    pre = getattr(ex, "preemptions", None)
+    classes = {}
+    for k, c in enumerate(ex.workload.cluster.device_classes()):
+        down = pre.downtime_s(k, makespan) if pre is not None else 0.0
+        hours = max(0.0, c.count * makespan - down) / 3600.0
+        price = c.price_per_hour
+        classes[c.name] = {"gpu": c.gpu if isinstance(c.gpu, str) else str(c.gpu.get("name", "custom")),
+                           "count": c.count, "device_hours": hours, "price_per_hour": price,
+                           "cost": hours * (price if price is not None else 1.0),
+                           "preemptions": int(pre.count[k]) if pre is not None else 0}
+    priced = all(c["price_per_hour"] is not None for c in classes.values())
+    total = sum(c["cost"] for c in classes.values())
+    return {"unit": "price" if priced else "device-hours", "total": total,
+            "device_hours": sum(c["device_hours"] for c in classes.values()),
+            "samples_per_cost": samples / total if total > 0 else 0.0, "classes": classes}
+
+
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
     from jigsaw_plugin.core.bounds import compute_bounds
 
-    pipes = {p.name: _pipeline_result(p) for p in ex.order}
+    versions = getattr(ex, "sample_versions", None)
+    pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None)
+             for p in ex.order}
     makespan = max((p.finished_t or 0.0) for p in ex.order)
     bounds = compute_bounds(ex)
     samples = sum(r["samples"] for r in pipes.values())
@@ -78,4 +120,6 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
             "decision_p99_us": float(np.percentile(lat, 99)),
         },
         "sim": {"events": events, "migrations": ex.migrations},
+        "cost": cost_result(ex, makespan, samples),
+        "preemptions": ex.preemptions.summary() if getattr(ex, "preemptions", None) is not None else None,
     }

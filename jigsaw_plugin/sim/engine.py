@@ -30,18 +30,21 @@ class Simulation:
     ``pm``: the plugin manager whose ``jigsaw_schedule``, ``jigsaw_predict_duration`` and
     ``jigsaw_predict_remaining`` hooks the run asks (default: a fresh manager with the
     built-in and installed plugins). ``predictor``: "history" (default) or "oracle" (an
-    ablation that reads true lengths; labelled in the result).
+    ablation that reads true lengths; labelled in the result). ``preemption_recovery``:
+    what a preempted rollout replica's requests do, "migrate" (keep their tokens) or
+    "restart" (the baseline: from their first token); see ``sim.preemption``.
     """
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
-                 pm=None, predictor: str = "history"):
+                 pm=None, predictor: str = "history", preemption_recovery: str = "migrate"):
         self.workload = workload
         self.policy = policy
         self.seed = seed
         self._heap: list = []
         self._seq = 0
         self.world = World(workload, policy, self._push, seed=seed, factors=factors, hooks=hooks,
-                           record_requests=record_requests, pm=pm, predictor=predictor)
+                           record_requests=record_requests, pm=pm, predictor=predictor,
+                           preemption_recovery=preemption_recovery)
         self.cost = self.world.cost
         self.pipelines = self.world.order
         self.events = 0
@@ -65,6 +68,8 @@ class Simulation:
         self._decide()
         while heap:
             t, _, _, ev = heapq.heappop(heap)
+            if ev.background and all(p.done for p in self.pipelines):
+                continue  # a preemption after the last step: it changes nothing
             w.t = t
             ev.handle(w)
             self.events += 1

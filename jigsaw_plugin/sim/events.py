@@ -12,6 +12,7 @@ __all__ = ["Event", "StageDone", "MicroBatchDone", "ReplicaTick", "ToolDone", "R
 
 class Event:
     priority = 9
+    background = False  # True: dropped once every pipeline has finished (sim.preemption)
     __slots__ = ("t",)
 
     def __init__(self, t: float):

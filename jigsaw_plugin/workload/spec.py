@@ -31,6 +31,9 @@ __all__ = [
     "MODES",
     "REWARD_KINDS",
     "ClusterSpec",
+    "DeviceClassSpec",
+    "LinkSpec",
+    "PreemptionSpec",
     "RewardSpec",
     "PipelineSpec",
     "WorkloadSpec",
@@ -55,7 +58,13 @@ _GPU_OPT = ("name", "internode_gbps", "host_gbps")
 _MODEL_KEYS = ("params_b", "layers", "hidden", "kv_heads", "head_dim", "vocab")
 _MODEL_OPT = ("name", "default_tp")
 _TOP_KEYS = ("version", "cluster", "pipelines")
-_CLUSTER_KEYS = ("gpus", "gpu", "gpus_per_node")
+_CLUSTER_KEYS = ("gpus", "gpu", "gpus_per_node", "price_per_hour", "classes")
+_CLASS_KEYS = ("name", "gpu", "count", "gpus_per_node", "price_per_hour", "link", "preemptible")
+_LINK_KEYS = ("bandwidth_gbit_s", "latency_ms")
+_PREEMPT_KEYS = ("rate_per_hour", "trace", "replace_s")
+#: Seconds a preempted device takes to be replaced when ``preemptible.replace_s`` is omitted
+#: (a spot re-acquisition and boot; RLAX's workers rejoin in about this time).
+DEFAULT_REPLACE_S = 120.0
 _PIPELINE_KEYS = (
     "name", "model", "algorithm", "mode", "staleness", "prompts_per_step", "samples_per_prompt",
     "max_response_len", "prompt_len", "response_len", "turns", "tool_latency_s", "observation_len",
@@ -83,16 +92,101 @@ def default_reward_latency(kind: str) -> Distribution | None:
 
 
 @dataclass(frozen=True)
+class LinkSpec:
+    """The network path from the trainer site to a device class (ECHO-2's wide-area link):
+    weights reach the class at ``bandwidth_gbit_s`` after ``latency_ms``."""
+
+    bandwidth_gbit_s: float  # gigabits per second
+    latency_ms: float = 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbit_s * 1e9 / 8
+
+    def transfer_s(self, nbytes: float) -> float:
+        return self.latency_ms / 1e3 + nbytes / self.bytes_per_s
+
+    def to_dict(self) -> dict:
+        return {"bandwidth_gbit_s": self.bandwidth_gbit_s, "latency_ms": self.latency_ms}
+
+
+@dataclass(frozen=True)
+class PreemptionSpec:
+    """How a class's devices are preempted: a Poisson ``rate_per_hour`` per device, or the
+    times of a trace (``trace``: (seconds, device index within the class) pairs, read from
+    ``trace_path``); a preempted device is replaced after ``replace_s``."""
+
+    rate_per_hour: float | None = None
+    trace: tuple[tuple[float, int], ...] | None = None
+    trace_path: str | None = None
+    replace_s: float = DEFAULT_REPLACE_S
+
+    def to_dict(self) -> dict:
+        d: dict = {"replace_s": self.replace_s}
+        if self.rate_per_hour is not None:
+            d["rate_per_hour"] = self.rate_per_hour
+        if self.trace_path is not None:
+            d["trace"] = self.trace_path
+        return d
+
+
+@dataclass(frozen=True)
+class DeviceClassSpec:
+    """One kind of device in the pool: a GPU profile (name or dict), how many, their node
+    size, their price per device-hour (None: not given; cost is then counted in
+    device-hours), the link to the trainer site (None: in the trainer's data centre) and
+    how they are preempted (None: on demand, never preempted)."""
+
+    name: str
+    gpu: str | dict
+    count: int
+    gpus_per_node: int
+    price_per_hour: float | None = None
+    link: LinkSpec | None = None
+    preemptible: PreemptionSpec | None = None
+
+    def to_dict(self) -> dict:
+        d: dict = {"name": self.name, "gpu": dict(self.gpu) if isinstance(self.gpu, dict) else self.gpu,
+                   "count": self.count, "gpus_per_node": self.gpus_per_node}
+        if self.price_per_hour is not None:
+            d["price_per_hour"] = self.price_per_hour
+        if self.link is not None:
+            d["link"] = self.link.to_dict()
+        if self.preemptible is not None:
+            d["preemptible"] = self.preemptible.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
-    """The shared device pool. ``gpu`` is a profile name (lower case) or a dict of specs."""
+    """The shared device pool. ``gpu`` is a profile name (lower case) or a dict of specs.
+
+    ``classes`` is empty for the single-class form (``gpus``, ``gpu``, ``gpus_per_node``);
+    with device classes, devices are numbered class by class in the order given, ``gpus``
+    is their total and ``gpu`` / ``gpus_per_node`` are the first class's (the profile
+    policies estimate with)."""
 
     gpus: int
     gpu: str | dict
     gpus_per_node: int
+    price_per_hour: float | None = None  # single-class form only
+    classes: tuple[DeviceClassSpec, ...] = ()
+
+    def device_classes(self) -> tuple[DeviceClassSpec, ...]:
+        """Every class, the single-class form as one class named after its GPU."""
+        if self.classes:
+            return self.classes
+        name = self.gpu if isinstance(self.gpu, str) else str(self.gpu.get("name", "custom"))
+        return (DeviceClassSpec(name, self.gpu, self.gpus, self.gpus_per_node, self.price_per_hour),)
 
     def to_dict(self) -> dict:
-        return {"gpus": self.gpus, "gpu": dict(self.gpu) if isinstance(self.gpu, dict) else self.gpu,
-                "gpus_per_node": self.gpus_per_node}
+        if self.classes:
+            return {"classes": [c.to_dict() for c in self.classes]}
+        d = {"gpus": self.gpus, "gpu": dict(self.gpu) if isinstance(self.gpu, dict) else self.gpu,
+             "gpus_per_node": self.gpus_per_node}
+        if self.price_per_hour is not None:
+            d["price_per_hour"] = self.price_per_hour
+        return d
 
 
 @dataclass(frozen=True)
@@ -233,7 +327,7 @@ def parse_workload(data: object, base_dir: str | Path = ".", where: str | None =
     version = _need(data, "version", "", "1", where)
     if not _is_int(version) or version != 1:
         raise SpecError("version", version, "1", where)
-    cluster = _cluster(_need(data, "cluster", "", "a mapping with gpus, gpu, gpus_per_node", where), where)
+    cluster = _cluster(_need(data, "cluster", "", "a mapping with gpus, gpu, gpus_per_node", where), where, base_dir)
     plist = _need(data, "pipelines", "", "a non-empty list of pipelines", where)
     if not isinstance(plist, list) or not plist:
         raise SpecError("pipelines", plist, "a non-empty list of pipelines", where)
@@ -301,21 +395,130 @@ def _spec_dict(v: object, field: str, required: tuple[str, ...], optional: tuple
     return out
 
 
-def _cluster(c: object, where: str | None) -> ClusterSpec:
-    if not isinstance(c, dict):
-        raise SpecError("cluster", c, "a mapping with gpus, gpu, gpus_per_node", where)
-    _check_keys(c, _CLUSTER_KEYS, "cluster", where)
-    gpus = _int(c, "gpus", "cluster", where)
-    gpu = _need(c, "gpu", "cluster", " | ".join(KNOWN_GPUS) + " or a dict of specs", where)
+def _gpu(c: dict, field: str, where: str | None) -> str | dict:
+    gpu = _need(c, "gpu", field, " | ".join(KNOWN_GPUS) + " or a dict of specs", where)
     if isinstance(gpu, dict):
-        gpu = _spec_dict(gpu, "cluster.gpu", _GPU_KEYS, _GPU_OPT, where)
-    elif not isinstance(gpu, str) or gpu.lower() not in KNOWN_GPUS:
-        raise SpecError("cluster.gpu", gpu, " | ".join(KNOWN_GPUS) + " or a dict {" + ", ".join(_GPU_KEYS) + "}",
+        return _spec_dict(gpu, f"{field}.gpu", _GPU_KEYS, _GPU_OPT, where)
+    if not isinstance(gpu, str) or gpu.lower() not in KNOWN_GPUS:
+        raise SpecError(f"{field}.gpu", gpu, " | ".join(KNOWN_GPUS) + " or a dict {" + ", ".join(_GPU_KEYS) + "}",
                         where)
-    else:
-        gpu = gpu.lower()
+    return gpu.lower()
+
+
+def _positive(d: dict, key: str, field: str, where: str | None, *, zero_ok: bool = False, default=None):
+    """An optional number > 0 (>= 0 with ``zero_ok``); ``default`` when absent."""
+    if key not in d or d[key] is None:
+        return default
+    v = d[key]
+    if not _is_number(v) or not (v >= 0 if zero_ok else v > 0) or v != v or v == float("inf"):
+        raise SpecError(f"{field}.{key}", v, "a finite number >= 0" if zero_ok else "a finite number > 0", where)
+    return float(v)
+
+
+def _cluster(c: object, where: str | None, base_dir=".") -> ClusterSpec:
+    if not isinstance(c, dict):
+        raise SpecError("cluster", c, "a mapping with gpus, gpu, gpus_per_node (or classes)", where)
+    _check_keys(c, _CLUSTER_KEYS, "cluster", where)
+    if c.get("classes") is not None:
+        return _classed_cluster(c, where, base_dir)
+    gpus = _int(c, "gpus", "cluster", where)
+    gpu = _gpu(c, "cluster", where)
     per_node = _int(c, "gpus_per_node", "cluster", where, default=min(8, gpus))
-    return ClusterSpec(gpus, gpu, per_node)
+    price = _positive(c, "price_per_hour", "cluster", where, zero_ok=True)
+    return ClusterSpec(gpus, gpu, per_node, price)
+
+
+def _classed_cluster(c: dict, where: str | None, base_dir) -> ClusterSpec:
+    for key in ("gpus", "gpu", "gpus_per_node", "price_per_hour"):
+        if c.get(key) is not None:
+            raise SpecError(f"cluster.{key}", c[key], "absent when cluster.classes is given (each class gives "
+                            "its own gpu, count, gpus_per_node, price_per_hour)", where)
+    raw = c["classes"]
+    if not isinstance(raw, list) or not raw:
+        raise SpecError("cluster.classes", raw, "a non-empty list of device classes", where)
+    classes = tuple(_device_class(x, f"cluster.classes[{i}]", where, base_dir) for i, x in enumerate(raw))
+    seen: dict[str, int] = {}
+    for i, k in enumerate(classes):
+        if k.name in seen:
+            raise SpecError(f"cluster.classes[{i}].name", k.name,
+                            f"a unique name (cluster.classes[{seen[k.name]}] has it)", where)
+        seen[k.name] = i
+    total = sum(k.count for k in classes)
+    if total > MAX_COUNT:
+        raise SpecError("cluster.classes", total, f"counts summing to at most {MAX_COUNT}", where)
+    return ClusterSpec(total, classes[0].gpu, classes[0].gpus_per_node, None, classes)
+
+
+def _device_class(x: object, field: str, where: str | None, base_dir) -> DeviceClassSpec:
+    if not isinstance(x, dict):
+        raise SpecError(field, x, "a mapping {name, gpu, count, gpus_per_node, price_per_hour, link, preemptible}",
+                        where)
+    _check_keys(x, _CLASS_KEYS, field, where)
+    name = _need(x, "name", field, "a name of letters, digits, '_', '.', '-'", where)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"{field}.name", name, "a name of letters, digits, '_', '.', '-'", where)
+    gpu = _gpu(x, field, where)
+    count = _int(x, "count", field, where)
+    per_node = _int(x, "gpus_per_node", field, where, default=min(8, count))
+    price = _positive(x, "price_per_hour", field, where, zero_ok=True)
+    link = None
+    if x.get("link") is not None:
+        raw = x["link"]
+        if not isinstance(raw, dict):
+            raise SpecError(f"{field}.link", raw, "a mapping {bandwidth_gbit_s, latency_ms}", where)
+        _check_keys(raw, _LINK_KEYS, f"{field}.link", where)
+        bw = _positive(raw, "bandwidth_gbit_s", f"{field}.link", where)
+        if bw is None:
+            raise SpecError(f"{field}.link.bandwidth_gbit_s", "<missing>", "a finite number > 0", where)
+        link = LinkSpec(bw, _positive(raw, "latency_ms", f"{field}.link", where, zero_ok=True, default=0.0))
+    pre = None
+    if x.get("preemptible") is not None:
+        pre = _preemption(x["preemptible"], f"{field}.preemptible", count, where, base_dir)
+    return DeviceClassSpec(name, gpu, count, per_node, price, link, pre)
+
+
+def _preemption(raw: object, field: str, count: int, where: str | None, base_dir) -> PreemptionSpec:
+    allowed = "a mapping {rate_per_hour: X} or {trace: FILE} (optional replace_s)"
+    if not isinstance(raw, dict):
+        raise SpecError(field, raw, allowed, where)
+    _check_keys(raw, _PREEMPT_KEYS, field, where)
+    rate = _positive(raw, "rate_per_hour", field, where, zero_ok=True)
+    replace_s = _positive(raw, "replace_s", field, where, zero_ok=True, default=DEFAULT_REPLACE_S)
+    path = raw.get("trace")
+    if (rate is None) == (path is None):
+        raise SpecError(field, raw, "exactly one of rate_per_hour and trace", where)
+    if path is None:
+        return PreemptionSpec(rate_per_hour=rate, replace_s=replace_s)
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"{field}.trace", path, "a path to a CSV file of 't_s,device' lines", where)
+    resolved = Path(path) if Path(path).is_absolute() else Path(base_dir) / path
+    return PreemptionSpec(trace=_preemption_trace(resolved, f"{field}.trace", count, where),
+                          trace_path=str(resolved.resolve()), replace_s=replace_s)
+
+
+def _preemption_trace(path: Path, field: str, count: int, where: str | None) -> tuple[tuple[float, int], ...]:
+    """Lines ``t_s,device`` (device: index within the class); '#' comments and a header allowed."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(field, str(path), f"a readable CSV file ({getattr(e, 'strerror', None) or e})",
+                        where) from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line or line.replace(" ", "").lower() == "t_s,device":
+            continue
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            t, dev = float(parts[0]), int(parts[1])
+            ok = len(parts) == 2 and t >= 0 and t != float("inf") and 0 <= dev < count
+        except (ValueError, IndexError):
+            ok = False
+        if not ok:
+            raise SpecError(f"{field} line {n}", line,
+                            f"'t_s,device' with t_s >= 0 seconds and device an index in 0..{count - 1}", where)
+        out.append((t, dev))
+    return tuple(sorted(out))
 
 
 def _dist(p: dict, key: str, field: str, base_dir, where, *, role: str | None = None, required: bool = True):

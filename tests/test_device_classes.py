@@ -1,0 +1,146 @@
+"""Device classes in the workload spec (cluster.classes) and their prices in the simulator."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from sim_helpers import small_workload
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.sim import simulate
+from jigsaw_plugin.workload import parse_workload
+
+TWO_CLASSES = {"classes": [
+    {"name": "od", "gpu": "h100", "count": 4, "gpus_per_node": 4, "price_per_hour": 4.0},
+    {"name": "spot", "gpu": "a100", "count": 4, "price_per_hour": 1.5,
+     "link": {"bandwidth_gbit_s": 10, "latency_ms": 30}, "preemptible": {"rate_per_hour": 2, "replace_s": 30}},
+]}
+
+
+def _with_cluster(cluster) -> dict:
+    d = small_workload(modes=("async", "async"), staleness=(1, 1)).to_dict()
+    d["cluster"] = copy.deepcopy(cluster)
+    return d
+
+
+def test_classes_parse_and_round_trip():
+    w = parse_workload(_with_cluster(TWO_CLASSES))
+    c = w.cluster
+    assert c.gpus == 8 and c.gpu == "h100" and c.gpus_per_node == 4
+    od, spot = c.device_classes()
+    assert (od.name, od.count, od.price_per_hour, od.link, od.preemptible) == ("od", 4, 4.0, None, None)
+    assert spot.link.bandwidth_gbit_s == 10 and spot.link.latency_ms == 30
+    assert spot.preemptible.rate_per_hour == 2 and spot.preemptible.replace_s == 30
+    assert parse_workload(w.to_dict()) == w
+
+
+def test_single_class_form_is_one_class():
+    w = parse_workload(_with_cluster({"gpus": 8, "gpu": "h100", "price_per_hour": 2.5}))
+    (only,) = w.cluster.device_classes()
+    assert (only.name, only.count, only.price_per_hour, only.gpus_per_node) == ("h100", 8, 2.5, 8)
+    assert parse_workload(w.to_dict()) == w
+
+
+def test_preemption_trace_file(tmp_path):
+    (tmp_path / "pre.csv").write_text("t_s,device\n10.5,1\n# a comment\n3,0\n")
+    cl = copy.deepcopy(TWO_CLASSES)
+    cl["classes"][1]["preemptible"] = {"trace": "pre.csv"}
+    w = parse_workload(_with_cluster(cl), base_dir=tmp_path)
+    assert w.cluster.classes[1].preemptible.trace == ((3.0, 0), (10.5, 1))
+
+
+def _bad(path: str, value):
+    cl = copy.deepcopy(TWO_CLASSES)
+    node = cl
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if k.isdigit() else node[k]
+    if value is KeyError:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return cl
+
+
+@pytest.mark.parametrize("cluster, field, value", [
+    (_bad("classes", []), "cluster.classes", []),
+    (_bad("classes.0.count", 0), "cluster.classes[0].count", 0),
+    (_bad("classes.0.count", KeyError), "cluster.classes[0].count", "<missing>"),
+    (_bad("classes.0.gpu", "tpu"), "cluster.classes[0].gpu", "tpu"),
+    (_bad("classes.0.price_per_hour", -1), "cluster.classes[0].price_per_hour", -1),
+    (_bad("classes.0.price_per_hour", "cheap"), "cluster.classes[0].price_per_hour", "cheap"),
+    (_bad("classes.1.name", "od"), "cluster.classes[1].name", "od"),
+    (_bad("classes.1.link", {"latency_ms": 3}), "cluster.classes[1].link.bandwidth_gbit_s", "<missing>"),
+    (_bad("classes.1.link.bandwidth_gbit_s", 0), "cluster.classes[1].link.bandwidth_gbit_s", 0),
+    (_bad("classes.1.link.latency_ms", -2), "cluster.classes[1].link.latency_ms", -2),
+    (_bad("classes.1.link.mtu", 9000), "cluster.classes[1].link.mtu", "mtu"),
+    (_bad("classes.1.preemptible.rate_per_hour", -0.5), "cluster.classes[1].preemptible.rate_per_hour", -0.5),
+    (_bad("classes.1.preemptible", {"replace_s": 5}), "cluster.classes[1].preemptible", {"replace_s": 5}),
+    (_bad("classes.1.preemptible.trace", "x.csv"), "cluster.classes[1].preemptible",
+     {"rate_per_hour": 2, "replace_s": 30, "trace": "x.csv"}),
+    (_bad("classes.1.preemptible.replace_s", "soon"), "cluster.classes[1].preemptible.replace_s", "soon"),
+    (_bad("classes.1.colour", "red"), "cluster.classes[1].colour", "colour"),
+    (dict(TWO_CLASSES, gpus=8), "cluster.gpus", 8),
+    ({"gpus": 8, "gpu": "h100", "price_per_hour": -3}, "cluster.price_per_hour", -3),
+])
+def test_bad_classes_name_the_field(cluster, field, value):
+    with pytest.raises(SpecError) as e:
+        parse_workload(_with_cluster(cluster))
+    assert e.value.field == field and e.value.value == value
+
+
+@pytest.mark.parametrize("line", ["-1,0", "5,4", "abc,0", "5", "5,0,1"])
+def test_bad_trace_lines_name_the_line(tmp_path, line):
+    (tmp_path / "pre.csv").write_text(f"t_s,device\n1,0\n{line}\n")
+    cl = copy.deepcopy(TWO_CLASSES)
+    cl["classes"][1]["preemptible"] = {"trace": "pre.csv"}
+    with pytest.raises(SpecError) as e:
+        parse_workload(_with_cluster(cl), base_dir=tmp_path)
+    assert e.value.field == "cluster.classes[1].preemptible.trace line 3"
+
+
+def test_missing_trace_file_is_a_spec_error(tmp_path):
+    cl = copy.deepcopy(TWO_CLASSES)
+    cl["classes"][1]["preemptible"] = {"trace": "nope.csv"}
+    with pytest.raises(SpecError) as e:
+        parse_workload(_with_cluster(cl), base_dir=tmp_path)
+    assert e.value.field == "cluster.classes[1].preemptible.trace"
+
+
+def _rollout_split(cls_rollout: str):
+    """4 rollout devices of ``cls_rollout`` first (one-step-off's rollout share), 4 H100 trainers."""
+    return {"classes": [{"name": "roll", "gpu": cls_rollout, "count": 4, "price_per_hour": 1.0},
+                        {"name": "train", "gpu": "h100", "count": 4, "price_per_hour": 3.0}]}
+
+
+def test_each_device_is_priced_by_its_class():
+    from jigsaw_plugin.scheduler import get_policy
+
+    d = _with_cluster(_rollout_split("h100"))
+    d["pipelines"] = d["pipelines"][:1]
+    fast = simulate(parse_workload(d), get_policy("one-step-off", rollout_gpus=4))
+    d["cluster"] = _rollout_split({"name": "slow", "flops_tflops": 100, "hbm_tbps": 0.5, "memory_gb": 80,
+                                   "link_gbps": 100})
+    slow = simulate(parse_workload(d), get_policy("one-step-off", rollout_gpus=4))
+    # rollout runs on the slow class: generation takes longer, training (same H100s) does not
+    assert slow["pipelines"]["p0"]["stage_s"]["gen"] > 1.5 * fast["pipelines"]["p0"]["stage_s"]["gen"]
+    assert slow["pipelines"]["p0"]["stage_s"]["update_actor"] == pytest.approx(
+        fast["pipelines"]["p0"]["stage_s"]["update_actor"], rel=1e-9)
+
+
+def test_cost_is_device_hours_times_price_per_class():
+    w = parse_workload(_with_cluster(_rollout_split("a100")))
+    r = simulate(w, "jigsaw")
+    hours = r["makespan_s"] / 3600
+    c = r["cost"]
+    assert c["unit"] == "price"
+    assert c["classes"]["roll"]["device_hours"] == pytest.approx(4 * hours)
+    assert c["total"] == pytest.approx(4 * hours * 1.0 + 4 * hours * 3.0)
+    assert c["samples_per_cost"] == pytest.approx(r["samples"] / c["total"])
+
+
+def test_unpriced_cluster_counts_device_hours():
+    r = simulate(small_workload(), "verl-sync")
+    assert r["cost"]["unit"] == "device-hours"
+    assert r["cost"]["total"] == pytest.approx(8 * r["makespan_s"] / 3600)
