@@ -117,7 +117,8 @@ class LiveExecutor(ExecutorCore):
     """Executes decisions on live engines; see the module docstring."""
 
     def __init__(self, workload, policy, engine_factory, seed: int = 0, time_scale: float = 1.0,
-                 stage_runner=None, sampling: dict | None = None, resize_stages: bool = False, **core_kw):
+                 stage_runner=None, sampling: dict | None = None, resize_stages: bool = False, tools=None,
+                 **core_kw):
         self._t0 = 0.0
         self._wake: asyncio.Event | None = None
         self._dirty = True
@@ -129,6 +130,10 @@ class LiveExecutor(ExecutorCore):
         # change their width (off: each stage is one call on its devices, as before)
         self.resize_stages = resize_stages
         self.sampling = dict(sampling or {})  # Router SAMPLING_KEYS; a seed is made per request
+        # agentic tool calls and sandboxed rewards: ``await tools.tool_call(pipeline, request_id, turn, context,
+        # latency_s, observation_tokens) -> tokens``, ``await tools.reward(pipeline, step, request_id, prompt,
+        # response, mask, latency_s)`` (runtime/reference/agentic.py); None: their latencies are slept
+        self.tools = tools
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
@@ -233,15 +238,27 @@ class LiveExecutor(ExecutorCore):
             context = context + out
             mask += [1] * len(out)
             if turn + 1 < turns:
-                await asyncio.sleep(float(smp.tool_latency_s[off + turn]) * self.time_scale)
-                obs = _tokens(f"{rid}/obs{turn}", smp.observation_len[off + turn])
+                latency_s, n_obs = float(smp.tool_latency_s[off + turn]), int(smp.observation_len[off + turn])
+                self._emit("jigsaw_tool_call_start", pipeline=p.name, step=s.step, request_id=rid, turn=turn, t=self.t)
+                if self.tools is not None:  # a tool server answers over HTTP (runtime/tool_server.py)
+                    obs = list(await self.tools.tool_call(p.name, rid, turn, context, latency_s * self.time_scale,
+                                                          n_obs))
+                else:
+                    await asyncio.sleep(latency_s * self.time_scale)
+                    obs = _tokens(f"{rid}/obs{turn}", n_obs)
+                self._emit("jigsaw_tool_call_end", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
+                           observation_tokens=len(obs), t=self.t)
                 context, mask = context + obs, mask + [0] * len(obs)
         if self.stage_runner is not None:  # what the training stages read
             self.trajectories.setdefault((p.name, s.step), {})[i] = (prompt, context[len(prompt):], group, mask)
         router.end_trajectory(rid)
         s.min_version = min(s.min_version, version)
         self._trajectory_finished(p, s, i)
-        await asyncio.sleep(float(smp.reward_latency_s[i]) * self.time_scale)
+        reward_s = float(smp.reward_latency_s[i]) * self.time_scale
+        if self.tools is not None and p.spec.reward.kind == "sandbox":  # the tool server's sandbox
+            await self.tools.reward(p.name, s.step, rid, prompt, context[len(prompt):], mask, reward_s)
+        else:
+            await asyncio.sleep(reward_s)
         self._rewarded(p, s)
 
     def _sampling(self, request_id: str) -> dict:

@@ -11,6 +11,11 @@ see the same samples (the workload sampler is seeded by pipeline, step and seed)
 Only the reference pipeline exists on this backend: every pipeline must use the
 ``tiny-qwen2`` model and a GRPO-style algorithm (no critic). The result JSON is the
 simulator's (DESIGN.md 5) with ``backend: "ray"`` and the measured extras (``measured``).
+
+Agentic pipelines (``turns``) and sandboxed rewards (``reward.kind: sandbox``) talk to a
+tool server process over HTTP (runtime/tool_server.py): ``run_ab_ray`` starts one for the
+whole A/B and stops it at the end; ``run_in_coordinator`` starts its own for one run when
+it is given no ``tool_server_url``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = ["check_ray_workload", "run_ab_ray", "run_in_coordinator"]
 
 RAY_MODELS = ("tiny-qwen2",)
 RAY_ALGORITHMS = ("grpo", "dapo", "reinforce")
+RAY_REWARDS = ("rule", "sandbox")
 
 _POOL = None  # the coordinator process's EnginePool (engines outlive one run)
 _MODELS: dict[int, Path] = {}  # seed -> folder (every pipeline starts from the same tiny model)
@@ -43,6 +49,10 @@ def check_ray_workload(workload) -> None:
         if p.algorithm not in RAY_ALGORITHMS:
             raise SpecError(f"pipelines[{i}].algorithm", p.algorithm,
                             f"{', '.join(RAY_ALGORITHMS)} (the reference pipeline has no critic)")
+        if p.reward.kind not in RAY_REWARDS:
+            raise SpecError(f"pipelines[{i}].reward.kind", p.reward.kind,
+                            f"{', '.join(RAY_REWARDS)} (the reference pipeline has no reward model; a sandbox "
+                            f"reward runs on the tool server)")
 
 
 def _model_dir(seed: int) -> Path:
@@ -61,6 +71,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     from jigsaw_plugin.runtime.engine_pool import EnginePool
     from jigsaw_plugin.runtime.live import LiveExecutor, run_executor
     from jigsaw_plugin.runtime.reference import ReferenceStageRunner, ReferenceTrainer
+    from jigsaw_plugin.runtime.reference.agentic import AgenticTools, SandboxReward
+    from jigsaw_plugin.runtime.tool_server import ToolClient, ToolServer, needs_tool_server, tool_server_config
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.workload import parse_workload
 
@@ -78,6 +90,13 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
         await _POOL.ensure(p.name, models[p.name], devices)
     start_s = time.perf_counter() - t0
 
+    tools = server = None
+    if needs_tool_server(wl):  # agentic turns / a sandboxed reward: over HTTP to the tool server
+        url = options.get("tool_server_url")
+        if not url:
+            server = ToolServer(tool_server_config(wl, seed)).start()
+            url = server.url
+        tools = AgenticTools(ToolClient(url))
     trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0)
     trainers = {p.name: trainer_cls.remote(str(models[p.name]), seed=seed, **options.get("trainer_kwargs", {}))
                 for p in wl.pipelines}
@@ -85,7 +104,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     try:
         for name, tr in trainers.items():  # every engine starts the run on the trainer's weights
             await _POOL.reset(name, await tr.state_dict_bf16.remote())
-        runner = ReferenceStageRunner(trainers, pin_devices=bool(options.get("pin", True)))
+        runner = ReferenceStageRunner(trainers, pin_devices=bool(options.get("pin", True)),
+                                      reward=SandboxReward(tools) if tools is not None else None)
         recorder = None
         hooks = None
         if options.get("record_events"):  # the run's hook events, as a host adapter emits them
@@ -99,7 +119,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
         live = LiveExecutor(
             wl, get_policy(policy, **policy_options), lambda p, devs: _POOL.lend(p.name, devs, runner.latest_weights),
             seed, stage_runner=runner, hooks=hooks, record_requests=recorder is not None,
-            sampling=options.get("sampling", {"greedy": False, "temperature": 1.0, "sampling_seed": seed}))
+            sampling=options.get("sampling", {"greedy": False, "temperature": 1.0, "sampling_seed": seed}),
+            tools=tools)
         t_run = time.perf_counter()
         result = await run_executor(live, backend="ray")
         wall = time.perf_counter() - t_run
@@ -107,6 +128,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
     finally:
         for tr in trainers.values():
             ray.kill(tr)
+        if server is not None:
+            server.stop()
     result["backend"] = "ray"
     if recorder is not None:
         result["events"] = recorder.events
@@ -123,6 +146,8 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
         "engine_weight_versions": {f"{p}@{d}": st["version"] for (p, d), st in _POOL.state.items()},
         "stage_wall_s": _stage_wall(runner.records),
     }
+    if tools is not None:  # what the trajectories waited on the tool server
+        result["measured"]["tool_server"] = {**tools.summary(), "sandbox_rewards_used": runner.reward.from_sandbox}
     return result
 
 
@@ -198,6 +223,7 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
     import yaml
 
     from jigsaw_plugin.runtime.coordinator import connect_coordinator
+    from jigsaw_plugin.runtime.tool_server import ToolServer, needs_tool_server, tool_server_config
     from jigsaw_plugin.workload import load_workload
 
     wl = load_workload(workload_path)
@@ -210,6 +236,11 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
     runs: dict[str, list] = {baseline: [], candidate: []}
     opts = {baseline: baseline_options or {}, candidate: candidate_options or {}}
     client = None
+    tool_server = None
+    if needs_tool_server(wl) and not options.get("tool_server_url"):
+        tool_server = ToolServer(tool_server_config(wl, seed)).start()  # one for the whole A/B
+        options = {**options, "tool_server_url": tool_server.url}
+        log(f"tool server at {tool_server.url} (pid {tool_server.pid})")
     try:
         with _PeakMemory() as mem:
             client = connect_coordinator(name=f"jigsaw-bench-{os.getpid()}", devices=wl.cluster.gpus)
@@ -232,6 +263,8 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
             client.shutdown()
         if own_ray:
             ray.shutdown()
+        if tool_server is not None:
+            tool_server.stop()
 
     def median_run(rs):
         return sorted(rs, key=lambda x: x["samples_per_s"])[len(rs) // 2]

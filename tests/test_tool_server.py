@@ -1,0 +1,238 @@
+"""The tool server (runtime/tool_server.py) as a real process on loopback, and the agentic
+adapter (runtime/reference/agentic.py) with LiveExecutor on EMULATED engines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.runtime.reference.agentic import AgenticTools, SandboxReward
+from jigsaw_plugin.runtime.reference.reward import low_id_reward
+from jigsaw_plugin.runtime.tool_server import (
+    ToolClient,
+    ToolPipelineConfig,
+    ToolServer,
+    ToolServerConfig,
+    ToolServerError,
+    needs_tool_server,
+    tool_server_config,
+)
+
+AGENT = ToolPipelineConfig("agent", {"dist": "uniform", "low": 0.02, "high": 0.1}, {"dist": "const", "value": 7},
+                           {"dist": "const", "value": 0.05})
+PLAIN = ToolPipelineConfig("plain", None, None, {"dist": "const", "value": 0.0})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of this process still answers kill(0): ask the OS for its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ToolServer(ToolServerConfig((AGENT, PLAIN), seed=3, sandbox_timeout_s=0.5)) as s:
+        yield s
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_tool_latencies_follow_the_workload_distribution_and_calls_overlap(server):
+    client = ToolClient(server.url)
+
+    async def many():
+        return await asyncio.gather(*(client.tool("agent", f"r{i}", 1, [5, 6, i]) for i in range(40)))
+
+    t0 = time.perf_counter()
+    replies = _run(many())
+    wall = time.perf_counter() - t0
+    lat = [r.latency_s for r in replies]
+    assert all(0.02 <= x <= 0.1 for x in lat)
+    assert abs(sum(lat) / len(lat) - 0.06) < 0.015  # uniform(0.02, 0.1): mean 0.06, sd of 40 draws' mean 0.004
+    assert all(r.wall_s >= r.latency_s for r in replies)  # the server really waited
+    assert all(len(r.observation) == 7 for r in replies)  # observation_len: const 7
+    assert wall < sum(lat)  # 40 calls waited at once, not one after another
+    again = _run(client.tool("agent", "r3", 1, [5, 6, 3]))  # seeded per (pipeline, request, turn)
+    assert again.latency_s == replies[3].latency_s and again.observation == replies[3].observation
+    other = _run(client.tool("agent", "r3", 2, [5, 6, 3]))
+    assert other.latency_s != replies[3].latency_s
+
+
+def test_the_callers_latency_and_observation_length_are_used(server):
+    reply = _run(ToolClient(server.url).tool("agent", "x", 0, [1], latency_s=0.15, observation_tokens=3))
+    assert reply.latency_s == 0.15 and reply.wall_s >= 0.15 and len(reply.observation) == 3
+    assert all(0 <= t < 2048 for t in reply.observation)
+
+
+def test_sandboxed_reward_runs_the_rule_in_a_subprocess(server):
+    response, mask = [1, 2000, 3, 1500, 7], [1, 1, 0, 1, 1]
+    reply = _run(ToolClient(server.url).reward("agent", "q0", response, mask, latency_s=0.1))
+    want = low_id_reward().batch([([0], response, 0, mask)])[0]
+    assert reply.reward == want == 0.5
+    assert reply.latency_s == 0.1 and reply.sandbox_s >= 0.1 and reply.wall_s >= reply.sandbox_s
+
+
+def test_sandbox_timeout_is_a_clear_failure(server):
+    t0 = time.perf_counter()
+    with pytest.raises(ToolServerError) as err:
+        _run(ToolClient(server.url).reward("agent", "slow", [1, 2], latency_s=5.0))
+    assert time.perf_counter() - t0 < 4.0  # killed at the 0.5 s limit, not waited out
+    msg = str(err.value)
+    assert "504" in msg and "sandbox_timeout_s=0.5" in msg and "slow" in msg and "killed" in msg
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/tool", {"pipeline": "agent", "request_id": "a", "turn": "one", "query": [1]}, ["turn", "'one'", "integer"]),
+    ("/tool", {"pipeline": "nope", "request_id": "a", "turn": 0, "query": [1]}, ["pipeline", "'nope'", "agent, plain"]),
+    ("/tool", {"pipeline": "plain", "request_id": "a", "turn": 0, "query": [1]}, ["pipeline", "no turns"]),
+    ("/tool", {"pipeline": "agent", "request_id": "a", "turn": 0}, ["query", "required"]),
+    ("/tool", {"pipeline": "agent", "request_id": "a", "turn": 0, "query": [1, -2]}, ["query", "token ids"]),
+    ("/reward", {"pipeline": "agent", "request_id": "a", "response": [1, 2], "mask": [1]}, ["mask", "length (2)"]),
+    ("/reward", {"pipeline": "agent", "request_id": "a", "response": [1], "latency_s": -1}, ["latency_s", "-1"]),
+    ("/nothing", {}, ["path", "/nothing", "/tool"]),
+])
+def test_a_bad_request_gets_a_message_naming_the_field(server, path, body, words):
+    with pytest.raises(ToolServerError) as err:
+        _run(ToolClient(server.url).post(path, body))
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_bad_configuration_is_a_spec_error():
+    with pytest.raises(SpecError, match="sandbox_timeout_s"):
+        ToolServerConfig((AGENT,), sandbox_timeout_s=0)
+    with pytest.raises(SpecError, match="loopback"):
+        ToolServerConfig((AGENT,), host="0.0.0.0")
+    with pytest.raises(SpecError, match="tool_server_url"):
+        ToolClient("localhost:80")
+
+
+def test_stop_ends_the_process_and_frees_the_port():
+    s = ToolServer(ToolServerConfig((AGENT,))).start()
+    pid, url = s.pid, s.url
+    assert _alive(pid)
+    s.stop()
+    assert not _alive(pid)
+    with pytest.raises(OSError):
+        _run(ToolClient(url).post("/tool", {}))
+    s.stop()  # twice is fine
+
+
+def test_no_orphan_when_the_runner_is_killed(tmp_path):
+    """The server exits by itself when the process that started it dies (SIGKILL: no clean-up ran)."""
+    script = textwrap.dedent("""
+        import sys, time
+        from jigsaw_plugin.runtime.tool_server import ToolPipelineConfig, ToolServer, ToolServerConfig
+        s = ToolServer(ToolServerConfig((ToolPipelineConfig("a", None, None, {"dist": "const", "value": 0}),)))
+        s.start()
+        print(s.pid, flush=True)
+        time.sleep(60)
+    """)
+    runner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(runner.stdout.readline())
+        assert _alive(pid)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.stdout.close()
+
+
+def test_needs_and_config_from_a_workload():
+    from jigsaw_plugin.workload import load_workload
+
+    wl = load_workload("examples/workloads/real_ab_agentic_2cpu.yaml")
+    assert needs_tool_server(wl)
+    cfg = tool_server_config(wl, seed=2)
+    agent, grpo = cfg.pipelines
+    assert agent.tool_latency_s["dist"] == "quantiles" and agent.reward_latency_s["dist"] == "lognormal"
+    assert grpo.tool_latency_s is None and cfg.seed == 2
+    assert ToolServerConfig.from_json(cfg.to_json()) == cfg
+    assert not needs_tool_server(load_workload("examples/workloads/real_ab_2cpu.yaml"))
+
+
+def test_agentic_pipeline_on_emulated_engines_calls_the_tool_server(server):
+    """LiveExecutor with ``tools``: every tool call of the workload goes to the server (the
+    observation it answers is what the next turn reads), every sandboxed trajectory's reward
+    comes from the sandbox, and the event log shows the turns and the tool waits."""
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.events import EventRecorder
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+    from jigsaw_plugin.runtime.emulated import EmulatedEngine
+    from jigsaw_plugin.runtime.live import LiveExecutor
+    from jigsaw_plugin.runtime.reference import ReferenceStageRunner
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.workload import parse_workload
+
+    spec = {"version": 1, "cluster": {"gpus": 2, "gpu": "h100"}, "pipelines": [{
+        "name": "agent", "model": "qwen2.5-0.5b", "algorithm": "grpo", "prompts_per_step": 2,
+        "samples_per_prompt": 2, "max_response_len": 512, "prompt_len": 8, "response_len": 10,
+        "turns": {"dist": "categorical", "values": [2, 3], "weights": [0.5, 0.5]},
+        "tool_latency_s": 0.5, "observation_len": 4,
+        "reward": {"kind": "sandbox", "latency_s": 0.5}, "steps": 2}]}
+    wl = parse_workload(spec)
+    pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+    rec = EventRecorder(include_progress=False)
+    register(pm, rec, name="recorder")
+    tools = AgenticTools(ToolClient(server.url))
+
+    class Trainer:  # a stand-in trainer: no torch in the core suite
+        version = 0
+
+        def old_log_prob(self, batch):
+            return None
+
+        def ref_log_prob(self, batch):
+            return None
+
+        def update_actor(self, batch, old, adv, ref):
+            self.version += 1
+            return {}
+
+        def state_dict_bf16(self):
+            return {}
+
+        def get_version(self):
+            return self.version
+
+    runner = ReferenceStageRunner(Trainer(), reward=SandboxReward(tools))
+    cost = CostModel(hardware_profile("h100"))
+    live = LiveExecutor(wl, get_policy("verl-sync"), lambda p, d: EmulatedEngine(cost, p.model, tp=len(d),
+                                                                                time_scale=0.02),
+                        seed=0, time_scale=0.02, stage_runner=runner, tools=tools, hooks=Emitter(pm),
+                        record_requests=True)
+    asyncio.run(asyncio.wait_for(live.run(), 60))
+
+    turns = sum(int(live.pipelines["agent"].steps[k].samples.turns.sum()) for k in (0, 1))
+    starts = [e for e in rec.events if e["hook"] == "jigsaw_tool_call_start"]
+    ends = [e for e in rec.events if e["hook"] == "jigsaw_tool_call_end"]
+    submitted = [e for e in rec.events if e["hook"] == "jigsaw_request_submitted"]
+    assert len(starts) == len(ends) == turns - 8 > 0  # a tool call after every turn but the last
+    assert len(submitted) == turns
+    assert all(e["observation_tokens"] == 4 for e in ends)
+    assert {(e["request_id"], e["turn"]) for e in starts} == {(e["request_id"], e["turn"]) for e in ends}
+    summary = tools.summary()["agent"]
+    assert summary["tool"]["calls"] == turns - 8 and summary["reward"]["calls"] == 8
+    assert runner.reward.from_sandbox == 8 and len(runner.rewards) == 2
