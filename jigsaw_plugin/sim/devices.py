@@ -10,30 +10,7 @@ executor's own pricer untouched (the same numbers as before device classes exist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-__all__ = ["DeviceClasses", "ClassPricer", "ClassUsage"]
-
-
-@dataclass(frozen=True)
-class ClassUsage:
-    """What one class cost in a run: provisioned device-hours (less preempted downtime)
-    times its price; ``priced`` False when the spec gave no price (cost = device-hours)."""
-
-    name: str
-    gpu: str
-    count: int
-    device_hours: float
-    price_per_hour: float | None
-    preempted: int
-
-    @property
-    def cost(self) -> float:
-        return self.device_hours * (self.price_per_hour if self.price_per_hour is not None else 1.0)
-
-    def as_dict(self) -> dict:
-        return {"gpu": self.gpu, "count": self.count, "device_hours": self.device_hours,
-                "price_per_hour": self.price_per_hour, "cost": self.cost, "preemptions": self.preempted}
+__all__ = ["DeviceClasses", "ClassPricer", "wan_dissemination_s"]
 
 
 class DeviceClasses:
@@ -66,15 +43,33 @@ class DeviceClasses:
         ks = self.classes_of(devices) or [0]
         return min((self.costs[k] for k in ks), key=lambda c: c.hw.memory_gb)
 
-    def weight_pull_s(self, model, devices) -> float:
-        """Moving one copy of a model's weights to ``devices`` over their classes' links
-        (0 for classes in the trainer's data centre: the executor's weight sync prices those)."""
-        worst = 0.0
-        for k in self.classes_of(devices):
-            link = self.specs[k].link
-            if link is not None:
-                worst = max(worst, link.transfer_s(model.weight_bytes))
-        return worst
+    def weight_pull_s(self, model, replicas) -> float:
+        """Getting one version of a model's weights to ``replicas`` (each a tuple of device
+        ids) in classes behind a wide-area link: per class, the cheapest of the dissemination
+        strategies as ``costmodel.dissemination`` prices them (naive, ECHO-2's chain, RLAX's
+        pull) over the class's link with GPU hops; the slowest class decides. 0 when no
+        replica is behind a link (the executor's weight sync prices those)."""
+        count: dict[int, int] = {}
+        for devs in replicas:
+            remote = [k for k in self.classes_of(devs) if self.specs[k].link is not None]
+            if remote:
+                k = max(remote, key=lambda k: self.specs[k].link.transfer_s(model.weight_bytes))
+                count[k] = count.get(k, 0) + 1
+        return max((wan_dissemination_s(self.specs[k], model, n) for k, n in count.items()), default=0.0)
+
+
+def wan_dissemination_s(spec, model, replicas: int) -> float:
+    """One version of ``model``'s weights to ``replicas`` replicas of device class ``spec``
+    over its link: the cheapest strategy of ``costmodel.dissemination``, GPU hops."""
+    from jigsaw_plugin.costmodel.dissemination import dissemination_price, gpu_hop
+    from jigsaw_plugin.runtime.dissemination.spec import STRATEGIES, DisseminationSpec
+    from jigsaw_plugin.runtime.dissemination.spec import LinkSpec as WanLink
+
+    link = spec.link
+    wan = WanLink(bandwidth_bytes_s=link.bytes_per_s, latency_s=link.latency_ms / 1e3)
+    hop = gpu_hop(spec.gpu, "internode")
+    return min(dissemination_price(DisseminationSpec(s, link=wan), int(model.weight_bytes), max(1, replicas),
+                                   hop=hop).seconds for s in STRATEGIES)
 
 
 class ClassPricer:

@@ -147,7 +147,7 @@ class World(ExecutorCore):
         absent = tuple(x for x in devices if p.name not in self.resident[x])
         switch = self._switch_s(p, devices, "rollout")
         if absent:  # weights not resident: devices behind a wide-area link pull them over it
-            switch += self.device_classes.weight_pull_s(p.model, absent)
+            switch += self.device_classes.weight_pull_s(p.model, [absent])
         rep = Replica(rep_id, p.name, devices, p.model, self.device_classes.cost_for(devices),
                       self._other_weight_bytes(p, devices), ready_t=self.t, pricer=self.pricer)
         rep.busy_until = self.t + switch
@@ -260,8 +260,7 @@ class World(ExecutorCore):
         wide-area link to this pipeline's replicas (ECHO-2's dissemination latency)."""
         dur = super().price_stage(p, s, stage, devices, colocated)
         if stage == "weight_sync" and self.device_classes.heterogeneous:
-            rollout = tuple(x for r in p.replicas for x in r.devices)
-            dur = max(dur, self.device_classes.weight_pull_s(p.model, rollout))
+            dur = max(dur, self.device_classes.weight_pull_s(p.model, [r.devices for r in p.replicas]))
         return dur
 
     def _micro_batch_s(self, run: _StageRun, devices: tuple) -> float:
