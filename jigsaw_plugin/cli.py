@@ -241,6 +241,13 @@ def cmd_graph(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from jigsaw_plugin.plan import run_plan
+
+    print(run_plan(args.workload, args.pipeline, args.trainer_gpus, args.json, args.trainer_class))
+    return 0
+
+
 def _sub(sub, name: str, help_text: str, example: str, common) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
                           epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,6 +331,18 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--host", action="append", metavar="USE",
                     help="exit 1 unless this use is ready: sim, ray, verl, openrlhf (repeatable)")
     dr.set_defaults(func=cmd_doctor)
+
+    pl = _sub(sub, "plan", "ECHO-2's capacity model: how many rollout devices of which class keep the learner "
+              "busy at the staleness bound, and the cost per step (docs/plan.md)",
+              "jigsaw plan examples/workloads/c_async2_16gpu.yaml --trainer-gpus 4", common)
+    pl.add_argument("workload", help="workload YAML with an async pipeline")
+    pl.add_argument("--pipeline", help="the pipeline to plan (default: the first async one)")
+    pl.add_argument("--trainer-class", help="the device class the trainer runs on (default: the first on-demand "
+                    "class without a link)")
+    pl.add_argument("--trainer-gpus", type=int, help="trainer devices of that class (default: the whole class "
+                    "when the spec lists classes, else half the pipeline's share)")
+    pl.add_argument("--json", help="also write the plan as JSON here")
+    pl.set_defaults(func=cmd_plan)
 
     p = _sub(sub, "policies", "list the registered policies", "jigsaw policies", common)
     p.set_defaults(func=cmd_policies)
