@@ -44,9 +44,11 @@ verl-e2e: venv-verl
 	done
 
 # The same runs as tests (assertions on exit code, hooks, graph, grad norm, KL), plus the
-# two-job run on one coordinator and the error without VERL_PLATFORM.
+# two-job run on one coordinator, the two jobs at once under the jigsaw policy's grants
+# (test_host_policy.py) and the error without VERL_PLATFORM.
 integration-verl-e2e: venv-verl
-	nice -n 10 $(VENV_VERL)/bin/python -m pytest -q -p no:cacheprovider integration_tests/verl/test_main_ppo_cpu.py
+	nice -n 10 $(VENV_VERL)/bin/python -m pytest -q -p no:cacheprovider integration_tests/verl/test_main_ppo_cpu.py \
+		integration_tests/verl/test_host_policy.py
 
 # Two verl jobs (1 pretend device each) on one Ray cluster and one jigsaw coordinator whose
 # pool has one device: first one after the other, then at the same time; prints both wall
@@ -54,3 +56,11 @@ integration-verl-e2e: venv-verl
 .PHONY: verl-e2e-two-jobs
 verl-e2e-two-jobs: venv-verl
 	nice -n 10 $(VENV_VERL)/bin/python -m jigsaw_plugin.adapters.verl.cpu_two_jobs --workdir build/verl-e2e/two-jobs
+
+# Two verl jobs at once on one coordinator: the jigsaw policy's grants against static halves
+# (verl-sync), with the simulator's prediction beside; writes docs/benchmarks.md's
+# real-ab-hosts block. About 10-20 minutes per repeat here.
+REAL_AB_HOSTS_REPEATS ?= 1
+.PHONY: real-ab-hosts
+real-ab-hosts: venv-verl
+	nice -n 10 $(VENV_VERL)/bin/python benchmarks/real_ab_hosts.py --repeats $(REAL_AB_HOSTS_REPEATS)

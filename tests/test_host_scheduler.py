@@ -163,3 +163,19 @@ def test_a_policy_scheduler_needs_the_hosts_declaration_and_fitting_shares():
     s.register("a", host("a"))
     with pytest.raises(SpecError):
         s.register("b", host("b"))  # shares 1 + 1 > a pool of 1
+
+
+def test_a_pipeline_that_leaves_gives_its_share_to_the_next():
+    async def main():
+        s, _ = scheduler("jigsaw", 2, host("a", width=2, steps=1))
+        grants: list = []
+        await drive(s, "a", 1, grants)
+        assert s.drop("a") == ()
+        s.register("b", host("b", steps=1))
+        s.register("c", host("c", steps=1))  # 1 + 1 devices: fits once a's 2 are gone
+        await asyncio.gather(drive(s, "b", 1, grants), drive(s, "c", 1, grants))
+        return s, grants
+
+    s, grants = asyncio.run(main())
+    assert [p.name for p in s.ex.finished] == ["a"] and all(p.done for p in s.ex.order)
+    assert len(grants) == 3 * 5

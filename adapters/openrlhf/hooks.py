@@ -83,10 +83,12 @@ class RunHooks:
     def acquire(self, purpose: str, n_devices: int) -> tuple[int, ...]:
         """Devices for ``purpose``: a lease from the shared pool (blocks until granted), or
         the run's static devices (the lease hooks fire either way)."""
+        devices = self._static.get(purpose, tuple(range(int(n_devices))))[: int(n_devices)]
         if self.client is not None:
             timeout = self.settings.get("lease_timeout_s")
-            return tuple(self.client.acquire(self.pipeline, purpose, int(n_devices), timeout_s=timeout))
-        devices = self._static.get(purpose, tuple(range(int(n_devices))))[: int(n_devices)]
+            # ``default``: the run's own devices, what a lost coordinator in fallback mode answers
+            return tuple(self.client.acquire(self.pipeline, purpose, int(n_devices), timeout_s=timeout,
+                                             default=devices))
         self.emit.jigsaw_lease_granted(pipeline=self.pipeline, devices=devices, purpose=purpose, t=self.now())
         return devices
 

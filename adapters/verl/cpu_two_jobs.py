@@ -8,7 +8,11 @@ runs the two jobs (``cpu_e2e`` runs joined to the cluster, ``+jigsaw.coordinator
 the other and then at the same time, and prints one JSON line: each run's result, the wall
 times, and the coordinator's lease intervals.
 
-What a coordinator can change in such a run: *when* each phase of each job runs (leases).
+``run_concurrent`` runs the two jobs at the same time on a coordinator running a policy
+(``jigsaw``, ``verl-sync`` = static halves): each stage of each job starts when the policy
+grants it (benchmarks/real_ab_hosts.py, integration_tests/verl/test_host_policy.py).
+
+What a coordinator can change in such a run: *when* each stage of each job runs (grants).
 What it cannot: verl places each job's gang when it builds its worker groups (placement
 groups held for the whole run, so the Ray cluster needs ``cpu_device`` for both gangs), and
 on CPU sleep/wake are no-ops (both jobs' engines stay resident).
@@ -26,9 +30,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from jigsaw_plugin.adapters.verl.cpu_device import PLATFORM_ENV, PLATFORM_NAME, RAY_RESOURCE
-from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, E2ESettings, run
+from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, E2ESettings, prepare, run
 
-__all__ = ["TwoJobResult", "lease_intervals", "overlapping", "run_two_jobs", "main"]
+__all__ = ["TwoJobResult", "ConcurrentResult", "lease_intervals", "overlapping", "run_two_jobs", "run_concurrent",
+           "main"]
 
 COORDINATOR = "jigsaw-verl-cpu"
 NAMESPACE = "jigsaw"
@@ -41,6 +46,19 @@ class TwoJobResult:
     sequential_wall_s: float
     concurrent_wall_s: float
     leases: list[dict]  # the concurrent runs' leases: pipeline, devices, purpose, start, end (coordinator clock)
+
+
+@dataclass(frozen=True)
+class ConcurrentResult:
+    """Two jobs at the same time under one coordinator policy."""
+
+    policy: str
+    pool_devices: int
+    runs: list[E2EResult]
+    wall_s: float
+    events: list[dict]  # the coordinator's event log (its grants, refusals, the hosts' hooks)
+    scheduler: dict  # the coordinator's scheduler report (refusals, adapted decisions, trace)
+    peak_rss_gib: float  # peak of the summed resident memory of this user's processes, less the start
 
 
 def lease_intervals(events: list[dict]) -> list[dict]:
@@ -82,6 +100,68 @@ def _start_cluster(devices: int):
             if attempt == 2:
                 raise
             time.sleep(5)
+
+
+class _PeakRss:
+    """Samples the summed RSS of this user's processes (Ray workers, vLLM, main_ppo) once a second."""
+
+    def __init__(self):
+        import threading
+
+        import psutil
+
+        self._psutil, self.peak, self._stop = psutil, 0, threading.Event()
+        self.base = self._sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> int:
+        uid, total = os.getuid(), 0
+        for proc in self._psutil.process_iter(["uids", "memory_info"]):
+            info = proc.info
+            if info.get("uids") is not None and info["uids"].real == uid and info.get("memory_info") is not None:
+                total += info["memory_info"].rss
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak = max(self.peak, self._sample())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return round(max(0, self.peak - self.base) / 2**30, 2)
+
+
+def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_devices: int = 2,
+                   timeout_s: float = 1200.0, lookahead_s: float | None = None) -> ConcurrentResult:
+    """Two jobs (1 pretend device each) at the same time, on a coordinator running ``policy``."""
+    import ray
+
+    from jigsaw_plugin.runtime.coordinator import connect_coordinator
+
+    workdir = Path(workdir).resolve()
+    _start_cluster(devices=2)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        jobs = [E2ESettings(devices=1, steps=steps, workdir=workdir / p, pipeline=p, ray_address=address,
+                            coordinator=COORDINATOR) for p in ("verl-a", "verl-b")]
+        for j in jobs:  # the model and dataset first, one at a time (building two at once races)
+            prepare(Path(j.workdir).resolve())
+        options = {"horizon_s": lookahead_s} if lookahead_s is not None and policy == "jigsaw" else None
+        client = connect_coordinator(name=COORDINATOR, namespace=NAMESPACE, devices=pool_devices, policy=policy,
+                                     policy_options=options)
+        memory = _PeakRss()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            runs = list(pool.map(lambda j: run(j, timeout_s=timeout_s), jobs))
+        wall = time.monotonic() - t0
+        peak = memory.stop()
+        events, report = client.events(), client.scheduler_report()
+        client.shutdown()
+    finally:
+        ray.shutdown()
+    return ConcurrentResult(policy, pool_devices, runs, round(wall, 1), events, report, peak)
 
 
 def run_two_jobs(workdir: Path, steps: int = 2, pool_devices: int = 1, timeout_s: float = 1200.0) -> TwoJobResult:

@@ -91,6 +91,7 @@ def test_two_main_ppo_jobs_share_one_coordinator_pool(tmp_path):
     for r in [*result.sequential, *result.concurrent]:
         check_run(r, steps=2, devices=1)
     assert {lease["pipeline"] for lease in result.leases} == {"verl-a", "verl-b"}
-    assert sum(lease["pipeline"] == "verl-a" for lease in result.leases) == 4  # 2 steps x (rollout, train)
+    # 2 steps x (rollout, old_log_prob, ref, update_actor, weight_sync): one lease per stage
+    assert sum(lease["pipeline"] == "verl-a" for lease in result.leases) == 10
     assert overlapping(result.leases) == []
     print(f"two jobs: one after the other {result.sequential_wall_s} s, at the same time {result.concurrent_wall_s} s")

@@ -158,6 +158,7 @@ class HostExecutor(ExecutorCore):
         self.pricer = Pricer(self.pm, self.cost, self.models)  # one dict shared with the cost plugin
         self.on_refusal = on_refusal
         self.tickets: list[Ticket] = []
+        self.finished: list = []  # pipelines that left the pool (their runs, for reports)
         self.refusals: list[dict] = []
         self.adapted: list[dict] = []
         self._stage_grant: dict[tuple, tuple] = {}  # (pipeline, step, stage) -> devices granted
@@ -194,21 +195,26 @@ class HostExecutor(ExecutorCore):
             raise SpecError("pipeline", host.name, "a name not yet registered in this pool")
         hosts = [*self.hosts.values(), host]
         workload = host_workload(self.gpus, hosts)
-        runs = build_pipelines(workload)
-        for old, new in zip(self.order, runs):
-            old.static_devices = new.static_devices
-        new = runs[-1]
+        runs = {r.name: r for r in build_pipelines(workload)}
+        for p in self.order:
+            p.static_devices = runs[p.name].static_devices
+        new = runs[host.name]
+        new.index = max((p.index for p in self.order), default=-1) + 1
         self.order.append(new)
         self.pipelines[new.name] = new
         self.models[new.name] = new.model
         self.hosts[host.name] = host
         self.workload = workload
+        self._setup()
+
+    def _setup(self) -> None:
         setup = self.policy.setup(build_state(self))
         self.memo = setup.memo
         self.dirty = True
 
     def remove(self, name: str) -> None:
-        """A pipeline left (or its driver died): its devices go back, its waits end."""
+        """A pipeline left (or its driver died): its devices go back, its waits end, and the
+        pool's shares are those of the pipelines still in it."""
         p = self.pipelines.get(name)
         if p is None:
             return
@@ -221,9 +227,16 @@ class HostExecutor(ExecutorCore):
                 tk.refused = f"pipeline {name!r} left the pool"
         for key in [k for k in self._stage_grant if k[0] == name]:
             del self._stage_grant[key]
-        p.stage_running = False
-        p.train_next = p.total_steps  # done: the policy plans no more for it
         self._rollout.pop(name, None)
+        self.finished.append(p)
+        self.order.remove(p)
+        del self.pipelines[name], self.hosts[name]
+        if self.order:
+            self.workload = host_workload(self.gpus, list(self.hosts.values()))
+            runs = {r.name: r for r in build_pipelines(self.workload)}
+            for q in self.order:
+                q.static_devices = runs[q.name].static_devices
+            self._setup()
 
     # ---- what hosts ask ----------------------------------------------------------------------
     def want(self, pipeline: str, step: int, stage: str) -> Ticket:
