@@ -49,7 +49,10 @@ def test_two_verl_jobs_run_every_stage_on_the_jigsaw_policys_grants(tmp_path):
     # the policy's own record: rollout replicas launched and released on the pool's devices
     launched = [e for e in r.events if e.get("hook") == "jigsaw_lease_granted" and e.get("purpose") == "rollout"]
     assert {e["pipeline"] for e in launched} == {"verl-a", "verl-b"}
-    assert r.scheduler["refusals"] == [], r.scheduler["refusals"]
+    # what the policy asked beyond verl's capabilities (e.g. a tail widened onto the other
+    # job's idle device: a migration) was refused with the capability named, and no run failed
+    for refused in r.scheduler["refusals"]:
+        assert "=false" in refused["reason"] and refused["decision"], refused
     assert r.scheduler["decisions"] > 0
     # no device was granted to both jobs at once (the policy's device trace)
     spans = [s for s in r.scheduler["trace"] if s[2]]
