@@ -36,6 +36,7 @@ Faults (docs/runtime.md, "What happens when..."):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +82,8 @@ class SpillingEventLog(EventRecorder):
         self.max_in_memory = max_in_memory
         self.spill_path = Path(spill_path) if spill_path else None
         self.spilled = 0  # events written to spill_path
+        self.spill_errors = 0  # failed spills (disk full): their events stayed in memory
+        self._hold = 0  # after a failed spill, the next try waits for this many events
         if self.spill_path is not None:
             self.spill_path.parent.mkdir(parents=True, exist_ok=True)
             self.spill_path.write_text("")  # a log of this coordinator only
@@ -95,16 +98,45 @@ class SpillingEventLog(EventRecorder):
         self._bound()
 
     def _bound(self) -> None:
-        if len(self.events) <= self.max_in_memory:
+        if len(self.events) <= max(self.max_in_memory, self._hold):
             return
         # Spill the older half at once: one file append per max_in_memory / 2 events.
         cut = len(self.events) - self.max_in_memory // 2
-        old, self.events[:] = self.events[:cut], self.events[cut:]
         if self.spill_path is None:
             self.spill_path = Path(tempfile.mkstemp(prefix="jigsaw-coordinator-", suffix=".jsonl")[1])
-        with open(self.spill_path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(e, default=repr) + "\n" for e in old)
-        self.spilled += len(old)
+        if self._spill(self.events[:cut]):
+            del self.events[:cut]
+            self.spilled += cut
+            self._hold = 0
+        else:  # a full disk must not fail the drivers' emits: keep them, try again later
+            self._hold = len(self.events) + self.max_in_memory // 2
+
+    def _spill(self, old: list) -> bool:
+        """Append ``old`` whole or not at all (a partial chunk is cut off again)."""
+        data = memoryview("".join(json.dumps(e, default=repr) + "\n" for e in old).encode())
+        try:
+            fd = os.open(self.spill_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            return self._spill_failed(e, len(old))
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            while data:
+                data = data[os.write(fd, data):]
+            return True
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            return self._spill_failed(e, len(old))
+        finally:
+            os.close(fd)
+
+    def _spill_failed(self, error: OSError, n: int) -> bool:
+        self.spill_errors += 1
+        if self.spill_errors == 1:
+            print(f"jigsaw-plugin: WARNING: cannot append to the event log's spill file {self.spill_path}: {error}; "
+                  f"keeping {n} older events in memory (memory grows) and trying again every "
+                  f"{self.max_in_memory // 2} events", file=sys.stderr, flush=True)
+        return False
 
     def __len__(self) -> int:
         return self.spilled + len(self.events)
@@ -144,6 +176,7 @@ class _CoordinatorImpl:
                 "holder": self.scheduler.holder(), "waiting": self.scheduler.waiting(),
                 "events": len(self.recorder), "events_in_memory": len(self.recorder.events),
                 "events_spilled": self.recorder.spilled,
+                "spill_errors": self.recorder.spill_errors,
                 "spill_path": str(self.recorder.spill_path) if self.recorder.spill_path else None,
                 "watched": list(self.heartbeats.watched()), "reaped": list(self.reaped), "pid": os.getpid()}
 
