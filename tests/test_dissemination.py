@@ -110,11 +110,12 @@ def test_closed_forms_have_the_papers_shapes():
     assert fast.seconds < 1.0
 
 
-def test_fit_hop_recovers_a_line():
-    hop = fit_hop([(b, 0.01 + b / 2e9) for b in (1e6, 1e7, 1e8, 1e9)], parallel_hops=2, source="t")
+def test_fit_hop_recovers_overhead_and_bandwidth():
+    points = [(m, b, m * 0.01 + b / 2e9) for m, b in [(1, 1e6), (1, 1e8), (16, 1e8), (1, 1e9), (16, 1e9)]]
+    hop = fit_hop(points, parallel_hops=2, source="t")
     assert hop.overhead_s == pytest.approx(0.01) and hop.bytes_per_s == pytest.approx(2e9)
-    with pytest.raises(SpecError):
-        fit_hop([(1e6, 0.1), (1e6, 0.2)], parallel_hops=2, source="t")
+    with pytest.raises(SpecError, match="points"):  # one size, one message count: ambiguous
+        fit_hop([(1, 1e6, 0.1), (2, 2e6, 0.2)], parallel_hops=2, source="t")
 
 
 # --- on Ray ---------------------------------------------------------------------------

@@ -1,25 +1,27 @@
 """The simulator's price of weight dissemination: closed forms for naive, chain and pull.
 
 Symbols: S bytes of weights, N replicas, c chunk bytes (C = ceil(S / c) chunks), a modelled
-wide-area link of bandwidth B and latency L (``link(x) = L + x / B``, 0 without a link),
-and the machine's own per-hop transfer ``hop(x) = o + x / beta`` (an object-store put and
-the receiver's copy on CPU; an NCCL send on GPUs). ``P`` is how many hops can run at once
-(cores on the CPU machine; unbounded on GPUs, where every node has its own link).
+wide-area link of bandwidth B and latency L (a transfer of x bytes holds the sender's
+uplink for x / B and arrives L later; both 0 without a link), and the machine's own
+per-message transfer ``hop(x) = o + x / beta`` (an object-store put and the receiver's copy
+on CPU; an NCCL send on GPUs). ``P`` is how many hops can run at once (cores on the CPU
+machine; unbounded on GPUs, where every node has its own link).
 
-- naive: the trainer sends S to each replica in turn:   N * (link(S) + hop(S))
+- naive: the trainer sends S to each replica in turn:   N * (S / B + hop(S)) + L
 - chain: chunks relayed trainer -> r1 -> ... -> rN, every node sending over its own uplink;
-  C + N - 1 pipeline stages of one chunk:                (C + N - 1) * (link(c) + hop(c)),
-  but never less than the work N * C * hop(c) spread over P
+  C + N - 1 pipeline stages of one chunk, and the latency once per hop:
+  (C + N - 1) * (c / B + hop(c)) + N * L, but never less than the work N * C * hop(c) / P
 - pull: the trainer puts S into the store once (hop(S)); N replicas pull it through the
   store's one egress link (serialised) and copy it in parallel (up to P):
-  hop(S) + max(N * link(S) + hop(S), link(S) + N * hop(S) / P)
+  hop(S) + max(N * S / B + hop(S), S / B + N * hop(S) / P) + L
 
-``trainer_seconds`` is how long the trainer itself is held: N * (link(S) + hop(S)) for
-naive, C * (link(c) + hop(c)) for chain, hop(S) for pull.
+``trainer_seconds`` is how long the trainer itself is held: N * (S / B + hop(S)) for
+naive, C * (c / B + hop(c)) for chain, hop(S) for pull.
 
-``CPU_HOP`` is fitted to this machine's measurements (benchmarks/dissemination.py, naive
-with one replica across sizes, no link: least squares of seconds on bytes); the GPU hops
-come from published bandwidths (``gpu_hop``), not from measurements here.
+``CPU_HOP`` is fitted to this machine's measurements (benchmarks/dissemination.py fits o
+and beta to the one-replica runs without a link: naive sends one message of S, chain C
+messages of c); the GPU hops come from published bandwidths (``gpu_hop``), not from
+measurements here.
 """
 
 from __future__ import annotations
@@ -77,19 +79,24 @@ def gpu_hop(hardware: str = "h100", scope: str = "internode", overhead_s: float 
                    source=f"published: {hw.name} {scope} {gbps:g} GB/s per direction")
 
 
-def fit_hop(points: list[tuple[float, float]], parallel_hops: int | None, source: str) -> HopCost:
-    """Least squares of ``seconds = overhead + bytes / bandwidth`` over (bytes, seconds)
-    points (at least two distinct sizes); a negative intercept is clamped to 0."""
-    if len({b for b, _ in points}) < 2:
-        raise SpecError("points", len(points), "at least two distinct sizes")
-    n = len(points)
-    mx = sum(b for b, _ in points) / n
-    my = sum(s for _, s in points) / n
-    sxx = sum((b - mx) ** 2 for b, _ in points)
-    slope = sum((b - mx) * (s - my) for b, s in points) / sxx
-    if slope <= 0:
+def fit_hop(points: list[tuple[int, float, float]], parallel_hops: int | None, source: str) -> HopCost:
+    """Least squares of ``seconds = messages * overhead + bytes / bandwidth`` over
+    (messages, bytes, seconds) points (no intercept: zero messages of zero bytes take no
+    time). Needs points that tell the two apart (different sizes, or different message
+    counts for one size); a negative overhead is clamped to 0."""
+    a11 = sum(m * m for m, _, _ in points)
+    a12 = sum(m * b for m, b, _ in points)
+    a22 = sum(b * b for _, b, _ in points)
+    det = a11 * a22 - a12 * a12
+    if len(points) < 2 or det <= 1e-12 * a11 * a22:
+        raise SpecError("points", len(points), "at least two points with different bytes per message")
+    y1 = sum(m * s for m, _, s in points)
+    y2 = sum(b * s for _, b, s in points)
+    overhead = (a22 * y1 - a12 * y2) / det
+    per_byte = (a11 * y2 - a12 * y1) / det
+    if per_byte <= 0:
         raise SpecError("points", points, "seconds that grow with bytes")
-    return HopCost(overhead_s=max(0.0, my - slope * mx), bytes_per_s=1.0 / slope, parallel_hops=parallel_hops,
+    return HopCost(overhead_s=max(0.0, overhead), bytes_per_s=1.0 / per_byte, parallel_hops=parallel_hops,
                    source=source)
 
 
@@ -102,8 +109,8 @@ class DisseminationPrice:
     trainer_seconds: float
 
 
-def _link(link: LinkSpec | None, nbytes: float) -> float:
-    return 0.0 if link is None else link.seconds(nbytes)
+def _busy(link: LinkSpec | None, nbytes: float) -> float:
+    return 0.0 if link is None else link.busy_seconds(nbytes)
 
 
 def dissemination_price(spec: DisseminationSpec, total_bytes: int, replicas: int,
@@ -115,17 +122,18 @@ def dissemination_price(spec: DisseminationSpec, total_bytes: int, replicas: int
         raise SpecError("total_bytes", total_bytes, "an integer >= 1 (bytes)")
     n = check_replicas(replicas)
     s, link = total_bytes, spec.link
+    latency = 0.0 if link is None else link.latency_s
     p = math.inf if hop.parallel_hops is None else hop.parallel_hops
     if spec.strategy == "naive":
-        per = _link(link, s) + hop.seconds(s)
-        return DisseminationPrice("naive", n * per, n * per)
+        held = n * (_busy(link, s) + hop.seconds(s))
+        return DisseminationPrice("naive", held + latency, held)
     if spec.strategy == "chain":
         chunks = spec.chunks(s)
         c = s / chunks  # equal chunks: the last, shorter one is spread over all
-        stage = _link(link, c) + hop.seconds(c)
-        pipeline = (chunks + n - 1) * stage
+        stage = _busy(link, c) + hop.seconds(c)
+        pipeline = (chunks + n - 1) * stage + n * latency
         work = n * chunks * hop.seconds(c) / p
         return DisseminationPrice("chain", max(pipeline, work), chunks * stage)
     push = hop.seconds(s)
-    pulls = max(n * _link(link, s) + hop.seconds(s), _link(link, s) + n * hop.seconds(s) / p)
+    pulls = max(n * _busy(link, s) + hop.seconds(s), _busy(link, s) + n * hop.seconds(s) / p) + latency
     return DisseminationPrice("pull", push + pulls, push)

@@ -2,8 +2,9 @@
 
 Imported only by ``group.py`` when a run starts (this module imports ray at the top; the
 package's ``__init__`` does not import it). All three are async actors: a modelled link is
-an ``asyncio.sleep`` under the sender's uplink lock, so a node keeps receiving (and copying
-for real) while its uplink is busy, which is what makes the chain a pipeline.
+an ``asyncio.sleep`` under the sender's uplink lock (``_Uplink``), so a node keeps
+receiving (and copying for real) while its uplink is busy, which is what makes the chain
+a pipeline.
 
 Every byte still moves for real through Ray's object store (a put by the sender, a read
 and a copy into the replica's own buffer); the link only adds the wide-area time.
@@ -55,11 +56,33 @@ class ChunkArrival:
     at_s: float  # time.time() on this machine; every actor shares its clock
 
 
-async def _hold(link: LinkSpec | None, lock: asyncio.Lock, nbytes: int) -> None:
-    """The modelled link: the sender's uplink is busy for latency + bytes / bandwidth."""
-    if link is not None:
-        async with lock:
-            await asyncio.sleep(link.seconds(nbytes))
+class _Uplink:
+    """A sender's modelled uplink. A transfer holds it for bytes / bandwidth (transfers
+    leaving one sender serialise); it arrives ``latency_s`` later (propagation, which does
+    not hold the uplink, so a stream of chunks pays the latency once). Deliveries keep
+    their order. Without a link, ``send`` submits at once."""
+
+    def __init__(self, link: LinkSpec | None) -> None:
+        self.link = link
+        self._lock = asyncio.Lock()
+        self._last_arrival = 0.0
+
+    async def send(self, nbytes: int, submit):
+        """Hold the uplink, then submit at arrival; returns an awaitable of the call."""
+        if self.link is None:
+            return submit()
+        async with self._lock:
+            await asyncio.sleep(nbytes / self.link.bandwidth_bytes_s)
+        loop = asyncio.get_running_loop()
+        # strictly increasing arrivals: the timers fire, and the calls go out, in order
+        arrival = max(loop.time() + self.link.latency_s, self._last_arrival + 1e-6)
+        self._last_arrival = arrival
+        return loop.create_task(self._deliver(arrival, submit))
+
+    @staticmethod
+    async def _deliver(arrival: float, submit):
+        await asyncio.sleep(max(0.0, arrival - asyncio.get_running_loop().time()))
+        return await submit()
 
 
 @ray.remote(num_cpus=0)
@@ -70,7 +93,6 @@ class TrainerActor:
         self._layout: StateLayout | None = None
         self._buffer: np.ndarray | None = None
         self._checksum = ""
-        self._uplink = asyncio.Lock()
 
     def set_state(self, source) -> tuple[int, str]:
         """Load a new version: a ``SyntheticSource`` or a name -> tensor dict. Returns
@@ -89,22 +111,27 @@ class TrainerActor:
     async def naive(self, replicas: list, link: LinkSpec | None) -> float:
         """The whole state to each replica in turn; returns the seconds the trainer was busy."""
         t0 = time.perf_counter()
+        uplink, sent = _Uplink(link), []
         for r in replicas:
-            await _hold(link, self._uplink, self._layout.total_bytes)
-            await r.receive_full.remote(self._layout, self._buffer)
+            call = await uplink.send(self._layout.total_bytes,
+                                     lambda r=r: r.receive_full.remote(self._layout, self._buffer))
+            if link is None:
+                await call  # one whole copy in the object store at a time
+            sent.append(call)
+        await asyncio.gather(*sent)
         return time.perf_counter() - t0
 
     async def chain(self, first, chunk_bytes: int, link: LinkSpec | None) -> float:
         """Chunk k to the first replica of the chain while it relays chunk k-1; returns
         the seconds until the first replica holds the trainer's last chunk."""
         t0 = time.perf_counter()
-        inflight: list = []
+        uplink, inflight = _Uplink(link), deque()
         for k, off in enumerate(range(0, self._layout.total_bytes, chunk_bytes)):
             piece = self._buffer[off : off + chunk_bytes]
-            await _hold(link, self._uplink, piece.nbytes)
             if len(inflight) >= _WINDOW:
-                await inflight.pop(0)
-            inflight.append(first.receive_chunk.remote(k, off, piece, -1))
+                await inflight.popleft()
+            inflight.append(await uplink.send(piece.nbytes,
+                                              lambda k=k, off=off, piece=piece: first.receive_chunk.remote(k, off, piece, -1)))
         await asyncio.gather(*inflight)
         return time.perf_counter() - t0
 
@@ -123,7 +150,6 @@ class ReplicaActor:
 
     def __init__(self, index: int) -> None:
         self._index = index
-        self._uplink = asyncio.Lock()
         self._reset(None)
 
     def _reset(self, layout: StateLayout | None) -> None:
@@ -134,7 +160,7 @@ class ReplicaActor:
         self._arrivals: list[ChunkArrival] = []
         self._expected = 0
         self._next = None
-        self._link: LinkSpec | None = None
+        self._uplink = _Uplink(None)
         self._relay: asyncio.Queue | None = None
         self._relay_task: asyncio.Task | None = None
         self._complete = asyncio.Event()
@@ -152,7 +178,7 @@ class ReplicaActor:
     # --- chain ---
     async def begin_chain(self, layout: StateLayout, chunks: int, next_replica, link: LinkSpec | None) -> None:
         self._reset(layout)
-        self._expected, self._next, self._link = chunks, next_replica, link
+        self._expected, self._next, self._uplink = chunks, next_replica, _Uplink(link)
         if next_replica is not None:
             self._relay = asyncio.Queue()
             self._relay_task = asyncio.get_running_loop().create_task(self._relay_chunks())
@@ -173,10 +199,12 @@ class ReplicaActor:
         inflight: deque = deque()
         for _ in range(self._expected):
             k, offset, end = await self._relay.get()
-            await _hold(self._link, self._uplink, end - offset)
             if len(inflight) >= _WINDOW:
                 await inflight.popleft()
-            inflight.append(self._next.receive_chunk.remote(k, offset, self._buffer[offset:end], self._index))
+            inflight.append(await self._uplink.send(
+                end - offset,
+                lambda k=k, offset=offset, end=end: self._next.receive_chunk.remote(
+                    k, offset, self._buffer[offset:end], self._index)))
         await asyncio.gather(*inflight)
         self._finish()
 
@@ -249,4 +277,9 @@ class VersionRegistryActor:
         return [] if self._latest is None else [self._latest[0]]
 
     async def serve(self, nbytes: int) -> None:
-        await _hold(self._link, self._egress, nbytes)
+        """The store's one egress uplink: pulls serialise for bytes / bandwidth, then the
+        latency (which does not hold the uplink)."""
+        if self._link is not None:
+            async with self._egress:
+                await asyncio.sleep(nbytes / self._link.bandwidth_bytes_s)
+            await asyncio.sleep(self._link.latency_s)

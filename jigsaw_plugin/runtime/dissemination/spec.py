@@ -28,9 +28,10 @@ def _positive_finite(field: str, value: object, allowed: str) -> float:
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A modelled wide-area link between the trainer site and remote workers (ECHO-2's
-    configurable link). Every transfer over it is held for ``latency_s + bytes /
-    bandwidth_bytes_s`` on top of the real local transfer; each sender has its own
-    uplink of this spec, so transfers leaving one sender are serialised."""
+    configurable link), applied on top of the real local transfer. Each sender has its
+    own uplink of this spec: a transfer holds it for ``bytes / bandwidth_bytes_s``
+    (transfers leaving one sender serialise) and arrives ``latency_s`` later (propagation
+    does not hold the uplink, so a stream of chunks pays the latency once)."""
 
     bandwidth_bytes_s: float
     latency_s: float = 0.0
@@ -47,8 +48,12 @@ class LinkSpec:
         _positive_finite("link.gbit_s", gbit_s, "a finite number > 0 (Gbit/s)")
         return cls(bandwidth_bytes_s=gbit_s * 1e9 / 8, latency_s=latency_ms / 1e3)
 
-    def seconds(self, nbytes: int) -> float:
-        """How long one transfer of ``nbytes`` holds this link."""
+    def busy_seconds(self, nbytes: float) -> float:
+        """How long one transfer of ``nbytes`` holds the sender's uplink."""
+        return nbytes / self.bandwidth_bytes_s
+
+    def seconds(self, nbytes: float) -> float:
+        """How long one transfer of ``nbytes`` alone takes to arrive."""
         return self.latency_s + nbytes / self.bandwidth_bytes_s
 
 

@@ -1,0 +1,192 @@
+"""Weight dissemination on this machine: naive, chain (ECHO-2) and pull (RLAX), measured on
+Ray with real buffers, beside the cost model's closed forms.
+
+    .venv-cpu/bin/python benchmarks/dissemination.py            # measure (about 10 min), fit, write
+    .venv-cpu/bin/python benchmarks/dissemination.py --quick    # a small grid (about 1 min)
+    .venv-cpu/bin/python benchmarks/dissemination.py --render   # re-render the saved JSON
+
+Every cell is the median of 3 runs, the strategies interleaved run by run so they share
+the machine's load. The per-message constants of the prediction are fitted in the same
+run to naive and chain with one replica and no link (the only cells that are not
+predictions); every other cell is predicted. A modelled WAN link holds each sender's
+uplink for bytes / bandwidth and delivers latency later, on top of the real transfer
+(docs/dissemination.md). Writes
+benchmarks/results/dissemination.json and the ``dissemination`` block of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jigsaw_plugin.costmodel.dissemination import dissemination_price, fit_hop  # noqa: E402
+from jigsaw_plugin.runtime.dissemination import STRATEGIES, DisseminationSpec, LinkSpec  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "dissemination.json"
+DOC = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- dissemination:start -->", "<!-- dissemination:end -->"
+BEFORE = "## Figures of the bundled workloads"
+MB = 1024 * 1024
+REPEATS = 3
+WAN = LinkSpec.from_gbit_s(5.0, latency_ms=10.0)  # a 5 Gbit/s, 10 ms inter-site link
+
+# (size MB, replica counts, with the WAN link?) -- 1 GB stops at 4 replicas (24 GiB shared)
+FULL = [(8, (1, 2, 4, 8), False), (64, (1, 2, 4, 8), False), (256, (1, 2, 4, 8), False), (1024, (1, 2, 4), False),
+        (64, (1, 2, 4, 8), True), (256, (1, 2, 4, 8), True), (1024, (1, 4), True)]
+QUICK = [(8, (1, 2, 4), False), (32, (1, 2, 4), False), (32, (1, 4), True)]
+
+
+def chunk_for(size_bytes: int) -> int:
+    """A sixteenth of the state, between 1 MB and 16 MB."""
+    return int(min(16 * MB, max(MB, size_bytes // 16)))
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def measure(grid: list) -> dict:
+    import ray
+
+    from jigsaw_plugin.runtime.dissemination import DisseminationGroup, SyntheticSource
+
+    try:
+        import torch  # noqa: F401  # real torch tensors where the environment has torch
+
+        backend = "torch"
+    except ImportError:
+        backend = "numpy"
+    ray.init(num_cpus=2, object_store_memory=3 * 1024**3, include_dashboard=False, log_to_driver=False,
+             namespace="bench-dissemination")
+    rows, load_start = [], load_avg()
+    t_start = time.perf_counter()
+    with DisseminationGroup(max(max(counts) for _, counts, _ in grid)) as group:
+        if backend == "torch":
+            from jigsaw_plugin.runtime.tiny_model import tiny_qwen2_state_dict
+
+            group.set_state(tiny_qwen2_state_dict(seed=0))  # the real tiny Qwen2, every strategy
+            qwen = [group.run(DisseminationSpec(s, chunk_bytes=256 * 1024)) for s in STRATEGIES]
+            tiny = {"bytes": qwen[0].total_bytes, "replicas": qwen[0].replicas,
+                    "bit_identical": all(r.bit_identical for r in qwen)}
+        else:
+            tiny = None
+        for size_mb, counts, wan in grid:
+            size = size_mb * MB
+            group.set_state(SyntheticSource(size, seed=size_mb, backend=backend))
+            link = WAN if wan else None
+            for n in counts:
+                runs = {s: [] for s in STRATEGIES}
+                for _ in range(REPEATS):
+                    for s in STRATEGIES:
+                        r = group.run(DisseminationSpec(s, chunk_bytes=chunk_for(size), link=link), replicas=n)
+                        if not r.bit_identical:
+                            raise SystemExit(f"{s} x{n} {size_mb} MB: a replica's checksum differs")
+                        runs[s].append((r.seconds, r.trainer_seconds))
+                rows.append({"size_bytes": size, "replicas": n, "wan": wan, "chunk_bytes": chunk_for(size),
+                             "runs": runs, "load": load_avg()})
+                print(f"{size_mb:5d} MB x{n} wan={wan}: " + "  ".join(
+                    f"{s} {statistics.median(x for x, _ in runs[s]):.3f}s" for s in STRATEGIES), flush=True)
+    ray.shutdown()
+    return {"backend": backend, "tiny_qwen2": tiny, "load_start": load_start, "load_end": load_avg(),
+            "wall_s": time.perf_counter() - t_start, "link": {"gbit_s": WAN.bandwidth_bytes_s * 8 / 1e9,
+                                                              "latency_ms": WAN.latency_s * 1e3},
+            "cpu": os.cpu_count(), "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+            "rows": rows}
+
+
+def fit(data: dict):
+    """o and beta of ``hop`` from the one-replica rows without a link: naive sends one
+    message of S bytes, chain S / c messages of c bytes (the only rows not predicted)."""
+    points = []
+    for row in data["rows"]:
+        if row["replicas"] == 1 and not row["wan"]:
+            chunks = DisseminationSpec("chain", chunk_bytes=row["chunk_bytes"]).chunks(row["size_bytes"])
+            for strategy, messages in (("naive", 1), ("chain", chunks)):
+                points.append((messages, row["size_bytes"], statistics.median(x for x, _ in row["runs"][strategy])))
+    return fit_hop(points, parallel_hops=2, source="fitted in this run: naive x1 and chain x1, no link")
+
+
+def render(data: dict) -> str:
+    hop = fit(data)
+    link = LinkSpec.from_gbit_s(data["link"]["gbit_s"], data["link"]["latency_ms"])
+    out = [START, "## Weight dissemination on Ray (real transfers on CPU; docs/dissemination.md)", "",
+           f"`{'.venv-cpu/bin/python' if data['backend'] == 'torch' else '.venv/bin/python'} benchmarks/dissemination.py`: "
+           f"a trainer actor sends {data['backend']} float32 weights to N replica actors on this "
+           f"{data['cpu']}-core machine; every cell is the median of {REPEATS} runs (strategies interleaved), "
+           f"seconds until every replica holds the weights, with the cost model's prediction in brackets. "
+           f"Every run checked every replica's sha256 against the trainer's (all identical). Per-hop "
+           f"constants fitted in this run to naive x1 and chain x1 without link: overhead {hop.overhead_s * 1e3:.1f} ms, "
+           f"{hop.bytes_per_s / 1e9:.2f} GB/s, 2 hops at once (2 cores); the x1 naive and chain cells without a link are the fit, every other cell is a prediction. "
+           f"Load average {data['load_start']} at the start, {data['load_end']} at the end "
+           f"(other engineers share the machine); {data['wall_s']:.0f} s in all.", ""]
+    if data.get("tiny_qwen2"):
+        t = data["tiny_qwen2"]
+        out += [f"The real tiny Qwen2 state dict ({t['bytes'] / MB:.1f} MB, torch tensors) to {t['replicas']} "
+                f"replicas by each strategy: bit-identical on every replica: {t['bit_identical']}.", ""]
+    for wan in (False, True):
+        rows = [r for r in data["rows"] if r["wan"] == wan]
+        if not rows:
+            continue
+        title = (f"With a modelled WAN link ({data['link']['gbit_s']:g} Gbit/s, {data['link']['latency_ms']:g} ms "
+                 "per transfer, each sender its own uplink)" if wan else "Machine only (no modelled link)")
+        out += [f"**{title}**", "",
+                "| size | replicas | chunk | naive s | chain s | pull s | trainer held s (naive / chain / pull) | load |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            cells, held = [], []
+            for s in STRATEGIES:
+                spec = DisseminationSpec(s, chunk_bytes=r["chunk_bytes"], link=link if wan else None)
+                p = dissemination_price(spec, r["size_bytes"], r["replicas"], hop=hop)
+                m = statistics.median(x for x, _ in r["runs"][s])
+                cells.append(f"{m:.3f} ({p.seconds:.3f})")
+                held.append(f"{statistics.median(t for _, t in r['runs'][s]):.3f}")
+            size = f"{r['size_bytes'] / MB:.0f} MB"
+            out.append(f"| {size} | {r['replicas']} | {r['chunk_bytes'] / MB:.0f} MB | " + " | ".join(cells)
+                       + f" | {' / '.join(held)} | {r['load'].split()[0]} |")
+        out.append("")
+    out.append(END)
+    return "\n".join(out)
+
+
+def write_block(block: str) -> None:
+    body = DOC.read_text()
+    if START in body:
+        body = body[: body.index(START)] + block + body[body.index(END) + len(END):]
+    elif BEFORE in body:
+        # before the figures' own marker if it opens that section, else before the heading
+        at = body.index(BEFORE)
+        marker = body.rfind("<!--", 0, at)
+        if marker != -1 and body[marker:at].strip().endswith("-->") and "\n" not in body[marker:at].strip():
+            at = marker
+        body = body[:at] + block + "\n\n" + body[at:]
+    else:
+        body = body.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(body)
+
+
+def main() -> None:
+    if "--render" in sys.argv:
+        data = json.loads(RESULTS.read_text())
+    else:
+        data = measure(QUICK if "--quick" in sys.argv else FULL)
+        if "--quick" not in sys.argv:
+            RESULTS.parent.mkdir(parents=True, exist_ok=True)
+            RESULTS.write_text(json.dumps(data, indent=1))
+    hop = fit(data)
+    print(f"fitted hop: overhead {hop.overhead_s:.4f} s, {hop.bytes_per_s:.3e} B/s")
+    block = render(data)
+    if "--quick" not in sys.argv:
+        write_block(block)
+    print(block)
+
+
+if __name__ == "__main__":
+    main()
