@@ -1,0 +1,81 @@
+"""The verl session asks the coordinator a grant per stage (no verl, no Ray: the client is a
+recording stand-in for the coordinator's Ray handle)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jigsaw_plugin.adapters.verl.options import parse_options
+from jigsaw_plugin.adapters.verl.session import JigsawSession, model_profile_of
+from jigsaw_plugin.errors import SpecError
+
+
+class RecordingClient:
+    """Stand-in for ``CoordinatorClient`` (a Ray actor handle cannot exist here)."""
+
+    def __init__(self, policy: str = "jigsaw"):
+        self.calls: list = []
+        self.policy = policy
+
+    def info(self):
+        return {"policy": self.policy}
+
+    def register_pipeline(self, pipeline, spec, host=None):
+        self.calls.append(("register", pipeline, host))
+
+    def acquire(self, pipeline, purpose, n, default=None, step=None, stage=None):
+        self.calls.append(("acquire", step, stage, default))
+        return (1,)
+
+    def release(self, pipeline, devices, step=None, stage=None, tokens=None):
+        self.calls.append(("release", step, stage, tokens))
+
+    def flush(self):
+        pass
+
+    def unregister_pipeline(self, pipeline):
+        pass
+
+
+SPEC = {"algorithm": "dapo", "prompts_per_step": 2, "samples_per_prompt": 2, "max_response_len": 16,
+        "max_prompt_len": 64, "steps": 1, "model": "/m/tiny-qwen2-chat"}
+
+
+def test_one_grant_per_stage_with_its_step_and_the_hosts_own_devices_as_fallback():
+    s = JigsawSession(parse_options({"pipeline": "a"}), n_devices=1)
+    s.client = RecordingClient()
+    s.start(SPEC)
+    host = s.client.calls[0][2]
+    assert host.model_profile == "tiny-qwen2" and not host.capabilities.training_resizable
+    s.reporter.step_start()
+    assert s.devices_for("gen", (0,)) == (1,)
+    assert s.devices_for("reward", (0,)) == (1,)  # rides on the rollout's grant
+    s.rollout_tokens = 40
+    for stage in ("old_log_prob", "update_actor", "weight_sync"):
+        s.devices_for(stage, (0,))
+        s.stage_done(stage)
+    s.finish()
+    assert s.client.calls[1:] == [
+        ("acquire", 0, "gen", (0,)),
+        ("release", 0, "gen", 40),  # the rollout ends when training starts
+        ("acquire", 0, "old_log_prob", (0,)), ("release", 0, "old_log_prob", None),
+        ("acquire", 0, "update_actor", (0,)), ("release", 0, "update_actor", None),
+        ("acquire", 0, "weight_sync", (0,)), ("release", 0, "weight_sync", None),
+    ]
+
+
+def test_a_fifo_lease_coordinator_gets_no_declaration():
+    s = JigsawSession(parse_options({"pipeline": "a"}), n_devices=1)
+    s.client = RecordingClient("fifo-lease")
+    s.start({"algorithm": "dapo"})  # v0's spec: not enough for a policy, fine for leases
+    assert s.client.calls == [("register", "a", None)]
+
+
+def test_unknown_model_and_bad_scheduler_are_spec_errors():
+    with pytest.raises(SpecError, match="model_profile"):
+        model_profile_of(parse_options({}), "/models/my-own-llm")
+    assert model_profile_of(parse_options({}), "/x/Qwen2.5-0.5B-Instruct") == "qwen2.5-0.5b"
+    with pytest.raises(SpecError, match="scheduler"):
+        parse_options({"scheduler": "round-robin"})
+    with pytest.raises(SpecError, match="pool_devices"):
+        parse_options({"pool_devices": 0})
