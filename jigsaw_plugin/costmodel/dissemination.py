@@ -7,16 +7,22 @@ per-message transfer ``hop(x) = o + x / beta`` (an object-store put and the rece
 on CPU; an NCCL send on GPUs). ``P`` is how many hops can run at once (cores on the CPU
 machine; unbounded on GPUs, where every node has its own link).
 
-- naive: the trainer sends S to each replica in turn:   N * (S / B + hop(S)) + L
+A sender's real put of one message overlaps its uplink's time for the next, so a stream of
+messages of x bytes costs max(x / B, hop(x)) each, plus min(x / B, hop(x)) once.
+
+- naive: the trainer sends S to each replica in turn:
+  N * max(S / B, hop(S)) + min(S / B, hop(S)) + L
 - chain: chunks relayed trainer -> r1 -> ... -> rN, every node sending over its own uplink;
-  C + N - 1 pipeline stages of one chunk, and the latency once per hop:
-  (C + N - 1) * (c / B + hop(c)) + N * L, but never less than the work N * C * hop(c) / P
+  C + N - 1 pipeline stages of one chunk, the latency and the fill once per hop:
+  (C + N - 1) * max(c / B, hop(c)) + N * (L + min(c / B, hop(c))),
+  but never less than the work N * C * hop(c) / P
 - pull: the trainer puts S into the store once (hop(S)); N replicas pull it through the
   store's one egress link (serialised) and copy it in parallel (up to P):
   hop(S) + max(N * S / B + hop(S), S / B + N * hop(S) / P) + L
 
-``trainer_seconds`` is how long the trainer itself is held: N * (S / B + hop(S)) for
-naive, C * (c / B + hop(c)) for chain, hop(S) for pull.
+``trainer_seconds`` is how long the trainer itself is held: all of it for naive (it
+waits for every replica), C * max(c / B, hop(c)) + min(c / B, hop(c)) + L for chain (until
+the first replica holds its last chunk), hop(S) for pull.
 
 ``CPU_HOP`` is fitted to this machine's measurements (benchmarks/dissemination.py fits o
 and beta to the one-replica runs without a link: naive sends one message of S, chain C
@@ -125,15 +131,17 @@ def dissemination_price(spec: DisseminationSpec, total_bytes: int, replicas: int
     latency = 0.0 if link is None else link.latency_s
     p = math.inf if hop.parallel_hops is None else hop.parallel_hops
     if spec.strategy == "naive":
-        held = n * (_busy(link, s) + hop.seconds(s))
-        return DisseminationPrice("naive", held + latency, held)
+        # the sender's put of one copy overlaps its uplink's time for the next
+        b, h = _busy(link, s), hop.seconds(s)
+        t = n * max(b, h) + min(b, h) + latency
+        return DisseminationPrice("naive", t, t)
     if spec.strategy == "chain":
         chunks = spec.chunks(s)
         c = s / chunks  # equal chunks: the last, shorter one is spread over all
-        stage = _busy(link, c) + hop.seconds(c)
-        pipeline = (chunks + n - 1) * stage + n * latency
-        work = n * chunks * hop.seconds(c) / p
-        return DisseminationPrice("chain", max(pipeline, work), chunks * stage)
+        b, h = _busy(link, c), hop.seconds(c)
+        pipeline = (chunks + n - 1) * max(b, h) + n * (latency + min(b, h))
+        work = n * chunks * h / p
+        return DisseminationPrice("chain", max(pipeline, work), chunks * max(b, h) + min(b, h) + latency)
     push = hop.seconds(s)
     pulls = max(n * _busy(link, s) + hop.seconds(s), _busy(link, s) + n * hop.seconds(s) / p) + latency
     return DisseminationPrice("pull", push + pulls, push)
