@@ -1,16 +1,20 @@
 """The jigsaw coordinator: one Ray actor per shared device pool.
 
 Host trainers (verl, OpenRLHF: separate driver processes, possibly on other nodes) and the
-reference runtime talk to it through :class:`CoordinatorClient`:
+reference runtime talk to it through :class:`CoordinatorClient` (``coordinator_client.py``):
 
 - ``register_pipeline`` / ``unregister_pipeline``: who shares the pool;
 - ``emit``: hook events (fire-and-forget), recorded in one ``EventRecorder`` so the
   sub-stage graph of every pipeline in the pool is built from one event log
   (``client.events()`` -> ``graph.build_from_events``);
-- ``acquire`` / ``release``: device leases. A lease is granted when enough devices are
-  free; waiters are served in order of arrival (a big request is not starved by later
-  small ones), with rollout (``purpose="gen"``/``"rollout"``) first among the waiting,
-  since generation is what a synchronous step waits on longest;
+- ``acquire`` / ``release``: device grants, decided by the coordinator's scheduler
+  (``runtime.lease_schedulers``, fixed by ``CoordinatorConfig`` when it is created):
+  ``fifo-lease`` grants a lease when enough devices are free, waiters in order of arrival
+  (a big request is not starved by later small ones), rollout first among them; a
+  registered policy (``jigsaw``, ``verl-sync``, ...) grants each host stage by its
+  ``jigsaw_schedule`` decisions (``runtime.host_executor``), within the capabilities the
+  host declared at registration (``runtime.capabilities``; outside them: a refusal);
+- ``scheduler_report``: the policy's refusals, adapted decisions and device trace;
 - ``run_workload``: the reference runtime's path, where the coordinator itself runs a
   scheduling policy from the registry on live engines (``runtime.live.LiveExecutor``). The
   engines it starts are its child actors, so they die with it (no orphans).
