@@ -3,6 +3,14 @@ trainers (``jigsaw bench --backend ray``), verl-sync's static partition against 
 
     .venv-cpu/bin/python benchmarks/real_ab.py     # ~10 min on the 2-core machine
     python benchmarks/real_ab.py --render          # re-render from the JSON (simulator re-run)
+    .venv-cpu/bin/python benchmarks/real_ab.py --agentic [REPEATS]   # the agentic pair (below)
+
+``--agentic``: the agentic reference pipeline (multi-turn tool calls and a sandboxed reward
+over HTTP to the tool server process, runtime/tool_server.py) beside a plain long-tail
+GRPO pipeline (examples/workloads/real_ab_agentic_2cpu.yaml). Writes
+benchmarks/results/real_ab_agentic.json and the ``real-ab-agentic`` block of
+docs/benchmarks.md, with each pipeline's rollout devices held and idle (no turn in flight:
+every trajectory waits on a tool or the sandbox) from the run's event log.
 
 Needs ``.venv-cpu`` (``make venv-cpu``). Writes benchmarks/results/real_ab.json and the
 "Real engines" section of docs/benchmarks.md (report.py renders the same section from
@@ -148,7 +156,175 @@ def write_section(text: str) -> None:
     doc.write_text(body)
 
 
+# ---- the agentic pair --------------------------------------------------------------------------
+AGENTIC = "examples/workloads/real_ab_agentic_2cpu.yaml"
+AGENTIC_RESULTS = ROOT / "benchmarks" / "results" / "real_ab_agentic.json"
+AGENTIC_START, AGENTIC_END = "<!-- real-ab-agentic:start -->", "<!-- real-ab-agentic:end -->"
+
+
+def rollout_idle(events: list) -> dict:
+    """Per pipeline, from a run's event log: device-seconds its rollout replicas were held
+    (lease granted for rollout .. released) and, of those, seconds with no turn in flight
+    on the pipeline (its trajectories all waiting on tools or the sandbox), plus the tool
+    calls seen. One replica per device here, so held x devices is exact; idle counts the
+    seconds a held replica had nothing to decode, times its devices."""
+    held: dict = {}
+    open_lease: dict = {}
+    inflight: dict = {}
+    busy_edges: dict = {}
+    tools: dict = {}
+    turn_s: dict = {}  # turn-seconds in flight (time-weighted decode concurrency, summed)
+    last_t: dict = {}
+    for e in events:
+        h, p, t = e["hook"], e.get("pipeline"), e.get("t")
+        if h in ("jigsaw_request_submitted", "jigsaw_request_finished") and t is not None:
+            turn_s[p] = turn_s.get(p, 0.0) + inflight.get(p, 0) * (t - last_t.get(p, t))
+            last_t[p] = t
+        if h == "jigsaw_lease_granted" and e.get("purpose") == "rollout":
+            open_lease[(p, tuple(e["devices"]))] = t
+        elif h == "jigsaw_lease_released" and (p, tuple(e["devices"])) in open_lease:
+            t0 = open_lease.pop((p, tuple(e["devices"])))
+            held.setdefault(p, []).append((t0, t, len(e["devices"])))
+        elif h == "jigsaw_request_submitted":
+            n = inflight.get(p, 0)
+            if n == 0:
+                busy_edges.setdefault(p, []).append([t, None])
+            inflight[p] = n + 1
+        elif h == "jigsaw_request_finished":
+            inflight[p] = inflight.get(p, 1) - 1
+            if inflight[p] == 0:
+                busy_edges[p][-1][1] = t
+        elif h == "jigsaw_tool_call_end":
+            tools[p] = tools.get(p, 0) + 1
+    out = {}
+    for p, leases in held.items():
+        held_s = sum((b - a) * n for a, b, n in leases)
+        busy_s = 0.0
+        for a, b, n in leases:
+            for x, y in busy_edges.get(p, []):
+                y = b if y is None else y
+                busy_s += max(0.0, min(b, y) - max(a, x)) * n
+        out[p] = {"rollout_held_s": held_s, "rollout_idle_s": held_s - busy_s, "tool_calls": tools.get(p, 0),
+                  "mean_turns_in_flight": turn_s.get(p, 0.0) / held_s if held_s else 0.0}
+    return out
+
+
+def run_agentic(repeats: int = 3) -> dict:
+    from jigsaw_plugin.runtime.ray_bench import run_ab_ray
+    from jigsaw_plugin.sim import simulate
+
+    ab = run_ab_ray(ROOT / AGENTIC, "verl-sync", "jigsaw", repeats=repeats, predict=simulate, record_events=True)
+    events = ab.pop("events", {})
+    row = {k: ab[k] for k in ("throughput_ratio", "ratios_per_repeat", "samples_per_s", "gpu_busy_fraction",
+                              "peak_memory_gib", "peak_rss_sum_gib", "simulated", "runs")}
+    row["stage_s"] = {s: {n: p["stage_s"] for n, p in ab[s]["pipelines"].items()} for s in ("baseline", "candidate")}
+    row["makespan_s"] = {s: ab[s]["makespan_s"] for s in ("baseline", "candidate")}
+    row["tool_server"] = {s: ab[s]["measured"].get("tool_server") for s in ("baseline", "candidate")}
+    row["rollout_idle"] = {s: rollout_idle(ev) for s, ev in events.items()}
+    row["busy_s"] = {s: ab[s]["gpu_busy_fraction"] * ab[s]["gpus"] * ab[s]["makespan_s"]
+                     for s in ("baseline", "candidate")}
+    return {"machine": f"{platform.machine()}, Python {platform.python_version()}", "repeats": repeats,
+            "workload": AGENTIC, "row": row, "load_average": _load()}
+
+
+def _load() -> list:
+    import os
+
+    return [round(x, 1) for x in os.getloadavg()]
+
+
+def render_agentic(data: dict) -> str:
+    r = data["row"]
+    med = {k: sorted(v)[len(v) // 2] for k, v in r["samples_per_s"].items()}
+    busy = {k: sorted(v)[len(v) // 2] for k, v in r["gpu_busy_fraction"].items()}
+    sim = r["simulated"]
+    off = abs(r["throughput_ratio"] / sim["throughput_ratio"] - 1)
+    lines = [
+        "## Real engines, agentic pair (`--backend ray`: tool server over HTTP, sandboxed reward)",
+        "",
+        "The agentic reference pipeline (`agent`: Search-R1 shaped turns, each turn's output sent",
+        "to the tool server process over loopback HTTP and its observation appended before the",
+        "next turn; the reward run in a subprocess sandbox by the same server; latencies from",
+        "the PolyTrace search_r1 fits) beside a plain long-tail GRPO pipeline (`grpo`), tiny",
+        "Qwen2, 2 devices = the 2 cores (`examples/workloads/real_ab_agentic_2cpu.yaml`).",
+        f"verl-sync (static halves) and jigsaw run {data['repeats']} times side by side (order",
+        "alternating, after an untimed warm-up); samples/s are medians; memory is the PSS sum of",
+        "every process of the run. `.venv-cpu/bin/python benchmarks/real_ab.py --agentic`.",
+        f"Load average (1, 5, 15 min) at the end of the run: {', '.join(map(str, data['load_average']))}.",
+        "",
+        "| verl-sync samples/s | jigsaw samples/s | ratio (median) | per repeat | busy verl-sync / jigsaw "
+        "| simulator predicts | measured vs predicted | peak memory GiB |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {med['verl-sync']:.2f} | {med['jigsaw']:.2f} | {r['throughput_ratio']:.2f}x | "
+        + ", ".join(f"{x:.2f}" for x in r["ratios_per_repeat"])
+        + f" | {busy['verl-sync']:.2f} / {busy['jigsaw']:.2f} | {sim['throughput_ratio']:.2f}x "
+        f"({sim['baseline']:.2f} / {sim['candidate']:.2f} samples/s) | {off:.0%} off | {r['peak_memory_gib']:.1f} |",
+        "",
+        "Where the time went (median runs; seconds): per pipeline the mean step's stages, and the",
+        "rollout device-seconds held and idle (held with no turn in flight: every trajectory",
+        "waiting on a tool or the sandbox), from the run's event log.",
+        "",
+        "| policy | pipeline | gen | old_log_prob | ref | update_actor | rollout held | rollout idle | "
+        "turns in flight (mean) | tool calls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for side, pol in (("baseline", "verl-sync"), ("candidate", "jigsaw")):
+        for name, st in r["stage_s"][side].items():
+            idle = r["rollout_idle"].get(side, {}).get(name, {})
+            lines.append(f"| {pol} | {name} | {st.get('gen', 0):.2f} | {st.get('old_log_prob', 0):.2f} | "
+                         f"{st.get('ref', 0):.2f} | {st.get('update_actor', 0):.2f} | "
+                         f"{idle.get('rollout_held_s', 0):.1f} | {idle.get('rollout_idle_s', 0):.1f} | "
+                         f"{idle.get('mean_turns_in_flight', 0):.1f} | {idle.get('tool_calls', 0)} |")
+    lines += ["", AGENTIC_NOTE]
+    return "\n".join(lines)
+
+
+AGENTIC_NOTE = "(no note yet)"
+
+
+def write_block(text: str, start: str, end: str) -> None:
+    """Replace the marked block in docs/benchmarks.md, or add it before the figures section."""
+    doc = ROOT / "docs" / "benchmarks.md"
+    body = doc.read_text()
+    block = f"{start}\n{text}\n{end}"
+    if start in body:
+        body = body[: body.index(start)] + block + body[body.index(end) + len(end):]
+    else:
+        anchor = body.find("## Figures of the bundled workloads")
+        if anchor >= 0 and body.rfind("<!-- report-figures:start -->", 0, anchor) >= 0:
+            anchor = body.rfind("<!-- report-figures:start -->", 0, anchor)
+        body = (body.rstrip() + "\n\n" + block + "\n") if anchor < 0 else (body[:anchor] + block + "\n\n" + body[anchor:])
+    doc.write_text(body)
+
+
+def resimulate_agentic(data: dict) -> None:
+    from jigsaw_plugin.sim import simulate
+    from jigsaw_plugin.workload import load_workload
+
+    wl = load_workload(ROOT / data["workload"])
+    b, c = simulate(wl, "verl-sync"), simulate(wl, "jigsaw")
+    data["row"]["simulated"] = {"baseline": b["samples_per_s"], "candidate": c["samples_per_s"],
+                                "throughput_ratio": c["samples_per_s"] / b["samples_per_s"],
+                                "gpu_busy_fraction": [b["gpu_busy_fraction"], c["gpu_busy_fraction"]]}
+
+
+def main_agentic(argv: list) -> None:
+    if "--render" in argv:
+        data = json.loads(AGENTIC_RESULTS.read_text())
+    else:
+        nums = [a for a in argv if a.isdigit()]
+        data = run_agentic(int(nums[0]) if nums else 3)
+    resimulate_agentic(data)
+    AGENTIC_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    AGENTIC_RESULTS.write_text(json.dumps(data, indent=1))
+    text = render_agentic(data)
+    write_block(text, AGENTIC_START, AGENTIC_END)
+    print(text)
+
+
 def main() -> None:
+    if "--agentic" in sys.argv:
+        return main_agentic(sys.argv[1:])
     if "--render" in sys.argv:  # re-render from the JSON, re-simulating with today's cost model
         data = json.loads(RESULTS.read_text())
     else:

@@ -141,16 +141,20 @@ def cmd_demo(args) -> int:
 
 
 def _demo_real(args) -> int:
-    """The reference GRPO pipeline pair on real engines: verl-sync's static partition vs
-    jigsaw, side by side (runtime/ray_bench.py)."""
+    """The agentic pair on real engines (an agentic reference pipeline whose tool calls and
+    sandboxed reward go to a tool server process over HTTP, beside a long-tail GRPO
+    pipeline): verl-sync's static partition vs jigsaw, side by side (runtime/ray_bench.py)."""
     from jigsaw_plugin.bench.ab import format_ab
     from jigsaw_plugin.bench.bundled import bundled_workload
     from jigsaw_plugin.workload import load_workload
 
-    path = Path(args.workload) if args.workload else bundled_workload("real_ab_2cpu.yaml")
+    path = Path(args.workload) if args.workload else bundled_workload("real_ab_agentic_2cpu.yaml")
     workload = load_workload(path)
-    print(f"workload {path}: {len(workload.pipelines)} reference GRPO pipelines on {workload.cluster.gpus} "
-          f"x {workload.cluster.gpu} (REAL: vLLM engines and torch trainers; one device = one core)")
+    agentic = [p.name for p in workload.pipelines if p.agentic]
+    print(f"workload {path}: {len(workload.pipelines)} reference pipelines on {workload.cluster.gpus} "
+          f"x {workload.cluster.gpu} (REAL: vLLM engines and torch trainers; one device = one core)"
+          + (f"; agentic: {', '.join(agentic)} (tool calls and sandboxed reward over HTTP to a tool server "
+             f"process)" if agentic else ""))
     recorded = _run_real_ab(args, workload, path, "verl-sync", "jigsaw", ablate=None, baseline_options=None)
     print(format_ab(recorded.bench))
     if args.out:
@@ -316,9 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_graph)
 
     d = _sub(sub, "demo", "every policy on the bundled demo workload (simulated) and an A/B report of "
-             "jigsaw vs verl-sync; --real: the reference pipeline pair on real engines",
+             "jigsaw vs verl-sync; --real: the agentic pair (tool server over HTTP) on real engines",
              "jigsaw demo --out runs/demo", common)
-    d.add_argument("--workload", help="another workload (default: the bundled demo.yaml / real_ab_2cpu.yaml)")
+    d.add_argument("--workload", help="another workload (default: the bundled demo.yaml / "
+                   "real_ab_agentic_2cpu.yaml with --real)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--real", action="store_true", help="run verl-sync vs jigsaw for real (needs the [cpu] extra)")
     d.add_argument("--repeats", type=int, default=3, help="--real: side-by-side runs per policy")

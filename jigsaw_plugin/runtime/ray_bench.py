@@ -97,7 +97,12 @@ async def run_in_coordinator(workload: dict, policy: str, policy_options: dict, 
             server = ToolServer(tool_server_config(wl, seed)).start()
             url = server.url
         tools = AgenticTools(ToolClient(url))
-    trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0)
+    # OMP_WAIT_POLICY=PASSIVE: a trainer granted 2 cores runs 2 torch threads, and libgomp's
+    # spinning at every barrier made a forward pass ~10x slower whenever the other core was
+    # taken (an engine, another pipeline, a loaded machine): 1.2 s passive against 14-20 s
+    # spinning for 32 x 300 tokens at load 27; one thread is unaffected (docs/reference_pipeline.md)
+    trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0, runtime_env={
+        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})
     trainers = {p.name: trainer_cls.remote(str(models[p.name]), seed=seed, **options.get("trainer_kwargs", {}))
                 for p in wl.pipelines}
     _TRAINER_PIDS[:] = [await t.__ray_call__.remote(lambda self: os.getpid()) for t in trainers.values()]
