@@ -1,9 +1,16 @@
 """Fit the bundled workloads' parametric distributions to the PolyTrace traces.
 
-Reproduces the figures in docs/workload.md ("Fitted distributions"):
+Reproduces the figures in docs/workload.md ("Fitted distributions", "Bundled workloads (e) and
+(f)"):
 
     python3 benchmarks/fit_traces.py                 # traces from $JIGSAW_TRACE_DIR
     python3 benchmarks/fit_traces.py --traces DIR    # or ../shared/traces/polytrace
+    python3 benchmarks/fit_traces.py e               # the fits behind e_dapo_longtail_32gpu.yaml
+    python3 benchmarks/fit_traces.py f               # the fits behind f_agentic_32gpu.yaml
+
+``e`` and ``f`` print every fitted figure of that bundled file beside the value the file holds
+and say whether they agree (exit code 1 if one does not), plus the summary statistics the
+docs quote (scaled quantiles and ratios, the tool-latency mixture's quantiles).
 
 For every fit it prints the trace files it came from, the method, the fitted parameters
 (as a YAML distribution) and how well it fits: p50 / p90 / p99 / max of the trace against the
@@ -26,9 +33,11 @@ import gzip
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -229,19 +238,226 @@ def fit_group_correlation(groups: list[np.ndarray], seed: int = 0) -> dict:
             "log_length_icc": round(log_icc, 3), "groups": len(groups), "values": int(sizes.sum()),
             "group_size_median": float(np.median(sizes))}
 
+# ---------------------------------------------------------------------------------------------
+# Bundled workloads (e) and (f): every fitted figure of the file, recomputed and compared.
+
+WORKLOAD_FILES = {"e": "e_dapo_longtail_32gpu.yaml", "f": "f_agentic_32gpu.yaml"}
+LONGTAIL_CAP = 32768  # (e): the trace's longest response is mapped onto this cap
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """One fitted figure of a bundled file: what the traces give and what the file holds."""
+
+    pipeline: str
+    field: str  # dotted path below the pipeline, e.g. "tool_latency_s.components[1]"
+    method: str
+    source: str
+    fitted: dict
+    in_file: dict | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.in_file is not None and _same(self.fitted, self.in_file)
+
+    def as_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "field": self.field, "method": self.method, "source": self.source,
+                "fitted": self.fitted, "in_file": self.in_file, "agrees": self.agrees}
+
+
+def _same(fitted: dict, in_file: dict) -> bool:
+    """The file agrees when every fitted key holds the same number(s) (it may add min/max)."""
+    for k, v in fitted.items():
+        w = in_file.get(k)
+        if isinstance(v, list):
+            if not isinstance(w, list) or len(w) != len(v) or not np.allclose(w, v, rtol=0, atol=1e-9):
+                return False
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not isinstance(w, (int, float)) or abs(w - v) > 1e-9:
+                return False
+        elif w != v:
+            return False
+    return True
+
+
+def _field(pipeline: dict, path: str):
+    node = pipeline
+    for part in path.replace("]", "").replace("[", ".").split("."):
+        node = node[int(part)] if part.isdigit() else node.get(part)
+        if node is None:
+            return None
+    return node
+
+
+def _values(trace_dir: Path, folder: str, role: str) -> np.ndarray:
+    return np.asarray(load_trace((trace_dir / folder).resolve(), role), dtype=np.float64)
+
+
+def scaled_quantile_fit(v: np.ndarray, cap: int) -> tuple[dict, float]:
+    """The trace's quantiles at QUANTILE_KNOTS times cap / max: its shape, its maximum on the cap."""
+    scale = cap / float(v.max())
+    vals = [int(round(x * scale)) for x in np.quantile(v, QUANTILE_KNOTS)]
+    return {"dist": "quantiles", "q": QUANTILE_KNOTS, "values": vals}, scale
+
+
+def batch_reward_times(trace_dir: Path) -> np.ndarray:
+    """rllm/ ``reward_time_s``: seconds one rank spent verifying its whole batch in the sandbox."""
+    out = []
+    for f in trace_files((trace_dir / "rllm").resolve()):
+        with gzip.open(f, "rt", encoding="utf-8") as fh:
+            out += [float(r["reward_time_s"]) for r in map(json.loads, fh)
+                    if "reward_time_s" in r and r.get("validate") is not True]
+    return np.asarray(out)
+
+
+def _group_icc(trace_dir: Path, folder: str) -> dict:
+    groups, _ = trace_groups((trace_dir / folder).resolve(), "response")
+    icc = fit_group_correlation(groups)
+    return {"group_correlation": icc["group_correlation"], "ci95": icc["ci95"]}
+
+
+def workload_fits(workload: str, trace_dir: Path) -> list[tuple[str, str, str, str, object]]:
+    """(pipeline, field, method, source, fitted value) for every fitted figure of the file."""
+    t = trace_dir
+    if workload == "e":
+        verl_resp, _ = scaled_quantile_fit(_values(t, "verl", "response_len"), LONGTAIL_CAP)
+        verl_prompt = quantile_fit(_values(t, "verl", "prompt_len"))
+        rllm_prompt = quantile_fit(_values(t, "rllm", "prompt_len"))
+        rllm_resp = quantile_fit(_values(t, "rllm", "response_len"))
+        rllm_reward = lognormal_mle(_values(t, "rllm", "reward_latency_s"), digits=3)
+        verl_icc = _group_icc(t, "verl")["group_correlation"]
+        rllm_icc = _group_icc(t, "rllm")["group_correlation"]
+        fits = []
+        for p in ("dapo-longtail-7b", "dapo-longtail-32b"):
+            fits += [(p, "prompt_len", "quantiles", "verl/ input", verl_prompt),
+                     (p, "response_len", f"quantiles x {LONGTAIL_CAP}/max", "verl/ output", verl_resp),
+                     (p, "group_correlation", "ICC(1) of normal scores", "verl/ output by prompt", verl_icc)]
+        return fits + [
+            ("deepcoder-14b", "prompt_len", "quantiles", "rllm/ input", rllm_prompt),
+            ("deepcoder-14b", "response_len", "quantiles", "rllm/ output", rllm_resp),
+            ("deepcoder-14b", "reward.latency_s", "lognormal MLE", "rllm/ reward_time_s / batch_size", rllm_reward),
+            ("deepcoder-14b", "group_correlation", "ICC(1) of normal scores", "rllm/ output by prompt", rllm_icc)]
+    if workload == "f":
+        sr = {role: _values(t, "search_r1", role) for role in
+              ("prompt_len", "response_len", "turns", "tool_latency_s", "observation_len")}
+        search = [("prompt_len", "quantiles", "search_r1/ prompt_len", quantile_fit(sr["prompt_len"])),
+                  ("response_len", "quantiles", "search_r1/ turns[].completion_tokens", quantile_fit(sr["response_len"])),
+                  ("turns", "categorical", "search_r1/ turn_count", categorical_fit(sr["turns"])),
+                  ("tool_latency_s", "quantiles", "search_r1/ tool_calls[].latency_s",
+                   quantile_fit(sr["tool_latency_s"], digits=3)),
+                  ("observation_len", "quantiles", "search_r1/ tool_calls[].response_token_len",
+                   quantile_fit(sr["observation_len"]))]
+        fits = [(p, f, m, src, v) for p in ("search-agent-7b", "search-agent-14b") for f, m, src, v in search]
+        per_sample = lognormal_mle(_values(t, "rllm", "reward_latency_s"), digits=3)
+        per_batch = lognormal_mle(batch_reward_times(t), digits=3)
+        return fits + [
+            ("swe-agent-32b", "response_len", "quantiles", "search_r1/ turns[].completion_tokens", search[1][3]),
+            ("swe-agent-32b", "observation_len", "quantiles", "search_r1/ tool_calls[].response_token_len", search[4][3]),
+            ("swe-agent-32b", "tool_latency_s.components[0]", "quantiles", "search_r1/ tool_calls[].latency_s",
+             search[3][3]),
+            ("swe-agent-32b", "tool_latency_s.components[1]", "lognormal MLE", "rllm/ reward_time_s / batch_size",
+             per_sample),
+            ("swe-agent-32b", "tool_latency_s.components[2]", "lognormal MLE", "rllm/ reward_time_s (per batch)",
+             per_batch),
+            ("swe-agent-32b", "reward.latency_s", "lognormal MLE", "rllm/ reward_time_s (per batch)", per_batch)]
+    raise ValueError(f"workload: got {workload!r}; allowed: e, f")
+
+
+def check_workload(workload: str, trace_dir: Path) -> list[FitCheck]:
+    doc = yaml.safe_load((ROOT / "examples" / "workloads" / WORKLOAD_FILES[workload]).read_text())
+    pipes = {p["name"]: p for p in doc["pipelines"]}
+    out = []
+    for pipe, field, method, source, fitted in workload_fits(workload, trace_dir):
+        in_file = _field(pipes[pipe], field) if pipe in pipes else None
+        if not isinstance(fitted, dict):  # a bare number (group_correlation)
+            fitted, in_file = {"value": fitted}, None if in_file is None else {"value": in_file}
+        else:  # drop the keys a fit does not set (min, weight)
+            fitted = {k: v for k, v in fitted.items() if k != "min"}
+        out.append(FitCheck(pipe, field, method, source, fitted, in_file))
+    return out
+
+
+def _stats(draws: np.ndarray) -> dict:
+    q = np.quantile(draws, [0.5, 0.9, 0.99])
+    return {"mean": float(draws.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+            "max": float(draws.max())}
+
+
+def workload_report(workload: str, trace_dir: Path) -> dict:
+    """The summary statistics docs/workload.md quotes for the bundled file."""
+    from jigsaw_plugin.workload import load_workload
+
+    w = load_workload(ROOT / "examples" / "workloads" / WORKLOAD_FILES[workload])
+    rng = np.random.default_rng(0)
+    out: dict[str, dict] = {}
+    if workload == "e":
+        v = _values(trace_dir, "verl", "response_len")
+        spec, scale = scaled_quantile_fit(v, LONGTAIL_CAP)
+        q = np.quantile(v, [0.5, 0.99])
+        out["verl/ output, the trace"] = {"n": len(v), **_stats(v), "p99/p50": q[1] / q[0], "max/p50": v.max() / q[0]}
+        out["scale"] = {"cap": LONGTAIL_CAP, "trace max": float(v.max()), "scale": scale}
+        d = build_distribution(spec, "fit", role="response_len").sample(rng, DRAWS)
+        out["dapo response_len in the file (200,000 draws)"] = {
+            **_stats(d), "share >= 16K": float((d >= 16384).mean()), "share >= 20K": float((d >= 20480).mean())}
+        r = _values(trace_dir, "rllm", "response_len")
+        out["rllm/ output"] = {"n": len(r), **_stats(r), "share at the 16,000 cap": float((r >= 16000).mean())}
+        icc = {f: _group_icc(trace_dir, f) for f in ("verl", "rllm")}
+        out["group_correlation"] = {f"{f} {k}": v for f, d in icc.items() for k, v in d.items()}
+    else:
+        b = batch_reward_times(trace_dir)
+        out["rllm/ reward_time_s per 64-sample batch"] = {"n": len(b), **_stats(b)}
+        swe = next(p for p in w.pipelines if p.name == "swe-agent-32b")
+        tl = swe.tool_latency_s.sample(rng, DRAWS)
+        out["swe-agent-32b tool_latency_s (200,000 draws)"] = {
+            **_stats(tl), "share > 10 s": float((tl > 10).mean()), "share > 60 s": float((tl > 60).mean())}
+        rw = swe.reward.latency_s.sample(rng, DRAWS)
+        out["swe-agent-32b reward latency (200,000 draws)"] = _stats(rw)
+        turns = np.maximum(np.rint(swe.turns.sample(rng, DRAWS)), 1)
+        out["swe-agent-32b turns (ASSUMED; 200,000 draws)"] = _stats(turns)
+        out["swe-agent-32b tool seconds per trajectory (turns - 1 calls)"] = {
+            "mean": float((turns - 1).mean() * tl.mean())}
+    return out
+
 
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}" if abs(x) < 1 else f"{x:.2f}"
 
 
+def format_checks(workload: str, checks: list, summary: dict) -> str:
+    lines = [f"# bundled workload ({workload}): fitted figures against the file"]
+    for c in checks:
+        lines.append(f"## {c.pipeline}.{c.field} -- {c.method}   [{'agrees' if c.agrees else 'DIFFERS'}]")
+        lines.append(f"   from {c.source}")
+        lines.append(f"   fit:  {json.dumps(c.fitted)}")
+        if not c.agrees:
+            lines.append(f"   file: {json.dumps(c.in_file)}")
+    lines.append("")
+    lines.append("# summary statistics quoted in docs/workload.md")
+    for name, stats in summary.items():
+        lines.append(f"## {name}")
+        lines.append("   " + "  ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in stats.items()))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workload", nargs="?", choices=("all", "e", "f"), default="all",
+                    help="all: the demo fits and group correlations (default); e / f: the fits behind "
+                         "the bundled workload (e) or (f), checked against the file")
     ap.add_argument("--traces", type=Path, default=default_trace_dir(), help="the polytrace folder")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = ap.parse_args(argv)
     if not args.traces.is_dir():
         print(f"no trace folder at {args.traces}; set JIGSAW_TRACE_DIR or pass --traces", file=sys.stderr)
         return 2
+    if args.workload != "all":
+        checks = check_workload(args.workload, args.traces)
+        if args.json:
+            print(json.dumps({"workload": args.workload, "checks": [c.as_dict() for c in checks],
+                              "summary": workload_report(args.workload, args.traces)}, indent=1, default=float))
+        else:
+            print(format_checks(args.workload, checks, workload_report(args.workload, args.traces)))
+        return 0 if all(c.agrees for c in checks) else 1
     out = []
     for name, folder, role, methods, used_method, used in FITS:
         for method in methods:
