@@ -41,7 +41,7 @@ from jigsaw_plugin.hookspecs import hookimpl
 from jigsaw_plugin.predict.batch import RequestBatch
 from jigsaw_plugin.predict.config import PriorConfig
 from jigsaw_plugin.predict.history import LengthHistory
-from jigsaw_plugin.predict.lognormal import expected_remaining
+from jigsaw_plugin.predict.lognormal import FUSE_MAX_ELEMENTS, expected_remaining
 from jigsaw_plugin.predict.model import LengthModel, fit_model
 from jigsaw_plugin.predict.normal import inv_mills
 
@@ -117,13 +117,23 @@ class HistoryPredictor:
         g = batch.generated
         cap = np.maximum(batch.max_tokens, 1.0)
         condition = self.features.condition_on_generated
-        marginal = expected_remaining(mu, sd * sd, g, cap, condition)
+        n = len(g)
+        if not self.features.siblings:
+            marginal = expected_remaining(mu, sd * sd, g, cap, condition)
+        else:
+            b, post_var = self._group_effect(batch, history, model, tb, mu, sd)
+            m_grouped, v_grouped = mu + sd * b, sd * sd * (post_var + 1.0 - model.rho)
+            if 2 * n <= FUSE_MAX_ELEMENTS:  # the marginal and the grouped in one pass of 2N
+                both = expected_remaining(np.concatenate((mu, m_grouped)), np.concatenate((sd * sd, v_grouped)),
+                                          np.concatenate((g, g)), np.concatenate((cap, cap)), condition)
+                marginal, grouped = both[:n], both[n:]
+            else:
+                marginal = expected_remaining(mu, sd * sd, g, cap, condition)
+                grouped = expected_remaining(m_grouped, v_grouped, g, cap, condition)
         base = self._empirical(model, tb, g if condition else np.zeros_like(g), cap, marginal)
         if not condition:
             base = base - g
         if self.features.siblings:
-            b, post_var = self._group_effect(batch, history, model, tb, mu, sd)
-            grouped = expected_remaining(mu + sd * b, sd * sd * (post_var + 1.0 - model.rho), g, cap, condition)
             with np.errstate(invalid="ignore", divide="ignore"):
                 base = base * np.where(marginal > 0, grouped / marginal, 1.0)
         return clip_to_budget(base, g, batch.max_tokens)
@@ -157,7 +167,15 @@ class HistoryPredictor:
         tables = [history.group_table(s) for s in steps]
         width = max([int(batch.group.max()) + 1] + [t.groups for t in tables if t is not None])
         key = slot * width + batch.group
-        nkeys = len(steps) * width
+        if 2 * len(key) < len(steps) * width:
+            # a few requests (a rollout tail): only the (step, group) pairs present, so the
+            # work follows the requests, not the size of the history's group tables
+            present, key = np.unique(key, return_inverse=True)
+            key = key.reshape(-1)
+        else:
+            present = np.arange(len(steps) * width)
+        nkeys = len(present)
+        present_slot, present_group = np.divmod(present, width)
 
         obs_n = np.zeros(nkeys)  # uncensored finished evidence (epoch-weighted)
         obs_z = np.zeros(nkeys)  # sum of its standardised residuals
@@ -167,11 +185,16 @@ class HistoryPredictor:
         for i, tab in enumerate(tables):
             if tab is None:
                 continue
-            rows = slice(i * width, i * width + tab.groups)
-            obs_n[rows] = tab.count.sum(axis=1)
-            obs_z[rows] = ((tab.sum_log - tab.count * model.mu) / model.sigma).sum(axis=1)
-            cap_n[rows] = tab.capped.sum(axis=1)
-            cap_thr[rows] = (tab.capped * thr_t).sum(axis=1)
+            sel = np.flatnonzero((present_slot == i) & (present_group < tab.groups))
+            if not len(sel):
+                continue
+            rows = present_group[sel]
+            count = tab.count[rows]
+            capped = tab.capped[rows]
+            obs_n[sel] = count.sum(axis=1)
+            obs_z[sel] = ((tab.sum_log[rows] - count * model.mu) / model.sigma).sum(axis=1)
+            cap_n[sel] = capped.sum(axis=1)
+            cap_thr[sel] = (capped * thr_t).sum(axis=1)
         if self.features.earlier_epochs and batch.prompt_keys is not None:
             self._add_epochs(batch, history, model, key, obs_n, obs_z)
         cap_thr = cap_thr / np.maximum(cap_n, 1.0)
@@ -184,10 +207,13 @@ class HistoryPredictor:
             c = np.where(batch.generated > 0, (np.log(np.maximum(batch.generated, 0.5)) - mu) / sd, -np.inf)
         k = obs_n + cap_n + np.bincount(key, minlength=nkeys)
         b = obs_z / (obs_n + shrink)
+        n = len(key)
         for _ in range(self.features.em_iterations):
             bj = b[key]
-            imputed = bj + se * inv_mills((c - bj) / se)
-            s = obs_z + cap_n * (b + se * inv_mills((cap_thr - b) / se)) + np.bincount(key, imputed, nkeys)
+            # running siblings' and capped siblings' imputations in one inv_mills pass
+            lam = inv_mills(np.concatenate(((c - bj) / se, (cap_thr - b) / se)))
+            imputed = bj + se * lam[:n]
+            s = obs_z + cap_n * (b + se * lam[n:]) + np.bincount(key, imputed, nkeys)
             b = s / (k + shrink)
         b_own = (s[key] - imputed) / (k[key] - 1.0 + shrink)  # leave the request itself out
         post_var = 1.0 / (1.0 / rho + obs_n[key] / (1.0 - rho))

@@ -18,8 +18,10 @@ import numpy as np
 
 from jigsaw_plugin.predict.normal import inv_mills, log_sf
 
-__all__ = ["expected_remaining", "fit_censored", "SIGMA_FLOOR"]
+__all__ = ["expected_remaining", "fit_censored", "FUSE_MAX_ELEMENTS", "SIGMA_FLOOR"]
 
+#: Largest array (elements) the vectorised paths stack several computations into.
+FUSE_MAX_ELEMENTS = 4096
 SIGMA_FLOOR = 0.05  # a degenerate history (every length equal) still gets a spread
 _EM_ITERATIONS = 30
 
@@ -34,21 +36,30 @@ def expected_remaining(m: np.ndarray, v: np.ndarray, generated: np.ndarray, cap:
     s = np.sqrt(v)
     log_cap = np.log(cap)
     beta = (log_cap - m) / s
+    # the four tail probabilities in one log_sf pass (one set of array operations, not four)
     if condition:
         alpha = (np.log(np.maximum(generated, 0.5)) - m) / s
-        lq_alpha = log_sf(alpha)
-        lq_alpha_s = log_sf(alpha - s)
+        lq_alpha, lq_alpha_s, lq_beta, lq_beta_s = _log_sf_many(alpha, alpha - s, beta, beta - s)
     else:
         lq_alpha = 0.0
         lq_alpha_s = 0.0
-    lq_beta = log_sf(beta)
-    lq_beta_s = log_sf(beta - s)
+        lq_beta, lq_beta_s = _log_sf_many(beta, beta - s)
     with np.errstate(over="ignore", invalid="ignore"):
         # E[L*; g < L* < cap] / Q(alpha) = e^{m + v/2} (Q(alpha - s) - Q(beta - s)) / Q(alpha)
         below_cap = np.exp(m + 0.5 * v + lq_alpha_s - lq_alpha) * -np.expm1(lq_beta_s - lq_alpha_s)
         at_cap = cap * np.exp(lq_beta - lq_alpha)  # cap * P(L* >= cap | L* > g)
     out = np.where(np.isfinite(below_cap), below_cap, 0.0) + np.where(np.isfinite(at_cap), at_cap, cap)
     return out - generated
+
+
+def _log_sf_many(*xs: np.ndarray) -> list[np.ndarray]:
+    """``log_sf`` of several arrays of one shape: as one array while it is small (one set of
+    numpy calls instead of several: the per-call overhead dominates small batches), apart
+    once the stacked temporaries would outgrow the CPU cache."""
+    xs = np.broadcast_arrays(*xs)
+    if xs[0].size * len(xs) > FUSE_MAX_ELEMENTS:
+        return [log_sf(x) for x in xs]
+    return list(log_sf(np.stack(xs)))
 
 
 def fit_censored(weight: np.ndarray, sum_log: np.ndarray, sumsq_log: np.ndarray, capped: np.ndarray,
