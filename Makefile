@@ -18,10 +18,14 @@ $(STAMP): pyproject.toml
 test: venv
 	$(VENV)/bin/python -m pytest -q tests
 
-# The reference GRPO pipeline pair for real (vLLM engines + torch trainers on CPU), then
-# every policy on the simulated demo workload. `make demo-sim` is the quick simulated part.
+# The agentic pair for real (vLLM engines + torch trainers on CPU; an agentic pipeline whose
+# tool calls and sandboxed reward go over HTTP to a tool server process, beside a long-tail
+# GRPO pipeline: examples/workloads/real_ab_agentic_2cpu.yaml), verl-sync's static halves
+# against jigsaw, one run each after a warm-up to keep it to a few minutes (the median of 3
+# is `.venv-cpu/bin/python benchmarks/real_ab.py --agentic`); then every policy on the
+# simulated demo workload. `make demo-sim` is the quick simulated part.
 demo: venv-cpu
-	$(VENV_CPU)/bin/jigsaw demo --real
+	$(VENV_CPU)/bin/jigsaw demo --real --repeats 1
 	$(VENV_CPU)/bin/jigsaw demo
 
 demo-sim: venv
