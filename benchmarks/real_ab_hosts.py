@@ -72,7 +72,7 @@ def stage_time(events: list[dict]) -> dict:
 def run_arm(policy: str, steps: int, workdir: Path) -> dict:
     import psutil
 
-    from jigsaw_plugin.adapters.verl.cpu_two_jobs import run_concurrent
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import grant_problems, run_concurrent
 
     cpu0 = psutil.cpu_times()
     load0 = os.getloadavg()
@@ -91,6 +91,8 @@ def run_arm(policy: str, steps: int, workdir: Path) -> dict:
         "device_busy_s": round(r.scheduler.get("busy_device_s", 0.0), 1),
         "stage_time": stage_time(r.events),
         "logs": [x.log_path for x in r.runs],
+        # integration_tests/verl/test_host_policy.py's checks on this arm's run
+        "grant_problems": grant_problems(r, steps),
     }
 
 
@@ -102,7 +104,7 @@ def render(data: dict) -> str:
         inside = ", ".join(f"{k} {v['in_stages_s']:.0f}/{v['span_s']:.0f} s" for k, v in last["stage_time"].items())
         rows.append(f"| {arm} | {statistics.median(walls):.1f} ({', '.join(f'{w:.1f}' for w in walls)}) | "
                     f"{last['cpu_busy_fraction']:.2f} | {inside} | {last['grants']} / {last['refusals']} / "
-                    f"{last['adapted']} | {last['peak_rss_gib']:.1f} |")
+                    f"{last['adapted']} | {last['peak_rss_gib']:.1f} | {len(last.get('grant_problems', []))} |")
     med = {arm: statistics.median(rep[arm]["wall_s"] for rep in data["repeats"]) for arm in ARMS}
     ratio = med["verl-sync"] / med["jigsaw"]
     pred = data["predicted"]
@@ -116,8 +118,8 @@ def render(data: dict) -> str:
         f"Each stage of each job waits for the coordinator's grant; the policy decides every grant.",
         "",
         "| coordinator policy | wall s, median (each) | CPU busy | per job: in stages / span | grants / refusals / "
-        "adapted | peak RSS GiB |",
-        "|---|---|---|---|---|---|",
+        "adapted | peak RSS GiB | failed checks |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Measured: jigsaw {ratio:.2f}x the static halves' throughput (median of {n}); the simulator predicts "

@@ -79,3 +79,38 @@ def test_unknown_model_and_bad_scheduler_are_spec_errors():
         parse_options({"scheduler": "round-robin"})
     with pytest.raises(SpecError, match="pool_devices"):
         parse_options({"pool_devices": 0})
+
+
+def _run_with(tmp_path, grants_b, samples_b=4, refusal="migration=false"):
+    """A ConcurrentResult as run_concurrent returns it, written by hand (no verl here)."""
+    import json
+
+    from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import GRANTED_STAGES, ConcurrentResult
+
+    events, runs = [], []
+    for name, stages, samples in (("verl-a", GRANTED_STAGES, 4), ("verl-b", grants_b, samples_b)):
+        host = []
+        for st in stages:
+            events.append({"hook": "jigsaw_stage_granted", "pipeline": name, "step": 0, "stage": st, "devices": [0]})
+            host.append({"hook": "jigsaw_lease_granted", "devices": [0]})
+        host += [{"hook": "jigsaw_stage_end", "stage": st, "step": 0, "samples": samples}
+                 for st in ("gen", "update_actor")]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in host))
+        runs.append(E2EResult(0, 1.0, 1, "log", str(path)))
+    report = {"refusals": [{"reason": refusal, "decision": "x"}],
+              "trace": [["verl-a gen s0", "rollout", [0], 0.0, 1.0], ["verl-b gen s0", "rollout", [0], 1.0, 2.0]]}
+    return ConcurrentResult("jigsaw", 2, runs, 1.0, events, report, 0.0)
+
+
+def test_grant_checks_pass_a_good_run_and_name_what_is_wrong(tmp_path):
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import GRANTED_STAGES, grant_problems
+
+    assert grant_problems(_run_with(tmp_path, GRANTED_STAGES), steps=1) == []
+    missing = grant_problems(_run_with(tmp_path, GRANTED_STAGES[:-1]), steps=1)
+    assert any("verl-b: grants" in p for p in missing)
+    lost = grant_problems(_run_with(tmp_path, GRANTED_STAGES, samples_b=3), steps=1)
+    assert any("samples generated / trained" in p for p in lost)
+    assert any("names no capability" in p for p in grant_problems(_run_with(tmp_path, GRANTED_STAGES, refusal="no"),
+                                                                   steps=1))

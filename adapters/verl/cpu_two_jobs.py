@@ -33,7 +33,11 @@ from jigsaw_plugin.adapters.verl.cpu_device import PLATFORM_ENV, PLATFORM_NAME, 
 from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, E2ESettings, prepare, run
 
 __all__ = ["TwoJobResult", "ConcurrentResult", "lease_intervals", "overlapping", "run_two_jobs", "run_concurrent",
-           "main"]
+           "grant_problems", "GRANTED_STAGES", "main"]
+
+#: The stages a verl job of ``cpu_e2e``'s config asks a grant for (rule reward inside the
+#: agent loop, no reference; advantages run on the driver: no grant).
+GRANTED_STAGES = ("gen", "old_log_prob", "update_actor", "weight_sync")
 
 COORDINATOR = "jigsaw-verl-cpu"
 NAMESPACE = "jigsaw"
@@ -159,9 +163,51 @@ def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_d
         peak = memory.stop()
         events, report = client.events(), client.scheduler_report()
         client.shutdown()
+        with open(workdir / "coordinator_events.jsonl", "w") as f:  # for a look after the run
+            f.writelines(json.dumps(e, default=repr) + "\n" for e in events)
     finally:
         ray.shutdown()
     return ConcurrentResult(policy, pool_devices, runs, round(wall, 1), events, report, peak)
+
+
+def _jsonl(path: str) -> list[dict]:
+    p = Path(path)
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+
+def grant_problems(r: ConcurrentResult, steps: int, samples: int = 4) -> list[str]:
+    """What does not hold of a policy run (empty: all holds): each stage of each step of each
+    job granted exactly once and in verl's order; the job saw the same grants (its own event
+    file); each step's update trained on every sample its rollout generated; refusals name
+    the capability; no device granted to two jobs at once (the policy's device trace)."""
+    problems = []
+    grants = [e for e in r.events if e.get("hook") == "jigsaw_stage_granted"]
+    for job in r.runs:
+        if job.returncode != 0:
+            problems.append(f"{job.log_path}: exit {job.returncode}")
+    for name, job in zip(("verl-a", "verl-b"), r.runs):
+        mine = [(e["step"], e["stage"]) for e in grants if e["pipeline"] == name]
+        want = [(k, st) for k in range(steps) for st in GRANTED_STAGES]
+        if mine != want:
+            problems.append(f"{name}: grants {mine}, expected {want}")
+        host = [tuple(e["devices"]) for e in _jsonl(job.events_path) if e["hook"] == "jigsaw_lease_granted"]
+        if host != [tuple(e["devices"]) for e in grants if e["pipeline"] == name]:
+            problems.append(f"{name}: the host's own leases {host} differ from the coordinator's grants")
+        ends = [e for e in _jsonl(job.events_path) if e["hook"] == "jigsaw_stage_end"]
+        for k in range(steps):
+            got = {st: [e["samples"] for e in ends if e["stage"] == st and e["step"] == k]
+                   for st in ("gen", "update_actor")}
+            if got != {"gen": [samples], "update_actor": [samples]}:
+                problems.append(f"{name} step {k}: samples generated / trained {got}, expected {samples} once each")
+    for refused in r.scheduler.get("refusals", []):
+        if "=false" not in refused["reason"]:
+            problems.append(f"a refusal that names no capability: {refused}")
+    spans = [x for x in r.scheduler.get("trace", []) if x[2]]
+    for i, a in enumerate(spans):
+        for b in spans[i + 1:]:
+            if a[0].split()[0] != b[0].split()[0] and set(a[2]) & set(b[2]) and a[3] < b[4] and b[3] < a[4]:
+                problems.append(f"device granted to two jobs at once: {a} / {b}")
+    return problems
 
 
 def run_two_jobs(workdir: Path, steps: int = 2, pool_devices: int = 1, timeout_s: float = 1200.0) -> TwoJobResult:
