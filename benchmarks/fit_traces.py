@@ -310,8 +310,12 @@ def batch_reward_times(trace_dir: Path) -> np.ndarray:
     return np.asarray(out)
 
 
-def _group_icc(trace_dir: Path, folder: str) -> dict:
+def _group_icc(trace_dir: Path, folder: str, interval: bool = True) -> dict:
+    """group_correlation of a folder's responses; the bootstrap interval only when asked (slow)."""
     groups, _ = trace_groups((trace_dir / folder).resolve(), "response")
+    if not interval:
+        of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+        return {"group_correlation": round(icc_anova(normal_scores(np.concatenate(groups)), of), 3)}
     icc = fit_group_correlation(groups)
     return {"group_correlation": icc["group_correlation"], "ci95": icc["ci95"]}
 
@@ -325,8 +329,8 @@ def workload_fits(workload: str, trace_dir: Path) -> list[tuple[str, str, str, s
         rllm_prompt = quantile_fit(_values(t, "rllm", "prompt_len"))
         rllm_resp = quantile_fit(_values(t, "rllm", "response_len"))
         rllm_reward = lognormal_mle(_values(t, "rllm", "reward_latency_s"), digits=3)
-        verl_icc = _group_icc(t, "verl")["group_correlation"]
-        rllm_icc = _group_icc(t, "rllm")["group_correlation"]
+        verl_icc = _group_icc(t, "verl", interval=False)["group_correlation"]
+        rllm_icc = _group_icc(t, "rllm", interval=False)["group_correlation"]
         fits = []
         for p in ("dapo-longtail-7b", "dapo-longtail-32b"):
             fits += [(p, "prompt_len", "quantiles", "verl/ input", verl_prompt),
