@@ -236,3 +236,13 @@ def test_agentic_pipeline_on_emulated_engines_calls_the_tool_server(server):
     summary = tools.summary()["agent"]
     assert summary["tool"]["calls"] == turns - 8 and summary["reward"]["calls"] == 8
     assert runner.reward.from_sandbox == 8 and len(runner.rewards) == 2
+
+
+def test_sandbox_reward_hands_out_each_answer_once_and_the_rule_for_the_rest():
+    tools = AgenticTools(client=None)
+    key = ((1, 2), (5, 1500))
+    tools.sandbox_rewards[key] = [0.25, 0.75]  # two samples of one prompt with the same tokens
+    reward = SandboxReward(tools)
+    batch = [([1, 2], [5, 1500], 0, [1, 1]), ([1, 2], [5, 1500], 0, [1, 1]), ([3], [7, 9], 1, [1, 0])]
+    assert reward.batch(batch) == [0.25, 0.75, 1.0]  # the third: the rule (mask-1 tokens < 1024)
+    assert reward.from_sandbox == 2 and tools.sandbox_rewards == {}

@@ -45,7 +45,9 @@ class AgenticTools:
 
     client: object  # runtime.tool_server.ToolClient
     waits: list = field(default_factory=list)  # ToolWait, in answer order
-    sandbox_rewards: dict = field(default_factory=dict)  # (prompt tuple, response tuple) -> reward
+    # (prompt tuple, response tuple) -> the sandbox's rewards not yet used (a list: two samples
+    # of one prompt may, rarely, generate the same tokens)
+    sandbox_rewards: dict = field(default_factory=dict)
 
     async def tool_call(self, pipeline: str, request_id: str, turn: int, context, latency_s: float,
                         observation_tokens: int) -> list[int]:
@@ -59,7 +61,8 @@ class AgenticTools:
                      latency_s: float) -> float:
         reply = await self.client.reward(pipeline, request_id, [int(t) for t in response], [int(m) for m in mask],
                                          latency_s=float(latency_s))
-        self.sandbox_rewards[(tuple(int(t) for t in prompt), tuple(int(t) for t in response))] = reply.reward
+        key = (tuple(int(t) for t in prompt), tuple(int(t) for t in response))
+        self.sandbox_rewards.setdefault(key, []).append(reply.reward)
         self.waits.append(ToolWait(pipeline, request_id, None, "reward", reply.latency_s, reply.wall_s,
                                    time.perf_counter()))
         return reply.reward
@@ -89,10 +92,12 @@ class SandboxReward:
         out = []
         for item, rule_value in zip(batch, fallback):
             key = (tuple(int(t) for t in item[0]), tuple(int(t) for t in item[1]))
-            value = self._tools.sandbox_rewards.pop(key, None)
-            if value is None:
+            pending = self._tools.sandbox_rewards.get(key)
+            if not pending:
                 out.append(rule_value)
-            else:
-                self.from_sandbox += 1
-                out.append(value)
+                continue
+            out.append(pending.pop(0))
+            self.from_sandbox += 1
+            if not pending:
+                del self._tools.sandbox_rewards[key]
         return out
