@@ -153,11 +153,20 @@ def format_ab(ab: dict) -> str:
         *([f"{'effective_utilisation':<22}{b['effective_utilisation']:>14.2f}{c['effective_utilisation']:>14.2f}",
            f"{'makespan lower bound':<22}{b['bounds']['makespan_lower_bound_s']:>14.1f}"]
           if "bounds" in b and "effective_utilisation" in c else []),
+        *([f"{'cost (' + b['cost']['unit'] + ')':<22}{b['cost']['total']:>14.3f}{c['cost']['total']:>14.3f}",
+           f"{'samples per cost':<22}{b['cost']['samples_per_cost']:>14.1f}{c['cost']['samples_per_cost']:>14.1f}"]
+          if b.get("cost") and c.get("cost") else []),
         "mean step s per pipeline:",
     ]
     for name, bp in b["pipelines"].items():
         cp = c["pipelines"][name]
         lines.append(f"  {name:<20}{bp['mean_step_s']:>14.1f}{cp['mean_step_s']:>14.1f}")
+    if any("staleness_histogram" in p for p in c["pipelines"].values()):
+        lines.append("staleness of trained samples per pipeline (version lag: samples):")
+        for name, bp in b["pipelines"].items():
+            hist = [" ".join(f"{k}:{v}" for k, v in (p.get("staleness_histogram") or {}).items()) or "-"
+                    for p in (bp, c["pipelines"][name])]
+            lines.append(f"  {name:<20}{hist[0]:>14}{hist[1]:>14}")
     lines.append(f"throughput_ratio {c['policy']}/{b['policy']}: {ab['throughput_ratio']:.2f}x")
     if ab.get("gap_recovered") is not None:
         lines.append(f"gap to the makespan lower bound recovered: {ab['gap_recovered']:.0%}")

@@ -46,6 +46,15 @@ def _totals(run: dict, key: str, combine=sum):
     return combine([p.get(key, 0) for p in run["pipelines"].values()] or [0])
 
 
+def _staleness(run: dict) -> str:
+    """Every pipeline's histogram of version lag of trained samples, summed: '0: 64, 1: 32'."""
+    total: dict[int, int] = {}
+    for p in run["pipelines"].values():
+        for lag, n in (p.get("staleness_histogram") or {}).items():
+            total[int(lag)] = total.get(int(lag), 0) + n
+    return ", ".join(f"{k}: {total[k]}" for k in sorted(total)) or "-"
+
+
 def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
     rows = [("samples/s", b["samples_per_s"], c["samples_per_s"]),
             ("tokens/s", b.get("tokens_per_s"), c.get("tokens_per_s")),
@@ -62,7 +71,13 @@ def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
             rows.append((f"bound: {key}", b.get("bounds", {}).get(key), c.get("bounds", {}).get(key)))
     rows += [("migrations (requests)", _totals(b, "migrations"), _totals(c, "migrations")),
              ("context switches", _totals(b, "context_switches"), _totals(c, "context_switches")),
-             ("max staleness", _totals(b, "max_staleness", max), _totals(c, "max_staleness", max))]
+             ("max staleness", _totals(b, "max_staleness", max), _totals(c, "max_staleness", max)),
+             ("staleness of trained samples (lag: count)", _staleness(b), _staleness(c))]
+    if "cost" in b or "cost" in c:
+        cb, cc = b.get("cost") or {}, c.get("cost") or {}
+        unit = cb.get("unit") or cc.get("unit")
+        rows += [(f"cost ({unit})", cb.get("total"), cc.get("total")),
+                 (f"samples per cost ({unit})", cb.get("samples_per_cost"), cc.get("samples_per_cost"))]
     sb, sc = b.get("scheduler", {}), c.get("scheduler", {})
     if sb or sc:
         rows += [("scheduler decisions", sb.get("decisions"), sc.get("decisions")),

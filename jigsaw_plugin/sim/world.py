@@ -424,15 +424,27 @@ class World(ExecutorCore):
     def lose_replica(self, rep: Replica, keep_tokens: bool) -> list:
         """A device of ``rep`` was preempted: close it and resume its in-flight requests on
         the pipeline's other replicas through the migration path (re-prefill priced), with
-        the tokens they generated (``keep_tokens``) or from their first token."""
+        the tokens they generated (``keep_tokens``). Without (the baseline that restarts
+        the step), every request of the same steps still in flight on any replica of the
+        pipeline is generated again from its first token."""
         rep.sync(self.t)
         moved = rep.take_all()
         rep.retiring = True
         self._close(rep)
-        for r in moved:
-            if not keep_tokens:
+        p = self.pipelines[rep.pipeline]
+        if not keep_tokens:
+            steps = {r.step for r in moved}
+            for other in p.replicas:
+                other.sync(self.t)
+                hit = [r for r in list(other.queue) + other.running() if r.step in steps]
+                for r in hit:
+                    other.take(r)
+                other.admit(self.t)
+                self._schedule(other)
+                moved += hit
+            for r in moved:
                 r.done = 0
-        self._route_many(self.pipelines[rep.pipeline], moved)
+        self._route_many(p, moved)
         self.dirty = True
         return moved
 
