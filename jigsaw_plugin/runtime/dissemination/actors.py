@@ -68,7 +68,8 @@ class _Uplink:
         self._last_arrival = 0.0
 
     async def send(self, nbytes: int, submit):
-        """Hold the uplink, then submit at arrival; returns an awaitable of the call."""
+        """Hold the uplink, then call ``submit`` at arrival (it returns an awaitable: a Ray
+        call's ObjectRef or a coroutine); returns an awaitable of its result."""
         if self.link is None:
             return submit()
         async with self._lock:
@@ -109,16 +110,19 @@ class TrainerActor:
         return self._layout
 
     async def naive(self, replicas: list, link: LinkSpec | None) -> float:
-        """The whole state to each replica in turn; returns the seconds the trainer was busy."""
+        """The whole state to each replica in turn; returns the seconds the trainer was busy.
+        The uplink's time for the next replica overlaps the previous delivery, but a
+        delivery waits for the previous one: one whole copy in the object store at a time."""
         t0 = time.perf_counter()
-        uplink, sent = _Uplink(link), []
+        uplink, previous = _Uplink(link), None
         for r in replicas:
-            call = await uplink.send(self._layout.total_bytes,
-                                     lambda r=r: r.receive_full.remote(self._layout, self._buffer))
-            if link is None:
-                await call  # one whole copy in the object store at a time
-            sent.append(call)
-        await asyncio.gather(*sent)
+            async def deliver(r=r, before=previous):
+                if before is not None:
+                    await before
+                return await r.receive_full.remote(self._layout, self._buffer)
+
+            previous = asyncio.ensure_future(await uplink.send(self._layout.total_bytes, deliver))
+        await previous
         return time.perf_counter() - t0
 
     async def chain(self, first, chunk_bytes: int, link: LinkSpec | None) -> float:
@@ -161,13 +165,18 @@ class ReplicaActor:
         self._expected = 0
         self._next = None
         self._uplink = _Uplink(None)
-        self._relay: asyncio.Queue | None = None
+        self._slots: list = []
+        self._relayed: list[int] = []
         self._relay_task: asyncio.Task | None = None
         self._complete = asyncio.Event()
 
     def _finish(self) -> None:
         self._state = unpack_state(self._layout, self._buffer)
         self._complete.set()
+
+    def drop(self) -> None:
+        """Forget the held weights (a new version is coming; frees the memory now)."""
+        self._reset(None)
 
     # --- naive ---
     async def receive_full(self, layout: StateLayout, buffer: np.ndarray) -> None:
@@ -179,9 +188,10 @@ class ReplicaActor:
     async def begin_chain(self, layout: StateLayout, chunks: int, next_replica, link: LinkSpec | None) -> None:
         self._reset(layout)
         self._expected, self._next, self._uplink = chunks, next_replica, _Uplink(link)
+        loop = asyncio.get_running_loop()
+        self._slots = [loop.create_future() for _ in range(chunks)]
         if next_replica is not None:
-            self._relay = asyncio.Queue()
-            self._relay_task = asyncio.get_running_loop().create_task(self._relay_chunks())
+            self._relay_task = loop.create_task(self._relay_chunks())
 
     async def receive_chunk(self, k: int, offset: int, piece: np.ndarray, sender: int) -> None:
         """Copy chunk k out of the object store into our buffer; the relay task sends it
@@ -189,22 +199,24 @@ class ReplicaActor:
         end = offset + piece.nbytes
         self._buffer[offset:end] = piece
         self._arrivals.append(ChunkArrival(k, sender, time.time()))
-        if self._next is not None:
-            self._relay.put_nowait((k, offset, end))
-        elif len(self._arrivals) == self._expected:
+        self._slots[k].set_result((offset, end))
+        if self._next is None and len(self._arrivals) == self._expected:
             self._finish()
 
     async def _relay_chunks(self) -> None:
-        """One sender per replica: chunks leave in the order they arrived, over our uplink."""
+        """One sender per replica, relaying in chunk order: Ray may run an async actor's
+        calls out of submission order, so a chunk that arrives early waits for its turn
+        (a sequence number, as any pipelined broadcast has)."""
         inflight: deque = deque()
-        for _ in range(self._expected):
-            k, offset, end = await self._relay.get()
+        for k in range(self._expected):
+            offset, end = await self._slots[k]
             if len(inflight) >= _WINDOW:
                 await inflight.popleft()
             inflight.append(await self._uplink.send(
                 end - offset,
                 lambda k=k, offset=offset, end=end: self._next.receive_chunk.remote(
                     k, offset, self._buffer[offset:end], self._index)))
+            self._relayed.append(k)
         await asyncio.gather(*inflight)
         self._finish()
 
@@ -215,7 +227,12 @@ class ReplicaActor:
         return self._index
 
     def arrivals(self) -> list[ChunkArrival]:
+        """Chunks as they arrived (not necessarily in chunk order)."""
         return list(self._arrivals)
+
+    def relayed(self) -> list[int]:
+        """Chunks in the order this replica sent them on (empty for the chain's last)."""
+        return list(self._relayed)
 
     # --- pull ---
     async def pull(self, registry) -> int | None:

@@ -65,13 +65,17 @@ class DisseminationGroup:
         self._source = (0, "")
 
     def set_state(self, source) -> tuple[int, str]:
-        """Give the trainer a new version: a ``SyntheticSource`` or a name -> tensor dict."""
+        """Give the trainer a new version: a ``SyntheticSource`` or a name -> tensor dict.
+        Replicas drop the copies they hold first (they are stale now; it bounds memory)."""
+        self._ray.get([r.drop.remote() for r in self.replicas], timeout=self._timeout_s)
         self._source = self._ray.get(self.trainer.set_state.remote(source), timeout=self._timeout_s)
         return self._source
 
     def registry(self, link: LinkSpec | None):
         """The version registry for ``pull`` (a new one if the link changed)."""
         if self._registry is None or self._registry_link != link:
+            if self._registry is not None:
+                self._ray.kill(self._registry)  # it holds the last version: free it
             self._registry = self._actors.VersionRegistryActor.remote(link)
             self._registry_link = link
         return self._registry
