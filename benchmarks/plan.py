@@ -1,7 +1,8 @@
 """ECHO-2's provisioning rule (``jigsaw plan``) against simulated sweeps of the rollout share.
 
 For each case, one asynchronous pipeline with a fixed trainer gang; the rollout pool is
-swept (one-step-off with ``rollout_gpus = n`` on a cluster of trainer + n devices: rollout
+swept (one-step-off, or AReaL at staleness 2, with ``rollout_gpus = n`` on a cluster of
+trainer + n devices: rollout
 devices first, so a listed rollout class takes them), each point simulated, and the
 throughput per cost (samples per price unit: every provisioned device x makespan x its
 price per hour) compared with the rule's choice. The rule must come within 10% of the
@@ -10,6 +11,7 @@ sweep's best. Prices are illustrative list prices (assumed, not quoted): H100 on
 
     python benchmarks/plan.py            # run, print, write the <!-- plan --> block
     python benchmarks/plan.py --quick    # fewer points, print only
+    python benchmarks/plan.py --render   # the block again from benchmarks/results/plan.json
 """
 
 from __future__ import annotations
@@ -53,21 +55,31 @@ def _hetero(n: int) -> dict:
                 {"name": "h100", "gpu": "h100", "count": TRAINER, "price_per_hour": H100_PRICE}]}}
 
 
+def _single_s2(n: int) -> dict:
+    d = _single(n)
+    d["pipelines"][0]["staleness"] = 2
+    return d
+
+
 CASES = [
-    # (name, builder, swept rollout devices, rollout class name in the rule's answer)
-    ("H100 only: trainer 4 x H100, rollout n x H100", _single, (1, 2, 3, 4, 5, 6, 8), "h100"),
-    ("heterogeneous: trainer 4 x H100, rollout n x A100 spot", _hetero, (1, 2, 3, 4, 5, 6, 8, 10), "a100-spot"),
+    # (name, builder, swept rollout devices, rollout class name in the rule's answer, policy)
+    ("H100 only, staleness 1 (one-step-off): trainer 4 x H100, rollout n x H100", _single,
+     (1, 2, 3, 4, 5, 6, 8), "h100", "one-step-off"),
+    ("heterogeneous, staleness 1 (one-step-off): trainer 4 x H100, rollout n x A100 spot", _hetero,
+     (1, 2, 3, 4, 5, 6, 8, 10), "a100-spot", "one-step-off"),
+    ("H100 only, staleness 2 (AReaL, generation up to 2 versions ahead): trainer 4 x H100, rollout n x H100",
+     _single_s2, (1, 2, 3, 4, 6, 8), "h100", "areal"),
 ]
-QUICK = [(n, b, pts[:4], c) for n, b, pts, c in CASES]
+QUICK = [(n, b, pts[:4], c, pol) for n, b, pts, c, pol in CASES]
 
 
 def measure(cases) -> list:
     out = []
-    for name, build, points, cls in cases:
+    for name, build, points, cls, policy in cases:
         wl = load(build(max(points)))
         trainer_class = "h100"
         prov = plan_pipeline(wl, trainer_gpus=TRAINER, trainer_class=trainer_class)
-        jobs = [(build(n), "one-step-off", {"rollout_gpus": n}, 0) for n in points]
+        jobs = [(build(n), policy, {"rollout_gpus": n}, 0) for n in points]
         t0 = time.process_time()
         results = run_many(jobs)
         rows = []
@@ -96,8 +108,9 @@ def _verdict(case: dict) -> tuple[int, int, float]:
 def render(data: list) -> str:
     out = [START, "## Provisioning rule (`jigsaw plan`) against a sweep of the rollout share (simulated)", "",
            "ECHO-2's capacity model (docs/plan.md) picks the rollout pool for one asynchronous pipeline "
-           "(dapo-math-async of workload (c), 128 prompts x 16 samples per step, 6 steps, staleness 1) with "
-           "a trainer of 4 H100; the simulator runs one-step-off at every rollout size n. Throughput per cost "
+           "(dapo-math-async of workload (c), 128 prompts x 16 samples per step, 6 steps) with "
+           "a trainer of 4 H100; the simulator runs the named policy at every rollout size n (its "
+           "`rollout_gpus`). Throughput per cost "
            "= samples / (every provisioned device x makespan x its price per hour); prices are assumed list "
            f"prices: H100 on demand {H100_PRICE:.2f}, A100 spot {A100_SPOT_PRICE:.2f} per device-hour. "
            "The model's step time is steady state; the simulated mean step includes the first generation "
