@@ -17,7 +17,7 @@ import time
 
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
 from jigsaw_plugin.core.pricing import Pricer
-from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state
+from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask, DeviceView
@@ -375,6 +375,7 @@ class ExecutorCore:
         group = rid.sample // p.spec.samples_per_prompt
         p.history.record_finished(rid.step, group, rid.turn or 0, int(length))
         self.prediction_log.finish(rid, int(length))
+        note_finished(self.request_cache, p.name, rid)
 
     def _trajectory_finished(self, p: PipelineRun, s: StepRun, sample: int) -> None:
         smp = s.samples

@@ -44,7 +44,7 @@ from jigsaw_plugin.scheduler.state import (
     StepView,
 )
 
-__all__ = ["EXACT", "ReplicaObs", "RequestRow", "RefreshPolicy", "build_state", "prior_summary"]
+__all__ = ["EXACT", "ReplicaObs", "RequestRow", "RefreshPolicy", "build_state", "note_finished", "prior_summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +68,25 @@ class RefreshPolicy:
         least one record; the built-in predictor refits its model at 1/64).
     progress_fraction: the pipeline's requests decoded this share of the work predicted
         for them at the last call.
+    carry_min_rows, carry_drift: a replica of at least ``carry_min_rows`` requests whose
+        request set changed keeps its rows (finished ones dropped, running ones advanced
+        at its observed step time) until ``carry_drift`` of them changed; its predictions
+        then feed its load figures, and its rows are read again before a predictor call
+        or when a policy reads its request views.
     exact: ask every round and read every replica's rows (the from-scratch build).
     """
 
     history_fraction: float = 1 / 64
     progress_fraction: float = 0.125
+    carry_min_rows: int = 64
+    carry_drift: float = 0.125
     exact: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("history_fraction", "progress_fraction"):
+        v = self.carry_min_rows
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError("RefreshPolicy.carry_min_rows", v, "an integer >= 1")
+        for name in ("history_fraction", "progress_fraction", "carry_drift"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
                 raise SpecError(f"RefreshPolicy.{name}", v, "a number in [0, 1]")
@@ -94,19 +104,24 @@ _EMPTY = np.zeros(0)
 
 
 class _ReplicaRows:
-    """One replica's rows as columns (running first), as of ``t``, with what the pipeline's
-    last predictor call said of each: ``g0`` tokens so far then, ``final`` predicted length
-    (nan: not asked yet), and this round's predicted remaining ``pred``."""
+    """One replica's rows as columns (running first), as read at ``t_read`` and carried to
+    ``t``, with what the pipeline's last predictor call said of each: ``g0`` tokens so far
+    then, ``final`` predicted length (nan: not asked yet), and this round's predicted
+    remaining ``pred``. Scalars summarise them so that a round that changes nothing reads
+    no array twice: ``unseen`` (a row without a prediction), ``decoded`` (tokens generated
+    since the last predictor call)."""
 
-    __slots__ = ("version", "t", "kv", "running", "ids", "prompt_key", "group", "turn", "step", "context",
-                 "max_tokens", "queued", "generated", "in_flight_s", "g0", "final", "pred")
+    __slots__ = ("version", "t", "t_read", "kv", "running", "ids", "prompt_key", "group", "turn", "step",
+                 "context", "max_tokens", "queued", "running_mask", "generated", "in_flight_read", "g0", "final",
+                 "final_eff", "pred", "alive", "carried", "drift", "unseen", "decoded", "n_decoding", "_index")
 
     def __init__(self, rep, obs: ReplicaObs, t: float, old: "_ReplicaRows | None"):
         rows = rep.request_rows(t)
         n = len(rows)
         cols = list(zip(*rows)) if rows else [()] * 8
         self.version = getattr(rep, "version", None)
-        self.t, self.kv, self.running = t, obs.kv_tokens, obs.running
+        self.t = self.t_read = t
+        self.kv, self.running = obs.kv_tokens, obs.running
         self.ids = cols[0]
         self.prompt_key = cols[2]
         self.group = np.fromiter(cols[1], dtype=np.int64, count=n)
@@ -115,11 +130,17 @@ class _ReplicaRows:
         self.context = np.fromiter(cols[3], dtype=np.int64, count=n)
         self.max_tokens = np.fromiter(cols[5], dtype=np.int64, count=n)
         self.queued = np.fromiter(cols[7], dtype=bool, count=n)
+        self.running_mask = ~self.queued
+        self.n_decoding = int(self.running_mask.sum())
         self.generated = np.fromiter(cols[4], dtype=float, count=n)
-        self.in_flight_s = np.fromiter(cols[6], dtype=float, count=n)
+        self.in_flight_read = np.fromiter(cols[6], dtype=float, count=n)
         self.g0 = np.full(n, math.nan)
         self.final = np.full(n, math.nan)
         self.pred = _EMPTY
+        self.alive = None  # all rows (a carried replica marks the finished ones)
+        self.carried = False  # carried across a version change (rows not read since)
+        self.drift = 0  # requests that finished, arrived or left since the rows were read
+        self._index = None
         if old is not None and len(old.ids) and n:
             # what the last predictor call said of the requests this replica still holds
             where = dict(zip(old.ids, range(len(old.ids))))
@@ -127,27 +148,94 @@ class _ReplicaRows:
             hit = idx >= 0
             self.g0[hit] = old.g0[idx[hit]]
             self.final[hit] = old.final[idx[hit]]
+        self.unseen = bool(np.isnan(self.final).any())
+        self.decoded = float(np.nansum(self.generated - self.g0)) if n and not self.unseen else 0.0
+        self._final_changed()
+
+    def _final_changed(self) -> None:
+        # a row predicted to run to its budget cannot outlive its prediction
+        self.final_eff = np.where(self.final >= self.max_tokens, np.inf, self.final)
+        if self.alive is not None:
+            self.final_eff[~self.alive] = np.inf
+
+    def predicted_now(self, pred: np.ndarray) -> None:
+        """The predictor answered for these rows as they are now."""
+        self.pred = pred
+        self.g0 = self.generated.copy()
+        self.final = self.g0 + pred
+        self.unseen, self.decoded = False, 0.0
+        self._final_changed()
+
+    def _decode(self, d: float, t: float) -> None:
+        if d > 0 and self.n_decoding:
+            np.add(self.generated, d, out=self.generated, where=self.running_mask)
+            self.decoded += d * self.n_decoding
+        self.t = t
 
     def advance(self, obs: ReplicaObs, t: float) -> None:
         """Same requests, same schedule, later: running ones decoded ``d`` more tokens each
-        (the engine's KV use grew by ``d`` per running sequence); every one waited longer."""
+        (the engine's KV use grew by ``d`` per running sequence)."""
         if t == self.t:
             return
-        if self.running > 0:
-            d = (obs.kv_tokens - self.kv) / self.running
-            if d > 0:
-                self.generated[~self.queued] += d
-        self.in_flight_s += t - self.t
-        self.t, self.kv = t, obs.kv_tokens
+        d = (obs.kv_tokens - self.kv) / self.running if self.running > 0 else 0.0
+        self._decode(d, t)
+        self.kv = obs.kv_tokens
+
+    def carry(self, obs: ReplicaObs, t: float, version, finished: list, policy: "RefreshPolicy") -> bool:
+        """The replica's requests changed (``version``) but few did: keep the rows without
+        reading them, drop the ones that finished (the executor reports each), advance the
+        running ones at the engine's observed step time. False: read them again (small
+        replica, or more than ``policy.carry_drift`` of its rows changed since read)."""
+        n = len(self.ids)
+        if n < policy.carry_min_rows or t < self.t:
+            return False
+        if self._index is None:
+            self._index = dict(zip(self.ids, range(n)))
+        index = self._index
+        gone = [index[i] for i in finished if i in index]
+        if gone:
+            if self.alive is None:
+                self.alive = np.ones(n, dtype=bool)
+            gone = np.asarray(gone)
+            gone = gone[self.alive[gone]]
+            self.alive[gone] = False
+            self.running_mask[gone] = False
+            self.final_eff[gone] = np.inf
+            self.n_decoding = int(self.running_mask.sum())
+            self.drift += len(gone)
+        live = n if self.alive is None else int(self.alive.sum())
+        if self.drift + abs(obs.running + obs.queued - live) > policy.carry_drift * n:
+            return False
+        self._decode((t - self.t) / obs.step_s if obs.step_s > 0 else 0.0, t)
+        self.kv, self.running, self.version, self.carried = obs.kv_tokens, obs.running, version, True
+        return True
 
     def whole_generated(self) -> np.ndarray:
         """Tokens so far as the engine counts them (whole tokens)."""
         return np.floor(self.generated + 1e-9)
 
+    def in_flight_s(self) -> np.ndarray:
+        return self.in_flight_read + (self.t - self.t_read)
+
+    def outlived(self) -> bool:
+        """A row generated past its predicted final length with budget left."""
+        return len(self.ids) > 0 and float((self.final_eff - self.generated).min()) <= 0.0
+
+    def extrapolate(self) -> None:
+        """Predicted remaining from the cached final length, less what has been generated
+        since (at least one token while the budget lasts, as the predictor's own answers;
+        none for a carried row that finished). ``final`` never exceeds the budget."""
+        g = self.generated
+        pred = np.subtract(self.final, g)
+        np.maximum(pred, np.minimum(1.0, self.max_tokens - g), out=pred)
+        if self.alive is not None:
+            pred[~self.alive] = 0.0
+        self.pred = pred
+
     def views(self, replica: int) -> tuple:
         return tuple(map(RequestView, self.ids, self.group.tolist(), self.prompt_key, self.context.tolist(),
                          self.whole_generated().astype(np.int64).tolist(), self.max_tokens.tolist(),
-                         self.in_flight_s.tolist(), (replica,) * len(self.ids), self.queued.tolist(),
+                         self.in_flight_s().tolist(), (replica,) * len(self.ids), self.queued.tolist(),
                          self.pred.tolist()))
 
 
@@ -160,7 +248,7 @@ def _batch(parts: list, replica_ids: list) -> RequestBatch:
         group=cat([r.group for r in parts]), turn=cat([r.turn for r in parts]), step=cat([r.step for r in parts]),
         generated=cat([r.whole_generated() for r in parts]).astype(np.int64),
         max_tokens=cat([r.max_tokens for r in parts]), context_tokens=cat([r.context for r in parts]),
-        in_flight_s=cat([r.in_flight_s for r in parts]), replica=np.repeat(np.asarray(replica_ids, np.int64), sizes),
+        in_flight_s=cat([r.in_flight_s() for r in parts]), replica=np.repeat(np.asarray(replica_ids, np.int64), sizes),
         queued=cat([r.queued for r in parts]), prompt_key=tuple(k for r in parts for k in r.prompt_key),
     )
 
@@ -173,6 +261,19 @@ class _PipelineCache:
         self.rows: dict[int, _ReplicaRows] = {}  # replica -> its rows
         self.history_count = -1
         self.work0 = 0.0  # predicted remaining tokens at the last call
+        self.finished: list = []  # request ids that finished since the last gather
+        self.rows_total = 0  # rows held at the last gather
+
+
+def note_finished(caches: dict, pipeline: str, request_id) -> None:
+    """The executor's report that a request's turn ended (carried rows drop it)."""
+    entry = caches.get(pipeline)
+    if entry is None or not entry[2].rows:
+        return  # nothing carried to drop it from
+    cache = entry[2]
+    cache.finished.append(request_id)
+    if len(cache.finished) > cache.rows_total:  # not read for long: read again, keep memory flat
+        cache.rows, cache.finished = {}, []
 
 
 class _PipelineRequests:
@@ -189,52 +290,64 @@ class _PipelineRequests:
         self._obs[replica] = obs
         self._step_s[replica] = obs.step_s
 
+    def _read(self, rep, obs: ReplicaObs, old: "_ReplicaRows | None") -> _ReplicaRows:
+        return _ReplicaRows(rep, obs, self._t, None if self._refresh.exact else old)
+
     def _gather(self) -> None:
         t0 = self._ex.clock()
-        ex, p, t, cache, refresh = self._ex, self._p, self._t, self._cache, self._refresh
+        p, t, cache, refresh = self._p, self._t, self._cache, self._refresh
         rows: dict[int, _ReplicaRows] = {}
+        finished, cache.finished = cache.finished, []
         for rep in p.replicas:
             obs = self._obs.get(rep.id) or rep.observe(t)
             r = cache.rows.get(rep.id)
             version = getattr(rep, "version", None)
-            if refresh.exact or r is None or version is None or r.version != version or t < r.t:
-                r = _ReplicaRows(rep, obs, t, None if refresh.exact else r)
-            else:
+            if refresh.exact or r is None or version is None or t < r.t:
+                r = self._read(rep, obs, r)
+            elif r.version == version:
                 r.advance(obs, t)
+            elif not r.carry(obs, t, version, finished, refresh):
+                r = self._read(rep, obs, r)
             rows[rep.id] = r
         cache.rows = self._rows = rows
         parts = [r for r in rows.values() if len(r.ids)]
+        cache.rows_total = sum(len(r.ids) for r in parts)
         if parts and (refresh.exact or self._stale(p, cache, parts)):
-            batch = _batch(parts, [i for i, r in rows.items() if len(r.ids)])
-            pred = ex.predict_remaining(p, batch, self._step_s)
-            cache.history_count = p.history.count
-            cache.work0 = float(pred.sum())
-            at = 0
-            for r in parts:
-                k = len(r.ids)
-                r.pred = pred[at:at + k]
-                r.g0 = r.whole_generated()
-                r.final = r.g0 + r.pred
-                at += k
+            self._predict_all()
         else:
             for r in parts:
-                # the cached final length, less what has been generated since (at least one
-                # token while the budget lasts, as the predictor's own answers)
-                g = r.whole_generated()
-                budget = np.maximum(r.max_tokens - g, 0.0)
-                pred = np.maximum(r.final - g, np.minimum(1.0, budget))
-                r.pred = np.minimum(pred, budget, out=pred)
-        ex.note_state_build((self._ex.clock() - t0) * 1e6)
+                r.extrapolate()
+        self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
+
+    def _predict_all(self) -> None:
+        """Read carried rows, then one predictor call for the whole pipeline."""
+        p, cache = self._p, self._cache
+        for rep in p.replicas:
+            r = self._rows[rep.id]
+            if r.carried:
+                self._rows[rep.id] = self._read(rep, self._obs.get(rep.id) or rep.observe(self._t), r)
+        cache.rows = self._rows
+        ids = [i for i, r in self._rows.items() if len(r.ids)]
+        parts = [self._rows[i] for i in ids]
+        if not parts:
+            return
+        pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s)
+        cache.history_count = p.history.count
+        cache.work0 = float(pred.sum())
+        at = 0
+        for r in parts:
+            k = len(r.ids)
+            r.predicted_now(pred[at:at + k])
+            at += k
 
     def _stale(self, p, cache: _PipelineCache, parts: list) -> bool:
         decoded = 0.0
         for r in parts:
-            if np.isnan(r.final).any():
+            if r.unseen:
                 return True  # a request the predictor has not seen
-            g = r.whole_generated()
-            if ((g >= r.final) & (g < r.max_tokens)).any():
-                return True  # outlived its prediction with budget left
-            decoded += float((g - r.g0).sum())
+            if r.outlived():
+                return True
+            decoded += r.decoded
         if decoded > self._refresh.progress_fraction * max(cache.work0, 1.0):
             return True
         count = p.history.count
@@ -253,6 +366,15 @@ class _PipelineRequests:
         if r is None or not len(r.ids):
             return ()
         t0 = self._ex.clock()
+        if r.carried:  # views are observations: read its rows now
+            rep = next(x for x in self._p.replicas if x.id == replica)
+            r = self._rows[replica] = self._cache.rows[replica] = \
+                self._read(rep, self._obs.get(replica) or rep.observe(self._t), r)
+            if r.unseen:
+                self._predict_all()  # a request the predictor has not seen
+                r = self._rows[replica]
+            else:
+                r.extrapolate()
         out = r.views(replica)
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
         return out
