@@ -158,10 +158,10 @@ def table(results: list) -> str:
                      "policy p50 / p99 us", "decision p50 / p99 us", "decision p99 wall us", "CPU s"], rows)
 
 
-def write_block(text: str) -> None:
-    """Replace this script's marked block of docs/benchmarks.md (first time: before the
+def write_block(text: str, block: str = BLOCK) -> None:
+    """Replace the marked block ``block`` of docs/benchmarks.md (first time: before the
     figures section); nothing else in the file changes."""
-    start, end = f"<!-- {BLOCK}:start -->", f"<!-- {BLOCK}:end -->"
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
     body = DOC.read_text()
     block = f"{start}\n{text.rstrip()}\n{end}"
     if start in body and end in body:
@@ -200,6 +200,36 @@ def run(cases=None, modes=MODES, rounds: int = 2000, cpu_budget_s: float = 240.0
     return table(results), summary
 
 
+def predictor_calls(sizes=(64, 512, 1024, 4096)) -> list:
+    """CPU microseconds per ``HistoryPredictor.predict`` call by batch size (3 steps x 512
+    groups of 8 in the history, one step in flight) and the sum of the answers (equal
+    before and after a change that only speeds the batch path up)."""
+    import numpy as np
+
+    from jigsaw_plugin.predict import HistoryPredictor, LengthHistory, RequestBatch as Batch
+
+    rng = np.random.default_rng(0)
+    history = LengthHistory(20480)
+    for step in range(3):
+        for group in range(512):
+            for _ in range(8):
+                if step < 2 or rng.random() < 0.5:
+                    history.record_finished(step, group, 0, int(min(20480, rng.lognormal(6.5, 0.9))))
+    predictor = HistoryPredictor()
+    out = []
+    for n in sizes:
+        batch = Batch(np.full(n, 2), rng.integers(0, 512, n), np.zeros(n, np.int64),
+                      rng.integers(0, 3000, n).astype(float), np.full(n, 20480.0))
+        predictor.predict(batch, history)
+        reps = 300 if n < 4096 else 60
+        t0 = time.process_time()
+        for _ in range(reps):
+            pred = predictor.predict(batch, history)
+        out.append({"requests": n, "cpu_us_per_call": (time.process_time() - t0) / reps * 1e6,
+                    "sum": float(pred.sum())})
+    return out
+
+
 def _parse_cases(text: str) -> list:
     known = {(g, n): pr for g, n, pr in CASES}
     out = []
@@ -223,7 +253,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2000, help="decide rounds per case at most")
     ap.add_argument("--cpu-budget", type=float, default=240.0, help="CPU seconds per case at most")
     ap.add_argument("--write", action="store_true", help="write the block into docs/benchmarks.md")
+    ap.add_argument("--predictor-calls", action="store_true",
+                    help="only time HistoryPredictor.predict by batch size (docs/predictor.md)")
     args = ap.parse_args(argv)
+    if args.predictor_calls:
+        print(f"load average {_load_avg()}")
+        for row in predictor_calls():
+            print(json.dumps(row))
+        return
     modes = tuple(m.strip() for m in args.modes.split(","))
     bad = [m for m in modes if m not in MODES]
     if bad:
