@@ -3,6 +3,7 @@ Ray with real buffers, beside the cost model's closed forms.
 
     .venv-cpu/bin/python benchmarks/dissemination.py            # measure (about 10 min at load ~40), fit, write
     .venv-cpu/bin/python benchmarks/dissemination.py --quick    # a small grid (about 1 min)
+    .venv-cpu/bin/python benchmarks/dissemination.py --resume   # go on after an interrupted run
     .venv-cpu/bin/python benchmarks/dissemination.py --render   # re-render the saved JSON
 
 Every cell is the median of 3 runs, the strategies interleaved run by run so they share
@@ -31,6 +32,7 @@ from jigsaw_plugin.costmodel.dissemination import dissemination_price, fit_hop  
 from jigsaw_plugin.runtime.dissemination import STRATEGIES, DisseminationSpec, LinkSpec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "dissemination.json"
+PARTIAL = RESULTS.with_suffix(".partial.json")  # rows so far: --resume goes on from here
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- dissemination:start -->", "<!-- dissemination:end -->"
 BEFORE = "## Figures of the bundled workloads"
@@ -68,8 +70,10 @@ def measure(grid: list) -> dict:
         backend = "numpy"
     ray.init(num_cpus=2, object_store_memory=3 * 1024**3, include_dashboard=False, log_to_driver=False,
              namespace="bench-dissemination")
-    rows, load_start = [], load_avg()
-    t_start = time.perf_counter()
+    done = json.loads(PARTIAL.read_text()) if "--resume" in sys.argv and PARTIAL.exists() else {}
+    rows, load_start = done.get("rows", []), done.get("load_start", load_avg())
+    have = {(r["size_bytes"], r["replicas"], r["wan"]) for r in rows}
+    t_start = time.perf_counter() - done.get("wall_s", 0.0)
     with DisseminationGroup(max(max(counts) for _, counts, _ in grid)) as group:
         if backend == "torch":
             from jigsaw_plugin.runtime.tiny_model import tiny_qwen2_state_dict
@@ -82,6 +86,9 @@ def measure(grid: list) -> dict:
             tiny = None
         for size_mb, counts, wan in grid:
             size = size_mb * MB
+            counts = [n for n in counts if (size, n, wan) not in have]
+            if not counts:
+                continue
             group.set_state(SyntheticSource(size, seed=size_mb, backend=backend))
             link = WAN if wan else None
             for n in counts:
@@ -94,6 +101,8 @@ def measure(grid: list) -> dict:
                         runs[s].append((r.seconds, r.trainer_seconds))
                 rows.append({"size_bytes": size, "replicas": n, "wan": wan, "chunk_bytes": chunk_for(size),
                              "runs": runs, "load": load_avg()})
+                PARTIAL.write_text(json.dumps({"rows": rows, "load_start": load_start,
+                                               "wall_s": time.perf_counter() - t_start}))
                 print(f"{size_mb:5d} MB x{n} wan={wan}: " + "  ".join(
                     f"{s} {statistics.median(x for x, _ in runs[s]):.3f}s" for s in STRATEGIES), flush=True)
     ray.shutdown()
@@ -182,6 +191,7 @@ def main() -> None:
         if "--quick" not in sys.argv:
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(data, indent=1))
+        PARTIAL.unlink(missing_ok=True)
     hop = fit(data)
     print(f"fitted hop: overhead {hop.overhead_s:.4f} s, {hop.bytes_per_s:.3e} B/s")
     block = render(data)
