@@ -115,7 +115,7 @@ def render(data: dict) -> str:
                 "Measured: no ratio (a job of the table did not finish: see its exit code)")
     lines = [
         f"<!-- {BLOCK}:start -->",
-        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO, {data['steps']} steps, 1 pretend device each) at the same time "
+        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO advantages without a reference model, {data['steps']} steps, 1 pretend device each) at the same time "
         f"on one coordinator with a pool of 2 devices, on this 2-core machine "
         f"(`.venv-verl/bin/python benchmarks/real_ab_hosts.py --repeats {n}`, {data['date']}, "
         f"load average at the start {data['repeats'][0]['verl-sync']['load_avg_start'][0]:.2f}). "
@@ -128,15 +128,33 @@ def render(data: dict) -> str:
         "",
         f"{measured}; the simulator predicts "
         f"{pred['ratio']:.2f}x for the same declared pipelines (makespan {pred['verl-sync']:.1f} s vs "
-        f"{pred['jigsaw']:.1f} s on the `cpu` profile). "
-        "Why there is little to gain here: both jobs hold their own device under either policy, verl's "
-        "FSDP gangs are fixed (training width not resizable: jigsaw can only time-share, not widen), and "
-        "the CPU busy fraction shows the two cores already saturated by two jobs. A verl job and an "
-        "OpenRLHF job on one coordinator under the policy is not measured (the OpenRLHF adapter still "
-        "takes plain leases).",
+        f"{pred['jigsaw']:.1f} s on the `cpu` profile).",
+        "",
+        why(data, ok),
+        "",
+        "Peak RSS is the summed resident memory of every process of this user (all engineers on this "
+        "machine run as one user), less its value at the arm's start: an upper bound, not the jobs' own.",
         f"<!-- {BLOCK}:end -->",
     ]
     return "\n".join(lines)
+
+
+def why(data: dict, ok: bool) -> str:
+    """The reading of the table: what limited this run, from what was measured."""
+    if not ok:
+        never = all(r["grants"] == 0 for rep in data["repeats"] for r in rep.values())
+        load = max(x for rep in data["repeats"] for r in rep.values() for x in r["load_avg_end"])
+        return ("What happened: the jobs were killed by Ray's memory monitor (the node above 95% of its "
+                "23.5 GiB, shared with the other engineers' runs; load average up to "
+                f"{load:.0f} on 2 cores){' before their first stage: no grant was made' if never else ''}. "
+                "No A/B is measured; `make real-ab-hosts` on an idle machine is the run to do. The "
+                "policy's grants in a real verl run are shown by integration_tests/verl/test_host_policy.py "
+                "(and docs/verl.md, \"Stage grants under a policy\").")
+    return ("Why there is little to gain here: both jobs hold their own device under either policy, verl's "
+            "FSDP gangs are fixed (training width not resizable: jigsaw can only time-share, not widen), and "
+            "the CPU busy fraction shows the two cores already saturated by two jobs. A verl job and an "
+            "OpenRLHF job on one coordinator under the policy is not measured (the OpenRLHF adapter still "
+            "takes plain leases).")
 
 
 def write_block(text: str) -> None:
