@@ -147,9 +147,12 @@ def why(data: dict, ok: bool) -> str:
         return ("What happened: the jobs were killed by Ray's memory monitor (the node above 95% of its "
                 "23.5 GiB, shared with the other engineers' runs; load average up to "
                 f"{load:.0f} on 2 cores){' before their first stage: no grant was made' if never else ''}. "
-                "No A/B is measured; `make real-ab-hosts` on an idle machine is the run to do. The "
-                "policy's grants in a real verl run are shown by integration_tests/verl/test_host_policy.py "
-                "(and docs/verl.md, \"Stage grants under a policy\").")
+                "No A/B is measured; `make real-ab-hosts` on an idle machine is the run to do. A single "
+                "verl job under the jigsaw policy (pool of 1) was killed the same way twice. What is shown "
+                "instead: the policy's grants through the real coordinator actor for two drivers "
+                "(tests/test_host_scheduler_ray.py) and the verl session's per-stage grants "
+                "(tests/test_verl_session_grants.py); integration_tests/verl/test_host_policy.py (a real "
+                "two-job verl run) is written but has not passed on this machine yet.")
     return ("Why there is little to gain here: both jobs hold their own device under either policy, verl's "
             "FSDP gangs are fixed (training width not resizable: jigsaw can only time-share, not widen), and "
             "the CPU busy fraction shows the two cores already saturated by two jobs. A verl job and an "
