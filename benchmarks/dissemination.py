@@ -73,6 +73,7 @@ def measure(grid: list) -> dict:
     done = json.loads(PARTIAL.read_text()) if "--resume" in sys.argv and PARTIAL.exists() else {}
     rows, load_start = done.get("rows", []), done.get("load_start", load_avg())
     have = {(r["size_bytes"], r["replicas"], r["wan"]) for r in rows}
+    attempts = done.get("attempts", 0) + 1
     t_start = time.perf_counter() - done.get("wall_s", 0.0)
     with DisseminationGroup(max(max(counts) for _, counts, _ in grid)) as group:
         if backend == "torch":
@@ -101,12 +102,12 @@ def measure(grid: list) -> dict:
                         runs[s].append((r.seconds, r.trainer_seconds))
                 rows.append({"size_bytes": size, "replicas": n, "wan": wan, "chunk_bytes": chunk_for(size),
                              "runs": runs, "load": load_avg()})
-                PARTIAL.write_text(json.dumps({"rows": rows, "load_start": load_start,
+                PARTIAL.write_text(json.dumps({"rows": rows, "load_start": load_start, "attempts": attempts,
                                                "wall_s": time.perf_counter() - t_start}))
                 print(f"{size_mb:5d} MB x{n} wan={wan}: " + "  ".join(
                     f"{s} {statistics.median(x for x, _ in runs[s]):.3f}s" for s in STRATEGIES), flush=True)
     ray.shutdown()
-    return {"backend": backend, "tiny_qwen2": tiny, "load_start": load_start, "load_end": load_avg(),
+    return {"backend": backend, "tiny_qwen2": tiny, "load_start": load_start, "load_end": load_avg(), "attempts": attempts,
             "wall_s": time.perf_counter() - t_start, "link": {"gbit_s": WAN.bandwidth_bytes_s * 8 / 1e9,
                                                               "latency_ms": WAN.latency_s * 1e3},
             "cpu": os.cpu_count(), "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
@@ -137,7 +138,9 @@ def render(data: dict) -> str:
            f"constants fitted in this run to naive x1 and chain x1 without link: overhead {hop.overhead_s * 1e3:.1f} ms, "
            f"{hop.bytes_per_s / 1e9:.2f} GB/s, 2 hops at once (2 cores); the x1 naive and chain cells without a link are the fit, every other cell is a prediction. "
            f"Load average {data['load_start']} at the start, {data['load_end']} at the end "
-           f"(other engineers share the machine); {data['wall_s']:.0f} s in all.", ""]
+           f"(other engineers share the machine); {data['wall_s']:.0f} s of measuring in all"
+           + (f", in {data['attempts']} attempts (`--resume`: Ray's out-of-memory monitor stopped the earlier ones "
+              "when the shared machine's memory passed 95%)" if data.get("attempts", 1) > 1 else "") + ".", ""]
     if data.get("tiny_qwen2"):
         t = data["tiny_qwen2"]
         out += [f"The real tiny Qwen2 state dict ({t['bytes'] / MB:.1f} MB, torch tensors) to {t['replicas']} "

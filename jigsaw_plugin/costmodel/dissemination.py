@@ -64,10 +64,12 @@ class HopCost:
         return self.overhead_s + nbytes / self.bytes_per_s
 
 
-# PROVISIONAL (a first smoke run's order of magnitude); benchmarks/dissemination.py --fit
-# replaces it with the least-squares fit of its naive x1 runs.
-CPU_HOP = HopCost(overhead_s=0.0068, bytes_per_s=1.2e9, parallel_hops=2,
-                  source="provisional: smoke run on the 2-core CI machine (Ray object store, numpy buffers)")
+# Fitted on this 2-core machine by benchmarks/dissemination.py (2026-11-23, load average
+# 30-70 from other users; docs/benchmarks.md "Weight dissemination on Ray"): o and beta by
+# least squares over naive x1 and chain x1 without a link, 8-512 MB, torch float32 states,
+# Ray 2.60 object store. P = 2 cores.
+CPU_HOP = HopCost(overhead_s=0.0040, bytes_per_s=1.666e9, parallel_hops=2,
+                  source="fitted: naive x1 and chain x1 on the 2-core CI machine (Ray object store)")
 
 
 def gpu_hop(hardware: str = "h100", scope: str = "internode", overhead_s: float = 30e-6) -> HopCost:
