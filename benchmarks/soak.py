@@ -559,6 +559,7 @@ def render(data: dict) -> str:
         "`driver_lost` lease release per pipeline per driver kill, and every pid gone at the end "
         "(`integration_tests/test_soak.py` runs a short case of each kind). "
         f"Coordinator RSS before / after each run (MiB): {', '.join(f'{a:.0f}/{b:.0f}' for a, b in rss)}.",
+        *[x for note in data.get("notes", []) for x in ("", note)],  # added to the JSON by hand, kept by --render
         *([""] + [f"Unplanned driver restarts (the driver died by itself, e.g. Ray's OOM killer on the crowded "
                   f"machine; restarted like a killed one): {'; '.join(why)}."] if (why := [w for rs in data["runs"].values()
                                                                                       for r in rs for w in r["unplanned_restarts"]]) else []),

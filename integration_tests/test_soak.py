@@ -2,9 +2,10 @@
 engine actor and the driver are SIGKILLed; every sample counted, every pid checked
 (benchmarks/soak.py holds the harness; its checks raise ``SoakFailure``).
 
-Needs ``.venv-cpu`` (``make integration``). About 5-10 min on the 2-core machine: one
-device, an engine per pipeline; the driver's restart starts both engines again and an
-engine kill starts a replacement. Marked ``ray_cluster`` (runs last, after the
+Needs ``.venv-cpu`` (``make integration``). Most of its time is vLLM start-up: the two
+engines at the start, again after the driver's restart, and a replacement per killed
+engine; 12 min at load average 50-80 on the shared 2-core machine (passed: 48 samples,
+2 engine kills, 1 driver kill, 10 samples generated again, 0 lost, 26 pids all gone). Marked ``ray_cluster`` (runs last, after the
 shared local engines are shut down).
 """
 
@@ -66,45 +67,3 @@ def test_engine_and_driver_kills_lose_and_duplicate_no_sample(soak_cluster, tmp_
     assert info["events_in_memory"] <= 200  # the coordinator's log spilled instead of growing
     shutil.rmtree(workdir, ignore_errors=True)
 
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
-@pytest.mark.timeout(600)
-def test_the_coordinators_memory_stays_flat_over_many_events(soak_cluster, tmp_path):
-    """Side by side: a coordinator that spills its log beyond 500 events and one that keeps
-    them all get the same events (about 1 KB each); after a warm-up, the RSS of the first
-    stays flat while the second's grows with the log. (A historic hook such as
-    ``jigsaw_register_pipeline`` would not do: pluggy keeps every historic call.)"""
-    from jigsaw_plugin.runtime.coordinator import connect_coordinator
-
-    spill = connect_coordinator(name="mem-spill", namespace=soak.NAMESPACE, devices=1, max_events_in_memory=500,
-                                event_spill_path=str(tmp_path / "spill.jsonl"))
-    keep = connect_coordinator(name="mem-keep", namespace=soak.NAMESPACE, devices=1, max_events_in_memory=10**7)
-    pids = {"spill": spill.info()["pid"], "keep": keep.info()["pid"]}
-    rss = {k: [] for k in pids}
-    name = "p" + "x" * 1000
-
-    def emit(lo, hi):
-        for k in range(lo, hi):
-            for c in (spill, keep):
-                c.emit("jigsaw_stage_start", pipeline=name, step=k, stage="gen", devices=(0,), samples=8, tokens=k,
-                       t=float(k))
-        spill.flush()
-        keep.flush()
-        for key, pid in pids.items():
-            rss[key].append(_rss_mib(pid))
-
-    for lo, hi in ((0, 4_000), (4_000, 14_000), (14_000, 24_000)):
-        emit(lo, hi)
-    grew = {k: round(v[2] - v[1], 1) for k, v in rss.items()}  # over the last 10,000 events
-    print(f"coordinator RSS at 4k / 14k / 24k events (MiB): {rss}; growth over the last 10k {grew}")  # pytest -s
-    assert spill.info()["events"] == keep.info()["events"] == 24_000
-    assert spill.info()["events_in_memory"] <= 500
-    assert grew["keep"] > 8, grew  # the log in memory shows (10 MB of payload)
-    assert grew["spill"] < grew["keep"] / 3, grew
-    assert [e["step"] for e in spill.events()] == list(range(24_000))  # nothing lost, in order
-    spill.shutdown()
-    keep.shutdown()
