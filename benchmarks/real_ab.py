@@ -321,6 +321,18 @@ def agentic_note(data: dict) -> list[str]:
                     f"Measured `{agent}` training stages per step (old_log_prob + ref + update_actor), verl-sync on "
                     f"one core / jigsaw: {_train_s(r, 'baseline', agent):.2f} s / "
                     f"{_train_s(r, 'candidate', agent):.2f} s."]
+    cand = r["rollout_idle"].get("candidate", {}).get(agent or "", {})
+    gen_c = r["stage_s"]["candidate"].get(agent or "", {}).get("gen", 0) * data.get("steps", {}).get(agent, 0)
+    if agent and gen_c and abs(cand.get("rollout_held_s", 0) - gen_c) < 0.15 * gen_c:  # one device held in gen
+        st = r["stage_s"]["baseline"][agent]
+        step_s = sum(v for v in st.values() if v)
+        out += ["", f"**What would pay.** `{agent}`'s rollout is {st.get('gen', 0):.1f} s of its {step_s:.1f} s "
+                f"step (verl-sync) and stays on one replica under jigsaw too: the policy adds a replica to a "
+                f"generating pipeline only when requests are pending or queue on a replica (scheduler/jigsaw.py, "
+                f"`_demands`, the \"grow\" demand), and a step's trajectories never queue on these engines, so "
+                f"the idle core is lent only to the training stages, which a second core barely speeds up for this "
+                f"0.8M-parameter model. A second `{agent}` replica on the idle core (its trajectories split, or its "
+                f"tool-waiting ones resumed there) is the lever left on 2 cores."]
     return out
 
 
