@@ -455,6 +455,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         history=p.history, lengths=_lengths(p),
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
+        running_stage=ex.running_stage_view(p) if running_end is not None else None,
     )
 
 
