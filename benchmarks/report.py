@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> None:
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     if only:
-        pol, summary = policies.run(reuse="--reuse" in args)
+        pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
         speed = _KEPT_NOTE + "\n\n" + _old_section("## Simulator speed")
         lat = _KEPT_NOTE + "\n\n" + _old_section("## Scheduler decision latency (jigsaw policy)")
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
         lat_summary = None
     else:
         speed = sim_speed.run()
-        pol, summary = policies.run(reuse="--reuse" in args)
+        pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
         lat, lat_summary = decision_latency.run()
         cp = control_plane.run()
     calib = (ROOT / "docs" / "calibration.md").read_text()

@@ -9,6 +9,7 @@ import numpy as np
 from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen, get_policy
+from jigsaw_plugin.scheduler.decisions import ResizeStage
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -17,6 +18,7 @@ from jigsaw_plugin.scheduler.state import (
     PipelineView,
     ReplicaView,
     RequestView,
+    RunningStageView,
     SchedulerState,
     StepView,
 )
@@ -56,8 +58,8 @@ def step(k=0, samples=32, done=0, rewarded=0, tokens=0):
 
 
 def pipeline(i, share, replicas=(), steps=None, gen_next=0, train_next=0, stage_next=0, generating=False,
-             stage_running=False, version=0, running_end=None):
-    spec = SPECS[i]
+             stage_running=False, version=0, running_end=None, running_stage=None, spec=None):
+    spec = spec or SPECS[i]
     return PipelineView(
         name=spec.name, index=i, spec=spec, model=MODEL, stages=("old_log_prob", "ref", "adv", "update_actor",
                                                                    "weight_sync"),
@@ -65,14 +67,14 @@ def pipeline(i, share, replicas=(), steps=None, gen_next=0, train_next=0, stage_
         stage_running=stage_running, version=version, rollout_version=version, done=False, generating=generating,
         pending=0, replicas=tuple(replicas), steps=steps or {}, history=None,
         lengths=LengthSummary(100, 150.0, 600.0, 750.0, 1.0, 3000.0), stage_history_s={},
-        running_stage_end_t=running_end)
+        running_stage_end_t=running_end, running_stage=running_stage)
 
 
 def state(pipes, busy=None, t=100.0):
     busy = busy or {}
     owner = {d: p.name for p in pipes for d in p.static_devices}
     home = {p.name: (p.static_devices, p.static_devices) for p in pipes}
-    devices = tuple(DeviceView(d, 0, busy.get(d), (owner[d],), owner[d]) for d in range(8))
+    devices = tuple(DeviceView(d, 0, busy.get(d), (owner[d],) if d in owner else (), owner.get(d)) for d in range(8))
     return SchedulerState(t=t, gpus=8, gpus_per_node=8, devices=devices,
                           free=frozenset(d for d in range(8) if d not in busy), order=tuple(pipes), cost=COST,
                           max_num_seqs=256, memo=JigsawMemo(home, owner))
@@ -168,3 +170,62 @@ def test_width_bounds_the_candidate_gangs_the_lookahead_weighs():
     # width 1: the only candidate is "start now" on the three free devices
     out = get_policy("jigsaw", migration=False, width=1).decide(_one_home_device_about_to_free())
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
+
+
+def _update_actor_running(devices, t=100.0, left=6, resize_to=None):
+    """p0's update_actor of step 0 running micro-batch by micro-batch on ``devices``."""
+    rs = RunningStageView(0, "update_actor", tuple(devices), resize_to, left, 8, t + 5.0, True)
+    return pipeline(0, range(4), gen_next=1, stage_next=3, stage_running=True, running_end=t + 200.0,
+                    running_stage=rs, steps={0: step(0, done=32, rewarded=32, tokens=8_000_000)})
+
+
+def test_a_running_stage_grows_onto_devices_lent_for_a_micro_batch():
+    # p1 is in a long predicted tail on device 4: devices 5-7 are lent to p0's running
+    # update_actor, which takes them at its next micro-batch boundary
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    p0 = _update_actor_running(range(4))
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=1, generating=True, steps={0: step(0, done=31)})
+    busy = {**_busy_with_replicas([p1]), **{d: DeviceTask("stage", "p0", stage="update_actor") for d in range(4)}}
+    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=busy))
+    assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3, 5, 6, 7)) in out
+    # micro-batch loans off: the stage keeps its width
+    out = get_policy("jigsaw", migration=False, loans=False).decide(state([p0, p1], busy=busy))
+    assert not [d for d in out if isinstance(d, ResizeStage)]
+
+
+def test_an_owner_with_a_ready_stage_reclaims_its_lent_devices_at_the_boundary():
+    # p0's stage borrowed p1's devices 4 and 5; p1's batch is ready: p0 shrinks back
+    p0 = _update_actor_running((0, 1, 2, 3, 4, 5))
+    p1 = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(6)}
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=busy))
+    assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3)) in out
+    # already asked (resize_to pending): not asked again
+    p0 = _update_actor_running((0, 1, 2, 3, 4, 5), resize_to=(0, 1, 2, 3))
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=busy))
+    assert not [d for d in out if isinstance(d, ResizeStage)]
+
+
+def test_a_paused_stage_resumes_on_its_home_devices():
+    p0 = _update_actor_running(())
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw").decide(state([p0, p1]))
+    resumed = [d for d in out if isinstance(d, ResizeStage) and d.pipeline == "p0"]
+    assert resumed and set(range(4)) <= set(resumed[0].devices)
+
+
+def test_a_large_rollout_borrows_replicas_beyond_its_home():
+    # 1024 samples on a one-device home: replicas go onto devices p1 can spare (it is in a
+    # long predicted tail), each near its ideal batch
+    big = small_workload(gpus=8, pipelines=2, prompts=128, samples=8, algorithms=("grpo", "grpo"),
+                         agentic=(False, False)).pipelines[0]
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    p0 = pipeline(0, (0,), spec=big)
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=1, generating=True, steps={0: step(0, done=31)})
+    st = state([p0, p1], busy=_busy_with_replicas([p1]))
+    out = get_policy("jigsaw", migration=False).decide(st)
+    devs = {d for x in out if isinstance(x, LaunchReplica) and x.pipeline == "p0" for d in x.devices}
+    assert 0 in devs and devs & {5, 6, 7}
+    out = get_policy("jigsaw", migration=False, borrow=False).decide(st)
+    devs = {d for x in out if isinstance(x, LaunchReplica) and x.pipeline == "p0" for d in x.devices}
+    assert devs and not devs & {4, 5, 6, 7}

@@ -49,7 +49,8 @@ def test_tails_are_resharded_onto_wider_replicas(tail_heavy):
     assert max(widths) > 1  # the model's own replicas are tp 1
 
 
-@pytest.mark.parametrize("mechanism", ["migration", "resize", "lookahead", "multiplex"])
+@pytest.mark.parametrize("mechanism", ["migration", "resize", "lookahead", "multiplex", "borrow", "loans",
+                                       "priority"])
 def test_each_mechanism_can_be_switched_off(tail_heavy, mechanism):
     sim, result, log = _run(tail_heavy, **{mechanism: False})
     assert result["samples"] == sum(p.samples_per_step * p.steps for p in tail_heavy.pipelines)
@@ -59,6 +60,11 @@ def test_each_mechanism_can_be_switched_off(tail_heavy, mechanism):
         shares = {p.name: set(p.static_devices) for p in sim.pipelines}
         for e in log.by("jigsaw_stage_start"):
             assert set(e["devices"]) <= shares[e["pipeline"]]
+    if mechanism == "borrow":  # rollout replicas only on the pipeline's own share
+        shares = {p.name: set(p.static_devices) for p in sim.pipelines}
+        for e in log.by("jigsaw_lease_granted"):
+            if e["purpose"] == "rollout" and len(e["devices"]) == 1:
+                assert set(e["devices"]) <= shares[e["pipeline"]]
 
 
 def test_bench_reports_a_ratio_on_the_same_samples(tail_heavy):

@@ -3,26 +3,31 @@
 Pure: ``decide(state)`` reads the ``SchedulerState`` and returns decisions; every choice
 is priced with the state's cost model, and every remaining-work figure is the length
 predictor's (``RequestView.predicted_remaining``, ``ReplicaView.predicted_drain_s``): the
-policy never sees a response's final length. Each pipeline keeps a *home*: its static share of the pool (for an
-async pipeline, split into rollout and training homes as the cost model balances them).
-Home devices are never taken from their owner for longer than it can spare them, so no
-pipeline runs slower than on its static share by more than a projection error, and every
-device its owner is not using is lent:
+policy never sees a response's final length. Each pipeline keeps a *home*: its static
+share of the pool. Its owner gets a home device back whenever it needs it (at once when
+the device is free, at the borrower's next micro-batch boundary when a training stage
+holds it, by migrating a borrowed rollout replica's requests to a sibling), so no pipeline
+runs much slower than on its static share; every device its owner is not using is lent:
 
-- multiplexing: a pipeline's ready training stage borrows other pipelines' idle devices
-  whose owners are projected not to need them before the stage ends (an owner in a long
-  rollout tail, for instance); context switches are priced by the executor and avoided by
-  preferring devices where the pipeline's state is resident;
-- dynamic allocation: replicas are added when requests queue and retired when drained;
-  each training stage's gang size is chosen per stage;
-- migration: a replica down to a few requests hands them to a sibling with room (abort +
-  resume: the destination re-prefills prompt + generated tokens) and its devices become
-  lendable, when the device-seconds freed outweigh the re-prefill and the sibling's
-  slowdown and the pipeline's generation is not projected to end later than
-  ``latency_slack`` allows;
-- look-ahead: a stage's gang size is chosen by projecting, over ``horizon_s``, when each
-  candidate could start (from the projected drain of busy devices) and when it would end;
-  ready work is served longest-remaining-critical-path first.
+- service order: ready work is served longest-remaining-step first; with ``priority`` on,
+  in order of each pipeline's predicted completion of its whole run (on its static share,
+  from what it has observed), furthest first, which also grants tail moves more slack on
+  pipelines with headroom and widens only critical tails (measured slower on (a): off by
+  default, an ablation in docs/benchmarks.md);
+- cross-pipeline rollout: a generating pipeline's replica count follows its demand (enough
+  replicas to decode at a batch where a token costs near its ideal), placed on its home
+  first and then on any free device whose owner can spare it for the predicted rollout;
+- micro-batch loans: a running training stage grows onto free devices at its next
+  micro-batch boundary (``ResizeStage``), so a loan need not fit a whole stage; a new
+  stage starts on its home plus devices lendable for one micro-batch;
+- tails priced in device-seconds: a replica decoding at a small batch (a few long
+  requests, where a token costs many times its ideal) hands them to a sibling with room
+  (abort + resume) when the device-seconds freed outweigh the re-prefill and the
+  sibling's slowdown, and its pipeline's projected completion allows the stretch;
+  a tail is re-sharded onto a wider replica, on any node with free devices, only when its
+  pipeline is on the job set's critical path;
+- look-ahead: a ready stage weighs ``width`` candidate plans (start now and grow at
+  micro-batch boundaries as home devices free, or wait for the i-th) by projected end.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from dataclasses import dataclass
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import (
+    LaunchReplica,
+    Migrate,
+    ResizeStage,
+    RetireReplica,
+    RunStage,
+    StartGen,
+)
 from jigsaw_plugin.scheduler.estimates import (
     balanced_split,
     gen_estimate_s,
@@ -54,12 +66,17 @@ class JigsawConfig:
     resize: bool = True  # replica counts and gang sizes change at run time (off: home sizes)
     migration: bool = True  # consolidate rollout tails by abort + resume
     lookahead: bool = True  # gang sizes, loans and service order from projections (off: greedy)
+    borrow: bool = True  # rollout replicas on other pipelines' spare devices (cross-pipeline allocation)
+    loans: bool = True  # running stages grow onto lent devices at micro-batch boundaries; owners reclaim
+    priority: bool = False  # serve the pipeline furthest from whole-run completion first (off: furthest in its step; on measured 2-5% slower on (a), so off by default)
     horizon_s: float = 600.0  # how far ahead the look-ahead projects
-    width: int = 4  # candidate gang sizes per ready stage (start now, or wait for 1..width-1 more devices)
-    tail_requests: int = 16  # a replica with at most this many requests is in its tail
+    width: int = 4  # candidate plans per ready stage (start now, or wait for 1..width-1 more devices)
+    tail_requests: int = 32  # a replica with at most this many requests decodes well below its ideal batch
     min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x the move's cost
-    latency_slack: float = 0.05  # a move may stretch its pipeline's generation by this much
+    latency_slack: float = 0.05  # a move may stretch a critical pipeline's generation by this much
+    max_slack: float = 0.25  # ... and a pipeline with this much completion headroom by up to this much
     loan_margin: float = 1.2  # a loan must end this many times before its owner needs it back
+    spread_cost: float = 1.15  # replicas decode at the smallest batch whose token costs <= this x ideal
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
@@ -71,6 +88,32 @@ class JigsawMemo:
 
     home: dict  # pipeline -> (rollout home, training home)
     owner: dict  # device -> the pipeline whose static share holds it
+
+
+class _Round:
+    """One decide round's working set: the free devices left and figures computed once."""
+
+    __slots__ = ("state", "free", "need", "completion", "critical_s", "resized")
+
+    def __init__(self, state):
+        self.state = state
+        self.free = set(state.free)
+        self.need: dict[str, float] = {}  # owner -> seconds until it wants its home back
+        self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
+        self.critical_s: float | None = None
+        self.resized: dict[str, tuple] = {}  # pipeline -> devices a ResizeStage of this round gives its stage
+
+    def stage_devices(self, p) -> tuple:
+        """The devices ``p``'s running stage will hold from its next boundary on."""
+        if p.name in self.resized:
+            return self.resized[p.name]
+        rs = p.running_stage
+        return rs.resize_to if rs.resize_to is not None else rs.devices
+
+    def resize(self, out: list, p, devices: tuple) -> None:
+        rs = p.running_stage
+        self.resized[p.name] = devices
+        out.append(ResizeStage(p.name, rs.step, rs.stage, devices))
 
 
 @register_policy("jigsaw")
@@ -103,31 +146,42 @@ class Jigsaw(Policy):
 
     # ---- decisions --------------------------------------------------------------------
     def decide(self, state) -> list:
+        cfg = self.config
+        rnd = _Round(state)
         out: list = []
-        free = set(state.free)
-        self._retire_drained(state, out, free)
-        if self.config.migration:
-            self._consolidate_tails(state, out, free)
-            if self.config.resize:
-                self._widen_tails(state, out, free)
-        for kind, p in self._demands(state, out):
+        self._retire_drained(rnd, out)
+        if cfg.multiplex and cfg.loans and cfg.resize:
+            self._reclaim(rnd, out)
+        if cfg.migration:
+            self._consolidate_tails(rnd, out)
+            if cfg.resize:
+                self._widen_tails(rnd, out)
+        for kind, p in self._demands(rnd, out):
             if kind == "stage":
-                devs = self._gang(state, p, free)
+                devs = self._gang(rnd, p)
                 if devs:
                     out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
-                    free.difference_update(devs)
+                    rnd.free.difference_update(devs)
+                continue
+            if kind == "resume":
+                devs = self._resume_devices(rnd, p)
+                if devs:
+                    rnd.resize(out, p, devs)
+                    rnd.free.difference_update(devs)
                 continue
             live = [r for r in p.replicas if not r.retiring]
-            want = self._wanted_replicas(state, p) - len(live)
+            want = self._wanted_replicas(rnd, p) - len(live)
             if kind == "grow" and not live:
                 want = max(want, 1)
-            groups = self._replica_devices(state, p, free, want)
+            groups = self._replica_devices(rnd, p, want)
             if not groups and not (kind == "gen" and live):
                 continue
             out += [LaunchReplica(p.name, g, rebalance=(kind == "grow")) for g in groups]
             if kind == "gen":
                 out.append(StartGen(p.name, p.gen_next))
-            free.difference_update(d for g in groups for d in g)
+            rnd.free.difference_update(d for g in groups for d in g)
+        if cfg.multiplex and cfg.loans and cfg.resize:
+            self._grow_stages(rnd, out)
         return out
 
     def _may_start_gen(self, p) -> bool:
@@ -138,8 +192,8 @@ class Jigsaw(Policy):
             return k == p.train_next and not p.generating
         return True
 
-    def _retire_drained(self, state, out, free) -> None:
-        for p in state.order:
+    def _retire_drained(self, rnd, out) -> None:
+        for p in rnd.state.order:
             live = [r for r in p.replicas if not r.retiring]
             for r in list(live):
                 if r.load:
@@ -148,14 +202,17 @@ class Jigsaw(Policy):
                 keep = p.generating and (not self.config.resize or p.pending > 0 or len(live) == 1)
                 if not keep:
                     out.append(RetireReplica(r.id))
-                    free.update(r.devices)
+                    rnd.free.update(r.devices)
                     live.remove(r)
 
-    def _demands(self, state, out) -> list:
+    def _demands(self, rnd, out) -> list:
         demands = []
-        for p in state.order:
+        for p in rnd.state.order:
             if p.done:
                 continue
+            rs = p.running_stage
+            if self._paused(rnd, p):
+                demands.append((1, "resume", p))  # paused by a reclaim: it needs devices again
             stage = p.next_stage
             if stage in HOST_STAGES:
                 out.append(RunStage(p.name, p.train_next, stage, ()))
@@ -167,12 +224,15 @@ class Jigsaw(Policy):
                 demands.append((1, "gen", p))
             elif p.generating and (p.pending > 0 or (self.config.resize and any(r.queued for r in p.replicas))):
                 demands.append((2, "grow", p))
-        if self.config.lookahead:
-            key = lambda d: (d[0], -self._remaining_s(state, d[2]), d[2].index)
+        if self.config.lookahead and self.config.priority:
+            key = lambda d: (d[0], -self._completion_s(rnd, d[2]), d[2].index)
+        elif self.config.lookahead:
+            key = lambda d: (d[0], -self._remaining_s(rnd.state, d[2]), d[2].index)
         else:
             key = lambda d: (d[0], d[2].index)
         return [(k, p) for (_, k, p) in sorted(demands, key=key)]
 
+    # ---- projections --------------------------------------------------------------------
     def _remaining_s(self, state, p) -> float:
         """Projected time to finish the pipeline's current step on its home devices."""
         share = len(p.static_devices)
@@ -184,9 +244,194 @@ class Jigsaw(Policy):
             rest = gen_estimate_s(p, state.cost, share, stats)
         return rest + train_estimate_s(p, state.cost, share, stats)
 
+    def _completion_s(self, rnd, p) -> float:
+        """Projected time to finish the pipeline's whole run on its static share: this step's
+        rest, then its remaining steps at the rate its observed lengths give."""
+        got = rnd.completion.get(p.name)
+        if got is not None:
+            return got
+        if p.done:
+            rnd.completion[p.name] = 0.0
+            return 0.0
+        cost, share, stats = rnd.state.cost, max(1, len(p.static_devices)), observed_stats(p)
+        gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
+        per_step = max(gen, train) if p.spec.mode == "async" else gen + train
+        later = max(0, p.total_steps - p.train_next - 1)
+        rnd.completion[p.name] = got = self._remaining_s(rnd.state, p) + later * per_step
+        return got
+
+    def _critical_s(self, rnd) -> float:
+        """The job set's projected completion: the furthest of its pipelines'."""
+        if rnd.critical_s is None:
+            rnd.critical_s = max((self._completion_s(rnd, p) for p in rnd.state.order if not p.done), default=0.0)
+        return rnd.critical_s
+
+    def _slack(self, rnd, p) -> float:
+        """How much a tail move may stretch ``p``'s generation: ``latency_slack`` on the job
+        set's critical path, up to ``max_slack`` where its completion has headroom."""
+        cfg = self.config
+        if not (cfg.lookahead and cfg.priority):
+            return cfg.latency_slack
+        mine = self._completion_s(rnd, p)
+        head = (self._critical_s(rnd) - mine) / max(mine, 1e-9)
+        return min(cfg.max_slack, max(cfg.latency_slack, head))
+
+    def _busy_for_s(self, state, d) -> float:
+        """Projected time until device ``d`` is free."""
+        task = state.devices[d].task
+        if task is None:
+            return 0.0
+        if task.kind == "replica":
+            rep = state.replicas.get(task.replica)
+            return rep.predicted_drain_s() if rep is not None else 0.0
+        o = state.pipelines[task.pipeline]
+        rs = o.running_stage
+        if rs is not None and rs.resize_to is not None and d not in rs.resize_to:
+            return max(0.0, rs.boundary_t - state.t)  # being handed back at the next boundary
+        end = o.running_stage_end_t
+        return max(0.0, end - state.t) if end is not None else 0.0
+
+    def _needed_in_s(self, rnd, owner: str) -> float:
+        """When the owner of a home device is projected to want it back."""
+        got = rnd.need.get(owner)
+        if got is not None:
+            return got
+        state = rnd.state
+        o = state.pipelines[owner]
+        if o.done:
+            got = _INF
+        elif self._wants_home_now(rnd, o) or o.next_stage:
+            got = 0.0
+        elif o.stage_running:
+            end = o.running_stage_end_t
+            got = max(0.0, end - state.t) if end is not None else 0.0
+        elif o.generating:
+            got = max((r.predicted_drain_s() for r in o.replicas), default=0.0)
+        else:
+            got = 0.0
+        rnd.need[owner] = got
+        return got
+
+    def _paused(self, rnd, p) -> bool:
+        rs = p.running_stage
+        return rs is not None and rs.resizable and not rnd.stage_devices(p)
+
+    def _wants_home_now(self, rnd, o) -> bool:
+        """``o`` has work ready that its home devices should run now: a ready stage, a stage
+        paused or still able to grow, a rollout to start or requests waiting for a replica."""
+        rs = o.running_stage
+        if rs is not None and rs.resizable and (rs.micro_batches_left >= 2 or not rnd.stage_devices(o)):
+            return True
+        stage = o.next_stage
+        if stage and stage not in HOST_STAGES and stage != "weight_sync":
+            return True
+        return (self._may_start_gen(o) and not o.generating) or o.pending > 0
+
+    def _lendable(self, rnd, p, duration) -> list:
+        """Free devices outside ``p``'s home whose owners can spare them for ``duration``."""
+        if not self.config.multiplex:
+            return []
+        state = rnd.state
+        mine = set(p.static_devices)
+        out = []
+        for d in sorted(rnd.free):
+            if d in mine:
+                continue
+            owner = state.memo.owner.get(d)
+            if owner is None:
+                out.append(d)
+            elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
+                out.append(d)
+        return out
+
+    # ---- micro-batch loans ----------------------------------------------------------------
+    def _reclaim(self, rnd, out) -> None:
+        """Owners with work ready get their lent home devices back: a borrowing stage shrinks
+        at its next micro-batch boundary; a borrowed replica's requests move to a sibling."""
+        state = rnd.state
+        shrink: dict[str, set] = {}
+        replicas: set = set()
+        for o in state.order:
+            if o.done or not self._wants_home_now(rnd, o):
+                continue
+            for d in o.static_devices:
+                task = state.devices[d].task
+                if task is None or task.pipeline == o.name:
+                    continue
+                if task.kind == "stage":
+                    shrink.setdefault(task.pipeline, set()).add(d)
+                elif task.kind == "replica" and task.replica is not None:
+                    replicas.add(task.replica)
+        for q, devs in shrink.items():
+            qv = state.pipelines[q]
+            if qv.running_stage is None or not qv.running_stage.resizable:
+                continue
+            base = rnd.stage_devices(qv)
+            new = tuple(x for x in base if x not in devs)
+            if new != base:
+                rnd.resize(out, qv, new)
+        if self.config.migration:
+            for rid in sorted(replicas):
+                self._evict_replica(rnd, state.replicas.get(rid), out)
+
+    def _evict_replica(self, rnd, src, out) -> None:
+        """Move a borrowed replica's requests to a sibling with room, then retire it."""
+        if src is None or src.retiring:
+            return
+        p = rnd.state.pipelines[src.pipeline]
+        ctx = sum(r.kv_tokens for r in src.requests) if src.load else 0
+        for dst in sorted((r for r in p.replicas if r is not src and not r.retiring), key=lambda r: r.load):
+            if dst.load + src.load <= dst.max_seqs and dst.kv_tokens + ctx <= 0.9 * dst.kv_capacity:
+                if src.load:
+                    out.append(Migrate(src.id, dst.id))
+                out.append(RetireReplica(src.id))
+                return
+
+    def _micro_batch_s(self, state, p, stage, g) -> float:
+        rs = p.running_stage
+        mbs = rs.micro_batches if rs is not None else 8
+        return self._stage_s(state, p, stage, g) / max(1, mbs)
+
+    def _grow_stages(self, rnd, out) -> None:
+        """Running stages take the free devices left, furthest-from-completion first: their
+        own home devices, then devices lent for at least a micro-batch."""
+        state = rnd.state
+        running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
+                   and p.running_stage.micro_batches_left >= 2]
+        running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
+        for p in running:
+            if not rnd.free:
+                return
+            rs = p.running_stage
+            base = rnd.stage_devices(p)
+            if not base:
+                continue  # paused: served as a "resume" demand
+            home = set(p.static_devices)
+            own = [d for d in sorted(rnd.free) if d in home]
+            g0 = len(base)
+            lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1))
+            add = own + [d for d in lend if d not in home]
+            if not add:
+                continue
+            left = rs.micro_batches_left - 1  # the one in progress keeps its width
+            now = left * self._stage_s(state, p, rs.stage, g0) / rs.micro_batches
+            switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
+            grown = switch + left * self._stage_s(state, p, rs.stage, g0 + len(add)) / rs.micro_batches
+            if now - grown <= switch:
+                continue
+            rnd.resize(out, p, tuple(base) + tuple(self._affinity(state, p, add, "train")))
+            rnd.free.difference_update(add)
+
+    def _resume_devices(self, rnd, p) -> tuple:
+        rs = p.running_stage
+        own = [d for d in sorted(rnd.free) if d in set(p.static_devices)]
+        lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
+        return tuple(self._affinity(rnd.state, p, own + [d for d in lend if d not in own], "train"))
+
     # ---- migration --------------------------------------------------------------------
-    def _consolidate_tails(self, state, out, free) -> None:
+    def _consolidate_tails(self, rnd, out) -> None:
         """Move a tail replica's requests to a sibling and retire it, when that pays."""
+        state = rnd.state
         if not self.config.multiplex and not any(p.next_stage for p in state.order):
             return  # freed devices would only be lent, and lending is off
         extra: dict[int, int] = {}
@@ -199,10 +444,11 @@ class Jigsaw(Policy):
                 continue  # no replica in its tail: nothing to consolidate (and no need to predict)
             used: set = set()
             ends = {r.id: r.predicted_drain_s() for r in live}
+            slack = self._slack(rnd, p)
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
                     continue
-                move = self._price_move(state, p, src, live, ends, extra, used)
+                move = self._price_move(state, p, src, live, ends, extra, used, slack)
                 if move is None:
                     continue
                 dst, end = move
@@ -211,9 +457,9 @@ class Jigsaw(Policy):
                 extra[dst.id] = extra.get(dst.id, 0) + src.load
                 ends[dst.id], ends[src.id] = end, 0.0
                 used.update((src.id, dst.id))
-                free.update(src.devices)
+                rnd.free.update(src.devices)
 
-    def _price_move(self, state, p, src, live, ends, extra, used):
+    def _price_move(self, state, p, src, live, ends, extra, used, slack):
         cost, cfg = state.cost, self.config
         reqs = src.requests
         k = len(reqs)
@@ -233,8 +479,8 @@ class Jigsaw(Policy):
             dst_left = dst.predicted_tokens_left
             end = prefill + max(src_left, dst_left) * new
             others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
-            if max(end, others) > gen_end * (1 + cfg.latency_slack):
-                continue  # would stretch the pipeline's generation
+            if max(end, others) > gen_end * (1 + slack):
+                continue  # would stretch the pipeline's generation beyond its slack
             move_dev_s = (prefill + (new - old) * dst_left) * dst.tp
             if ends[src.id] * src.tp < cfg.min_gain * move_dev_s:
                 continue
@@ -242,90 +488,54 @@ class Jigsaw(Policy):
                 best = (dst, end)
         return best
 
-    def _widen_tails(self, state, out, free) -> None:
-        """Re-shard a pipeline's rollout tail onto one wider tensor-parallel replica.
+    def _widen_tails(self, rnd, out) -> None:
+        """Re-shard a critical pipeline's rollout tail onto one wider tensor-parallel replica.
 
         A tail decodes a few long requests at batch 1-16, where a step is bound by reading
         the weights: splitting them over more devices cuts the per-token time, which is the
-        pipeline's critical path. Done when the projected end of generation moves earlier by
-        more than ``latency_slack`` after paying the weight load and the re-prefill.
+        pipeline's critical path, at a device-second price. Paid only by a pipeline on the
+        job set's critical path, when its projected end of generation moves earlier by more
+        than ``latency_slack`` after the weight load and the re-prefill; the wider replica
+        goes on any node with enough free devices its owners can spare.
         """
+        state = rnd.state
         cost = state.cost
         for p in state.order:
             # replicas retired earlier in this round have their devices back in ``free``
-            live = [r for r in p.replicas if not r.retiring and r.devices[0] not in free]
+            live = [r for r in p.replicas if not r.retiring and r.devices[0] not in rnd.free]
             if not p.generating or not live or p.pending or any(r.queued for r in live):
                 continue
             load = sum(r.load for r in live)
             if load == 0 or load > self.config.widen_requests:
                 continue
+            if self.config.priority and self._completion_s(rnd, p) < (1 - self.config.latency_slack) * self._critical_s(rnd):
+                continue  # not on the critical path: the devices are worth more elsewhere
             width = max(r.tp for r in live)
-            home_free = [d for d in state.memo.home[p.name][0] if d in free]
             ctx = sum(r.kv_tokens for rep in live for r in rep.requests)
             left = max(rep.predicted_tokens_left for rep in live)
             now_end = max(r.predicted_drain_s() for r in live)
+            pool = [d for d in state.memo.home[p.name][0] if d in rnd.free]
+            if self.config.borrow:
+                pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
             best = None
             w = 2 * width
-            while w <= min(len(home_free), state.gpus_per_node, self.config.max_widen):
+            while w <= min(state.gpus_per_node, self.config.max_widen):
+                devs = self._node_group(state, p, pool, w)
+                if not devs:
+                    break
                 switch = cost.context_switch_s(p.model, w, train_state=False)
                 end = (switch + cost.migration_s(p.model, w, ctx)
                        + left * cost.decode_step_s(p.model, w, load, ctx + load * left / 2))
                 if end < now_end * (1 - self.config.latency_slack) and (best is None or end < best[0]):
-                    best = (end, w)
+                    best = (end, devs)
                 w *= 2
             if best is None:
                 continue
-            devs = tuple(self._affinity(state, p, home_free, "rollout")[: best[1]])
+            devs = best[1]
             out.append(LaunchReplica(p.name, devs, absorb=tuple(r.id for r in live)))
-            free.difference_update(devs)
+            rnd.free.difference_update(devs)
             for r in live:
-                free.update(r.devices)
-
-    # ---- device projections -----------------------------------------------------------
-    def _busy_for_s(self, state, d) -> float:
-        """Projected time until device ``d`` is free."""
-        task = state.devices[d].task
-        if task is None:
-            return 0.0
-        if task.kind == "replica":
-            rep = state.replicas.get(task.replica)
-            return rep.predicted_drain_s() if rep is not None else 0.0
-        end = state.pipelines[task.pipeline].running_stage_end_t
-        return max(0.0, end - state.t) if end is not None else 0.0
-
-    def _needed_in_s(self, state, owner: str) -> float:
-        """When the owner of a home device is projected to want it back."""
-        o = state.pipelines[owner]
-        if o.done:
-            return _INF
-        if o.next_stage or o.pending or (self._may_start_gen(o) and not o.generating):
-            return 0.0
-        if o.stage_running:
-            end = o.running_stage_end_t
-            return max(0.0, end - state.t) if end is not None else 0.0
-        if o.generating:
-            return max((r.predicted_drain_s() for r in o.replicas), default=0.0)
-        return 0.0
-
-    def _lendable(self, state, p, free, duration) -> list:
-        """Free devices of other pipelines' homes that their owners can spare for ``duration``."""
-        if not self.config.multiplex:
-            return []
-        mine = set(p.static_devices)
-        need = {}
-        out = []
-        for d in free:
-            if d in mine:
-                continue
-            owner = state.memo.owner.get(d)
-            if owner is None:
-                out.append(d)
-                continue
-            if owner not in need:
-                need[owner] = self._needed_in_s(state, owner)
-            if not self.config.lookahead or need[owner] >= self.config.loan_margin * duration:
-                out.append(d)
-        return out
+                rnd.free.update(r.devices)
 
     # ---- placement --------------------------------------------------------------------
     def _affinity(self, state, p, devices, kind) -> list:
@@ -338,57 +548,98 @@ class Jigsaw(Policy):
 
         return sorted(devices, key=key)
 
+    def _node_group(self, state, p, devices, w) -> tuple:
+        """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
+        preferring the pipeline's home and resident devices; () when no node has ``w``."""
+        by_node: dict[int, list] = {}
+        for d in self._affinity(state, p, devices, "rollout"):
+            by_node.setdefault(state.devices[d].node, []).append(d)
+        for node in sorted(by_node, key=lambda n: -len(by_node[n])):
+            if len(by_node[node]) >= w:
+                return tuple(by_node[node][:w])
+        return ()
+
     def _stage_s(self, state, p, stage, g) -> float:
         s = p.steps[p.train_next]
         if stage in FORWARD_STAGES:
             return state.cost.forward_s(p.model, g, s.tokens)
         return state.cost.train_s(p.model, g, s.tokens)
 
-    def _gang(self, state, p, free) -> tuple:
+    def _gang(self, rnd, p) -> tuple:
+        state, free = rnd.state, rnd.free
         stage = p.next_stage
         home = state.memo.home[p.name][1]
         home_free = [d for d in home if d in free]
         if stage == "weight_sync":
-            devs = home_free or self._lendable(state, p, free, 5.0)
+            devs = home_free or self._lendable(rnd, p, 5.0)
             return tuple(self._affinity(state, p, devs, "train")[:1])
         if not self.config.resize:
             return tuple(home) if len(home_free) == len(home) else ()
-        loans = self._lendable(state, p, free, self._stage_s(state, p, stage, max(1, len(home))))
-        now = home_free + loans
+        loans = self.config.loans
+        # with micro-batch loans a loan need only last one micro-batch: its owner reclaims it
+        # at a boundary; without, it must outlast the whole stage
+        g_est = max(1, len(home))
+        duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
+        lent = self._lendable(rnd, p, duration)
+        now = home_free + [d for d in lent if d not in home_free]
         if not self.config.lookahead:
             return tuple(now)
-        # look-ahead: start now with what is free, or wait for the i-th home device to be
-        # projected free and start bigger; pick the earliest projected end
+        # look-ahead: start now with what is free (and, with loans, grow at the first
+        # micro-batch boundary onto the home devices free by then), or wait for the i-th
+        # busy home device and start bigger; pick the earliest projected end
         later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
         best = None
-        for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate gangs
+        for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate plans
             wait = later[i - 1] if i else 0.0
             if wait > self.config.horizon_s:
                 break
             g = len(now) + i
             if g == 0:
                 continue
-            end = wait + self._stage_s(state, p, stage, g)
+            whole = self._stage_s(state, p, stage, g)
+            end = wait + whole
+            if loans and i == 0:
+                first = whole / 8
+                joined = sum(1 for x in later if x <= first)
+                end = min(end, first + 7 / 8 * self._stage_s(state, p, stage, g + joined))
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
         return tuple(self._affinity(state, p, now, "train"))
 
-    def _wanted_replicas(self, state, p) -> int:
+    def _spread_batch(self, state, p, tp: int, context: float) -> int:
+        """The smallest batch at which a decoded token costs at most ``spread_cost`` x its
+        cost at the engine's largest batch: replicas below it waste device-seconds."""
+        cost, top = state.cost, state.max_num_seqs
+        ideal = cost.decode_step_s(p.model, tp, top, top * context) / top
+        b = top
+        while b > 1 and cost.decode_step_s(p.model, tp, b // 2, b // 2 * context) / (b // 2) <= self.config.spread_cost * ideal:
+            b //= 2
+        return b
+
+    def _wanted_replicas(self, rnd, p) -> int:
+        state = rnd.state
         tp = rollout_tp(p, state.cost)
         home = state.memo.home[p.name][0]
         if not self.config.resize:
             return max(1, len(home) // tp)
+        ctx = max(1.0, p.lengths.context_tokens)
         cap = state.cost.kv_capacity_tokens(p.model, tp)
-        per = max(1, min(state.max_num_seqs, cap // max(1, int(p.lengths.context_tokens))))
+        per = max(1, min(state.max_num_seqs, int(cap // ctx)))
         outstanding = p.load() if p.generating else p.spec.samples_per_step
-        # enough replicas to hold every request in KV, and the whole rollout home
-        return max(math.ceil(outstanding / per), len(home) // tp, 1)
+        want = max(math.ceil(outstanding / per), len(home) // tp, 1)
+        if self.config.borrow and self.config.multiplex and not p.generating:
+            # a step's rollout starts on more than its home: as many replicas as keep each
+            # near its ideal batch (later, consolidation shrinks it as the batch thins)
+            spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
+            want = max(want, math.ceil(outstanding / max(1, spread)))
+        return want
 
-    def _replica_devices(self, state, p, free, want) -> list:
+    def _replica_devices(self, rnd, p, want) -> list:
         if want <= 0:
             return []
+        state, free = rnd.state, rnd.free
         tp = rollout_tp(p, state.cost)
         home = state.memo.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
@@ -396,5 +647,19 @@ class Jigsaw(Policy):
         avail = [d for d in home if d in free]
         if not self.config.resize and len(avail) < want * tp:
             return []
-        groups = [tuple(avail[i:i + tp]) for i in range(0, len(avail) - tp + 1, tp)]
-        return groups[:want]
+        groups = [tuple(avail[i:i + tp]) for i in range(0, len(avail) - tp + 1, tp)][:want]
+        if len(groups) < want and self.config.borrow and self.config.resize:
+            # the rest on other pipelines' spare devices, for as long as the rollout is projected to run
+            if p.generating:
+                duration = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            else:
+                duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
+            taken = {d for g in groups for d in g}
+            pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
+            while len(groups) < want:
+                g = self._node_group(state, p, pool, tp)
+                if not g:
+                    break
+                groups.append(g)
+                pool = [d for d in pool if d not in g]
+        return groups
