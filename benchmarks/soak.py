@@ -1,7 +1,7 @@
 """Soak under churn: reference GRPO pipelines on real vLLM engines while engines and the
 driver are killed, every sample counted (issue 17).
 
-    .venv-cpu/bin/python benchmarks/soak.py                 # the benchmark (~25 min on 2 cores)
+    .venv-cpu/bin/python benchmarks/soak.py --steps 4       # the benchmark (15-30 min on 2 cores: vLLM start-ups)
     .venv-cpu/bin/python benchmarks/soak.py --steps 4 --repeats 1 --no-docs   # a quick look
 
 One Ray cluster and one coordinator (named actor, heartbeat timeout 3 s) for the whole
@@ -557,7 +557,7 @@ def render(data: dict) -> str:
         "Every run: each sample of every step trained exactly once at its full length (the checkpoint's ledger), "
         "each trainer's version equal to the step count, every `jigsaw_request_finished` at full length, one "
         "`driver_lost` lease release per pipeline per driver kill, and every pid gone at the end "
-        "(`integration_tests/test_soak.py` runs a short case of each kind). "
+        "(`integration_tests/test_soak.py` runs a short case with both kinds of kill). "
         f"Coordinator RSS before / after each run (MiB): {', '.join(f'{a:.0f}/{b:.0f}' for a, b in rss)}.",
         *[x for note in data.get("notes", []) for x in ("", note)],  # added to the JSON by hand, kept by --render
         *([""] + [f"Unplanned driver restarts (the driver died by itself, e.g. Ray's OOM killer on the crowded "
