@@ -46,7 +46,7 @@ def bench_dir(small_workload, tmp_path_factory) -> Path:
     return out
 
 
-def _sim(workload_path, policy, events=None):
+def _sim(workload_path, policy, events=None, **options):
     from jigsaw_plugin.events import EventRecorder
     from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
     from jigsaw_plugin.scheduler import get_policy
@@ -56,7 +56,7 @@ def _sim(workload_path, policy, events=None):
     pm = get_plugin_manager(load_entrypoints=False)
     rec = EventRecorder(include_progress=False, hooks=events)
     register(pm, rec, "rec")
-    sim = Simulation(load_workload(workload_path), get_policy(policy), seed=0, hooks=Emitter(pm))
+    sim = Simulation(load_workload(workload_path), get_policy(policy, **options), seed=0, hooks=Emitter(pm))
     return sim, sim.run(), rec.events
 
 
@@ -155,8 +155,10 @@ def test_report_refuses_a_folder_that_is_not_a_saved_run(tmp_path):
 
 
 def test_spans_from_hook_events_match_the_simulators_record(small_workload):
-    # the ray backend's timelines come from hook events: they must say what the simulator's record says
-    sim, result, events = _sim(small_workload, "jigsaw")
+    # the ray backend's timelines come from hook events: they must say what the simulator's record says.
+    # Micro-batch loans off: a stage resized at a boundary is one start/end pair of hook
+    # events, drawn on its starting devices (docs/report.md), while the record splits it
+    sim, result, events = _sim(small_workload, "jigsaw", loans=False)
     direct = timeline_of(sim, [e for e in events if e["hook"] in MIGRATION_HOOKS])
     rebuilt = timeline_from_events(events, sim.workload.cluster.gpus, sim.workload.cluster.gpus_per_node)
 

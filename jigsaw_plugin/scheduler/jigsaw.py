@@ -93,7 +93,7 @@ class JigsawMemo:
 class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
-    __slots__ = ("state", "free", "need", "completion", "critical_s", "resized")
+    __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone")
 
     def __init__(self, state):
         self.state = state
@@ -102,6 +102,7 @@ class _Round:
         self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
         self.critical_s: float | None = None
         self.resized: dict[str, tuple] = {}  # pipeline -> devices a ResizeStage of this round gives its stage
+        self.gone: set = set()  # replicas this round retires or empties: no request may move to them
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -202,6 +203,7 @@ class Jigsaw(Policy):
                 keep = p.generating and (not self.config.resize or p.pending > 0 or len(live) == 1)
                 if not keep:
                     out.append(RetireReplica(r.id))
+                    rnd.gone.add(r.id)
                     rnd.free.update(r.devices)
                     live.remove(r)
 
@@ -376,15 +378,17 @@ class Jigsaw(Policy):
 
     def _evict_replica(self, rnd, src, out) -> None:
         """Move a borrowed replica's requests to a sibling with room, then retire it."""
-        if src is None or src.retiring:
+        if src is None or src.retiring or src.id in rnd.gone:
             return
         p = rnd.state.pipelines[src.pipeline]
         ctx = sum(r.kv_tokens for r in src.requests) if src.load else 0
-        for dst in sorted((r for r in p.replicas if r is not src and not r.retiring), key=lambda r: r.load):
+        for dst in sorted((r for r in p.replicas if r is not src and not r.retiring and r.id not in rnd.gone),
+                          key=lambda r: r.load):
             if dst.load + src.load <= dst.max_seqs and dst.kv_tokens + ctx <= 0.9 * dst.kv_capacity:
+                out.append(RetireReplica(src.id))
                 if src.load:
                     out.append(Migrate(src.id, dst.id))
-                out.append(RetireReplica(src.id))
+                rnd.gone.add(src.id)
                 return
 
     def _micro_batch_s(self, state, p, stage, g) -> float:
@@ -436,7 +440,7 @@ class Jigsaw(Policy):
             return  # freed devices would only be lent, and lending is off
         extra: dict[int, int] = {}
         for p in state.order:
-            live = [r for r in p.replicas if not r.retiring and r.load]
+            live = [r for r in p.replicas if not r.retiring and r.load and r.id not in rnd.gone]
             if len(live) < 2:
                 continue
             tails = [r for r in live if not r.queued and r.load <= self.config.tail_requests]
@@ -454,6 +458,7 @@ class Jigsaw(Policy):
                 dst, end = move
                 out.append(RetireReplica(src.id))
                 out.append(Migrate(src.id, dst.id))
+                rnd.gone.add(src.id)
                 extra[dst.id] = extra.get(dst.id, 0) + src.load
                 ends[dst.id], ends[src.id] = end, 0.0
                 used.update((src.id, dst.id))
@@ -502,7 +507,7 @@ class Jigsaw(Policy):
         cost = state.cost
         for p in state.order:
             # replicas retired earlier in this round have their devices back in ``free``
-            live = [r for r in p.replicas if not r.retiring and r.devices[0] not in rnd.free]
+            live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
             if not p.generating or not live or p.pending or any(r.queued for r in live):
                 continue
             load = sum(r.load for r in live)
@@ -533,6 +538,7 @@ class Jigsaw(Policy):
                 continue
             devs = best[1]
             out.append(LaunchReplica(p.name, devs, absorb=tuple(r.id for r in live)))
+            rnd.gone.update(r.id for r in live)
             rnd.free.difference_update(devs)
             for r in live:
                 rnd.free.update(r.devices)
