@@ -52,3 +52,27 @@ def md_table(head: list, rows: list) -> str:
 def dump(obj, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2))
+
+
+BENCHMARKS_DOC = ROOT / "docs" / "benchmarks.md"
+_FIGURES_MARK = "<!-- report-figures:start -->"
+
+
+def write_doc_block(name: str, text: str) -> None:
+    """Put ``text`` in docs/benchmarks.md's block ``<!-- name:start -->`` ... ``<!-- name:end -->``
+    (``text`` may carry the markers itself): in place when it exists, else before the
+    figures section. Nothing else in the file changes; report.py keeps every such block."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    body = text.strip("\n")
+    if body.startswith(start) and body.endswith(end):
+        body = body[len(start):-len(end)].strip("\n")
+    block = f"{start}\n{body}\n{end}"
+    doc = BENCHMARKS_DOC.read_text()
+    if start in doc and end in doc:
+        doc = doc[: doc.index(start)] + block + doc[doc.index(end) + len(end):]
+    elif _FIGURES_MARK in doc:
+        at = doc.index(_FIGURES_MARK)
+        doc = doc[:at] + block + "\n\n" + doc[at:]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    BENCHMARKS_DOC.write_text(doc)

@@ -37,17 +37,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
-from common import EXAMPLES, ROOT, load, md_table
+from common import EXAMPLES, ROOT, load, md_table, write_doc_block
 
 from jigsaw_plugin.hookspecs import hookimpl
 
-__all__ = ["CASES", "workload", "run", "measure", "write_block"]
+__all__ = ["CASES", "workload", "run", "measure"]
 
 CASES = [(64, 8, 512), (256, 16, 256), (1024, 32, 256)]
 MODES = ("incremental", "from-scratch")
 BLOCK = "decision-latency"
-BEFORE = "## Figures of the bundled workloads"
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results" / "decision_latency.json"
 
 
@@ -158,20 +156,6 @@ def table(results: list) -> str:
                      "policy p50 / p99 us", "decision p50 / p99 us", "decision p99 wall us", "CPU s"], rows)
 
 
-def write_block(text: str, block: str = BLOCK) -> None:
-    """Replace the marked block ``block`` of docs/benchmarks.md (first time: before the
-    figures section); nothing else in the file changes."""
-    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
-    body = DOC.read_text()
-    block = f"{start}\n{text.rstrip()}\n{end}"
-    if start in body and end in body:
-        body = body[:body.index(start)] + block + body[body.index(end) + len(end):]
-    else:
-        at = body.find(BEFORE)
-        body = body.rstrip("\n") + "\n\n" + block + "\n" if at < 0 else body[:at] + block + "\n\n" + body[at:]
-    DOC.write_text(body)
-
-
 def section(results: list, command: str, load_before: str, load_after: str) -> str:
     return f"""## Scheduler decision latency: state build and policy (jigsaw, `benchmarks/decision_latency.py`)
 
@@ -278,7 +262,7 @@ def main(argv=None) -> None:
     RESULTS.write_text(json.dumps({"command": command.strip(), "load_before": load_before,
                                    "load_after": load_after, "results": results}, indent=2))
     if args.write:
-        write_block(text)
+        write_doc_block(BLOCK, text)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common import write_doc_block  # noqa: E402
 
 from jigsaw_plugin.costmodel.dissemination import dissemination_price, fit_hop  # noqa: E402
 from jigsaw_plugin.runtime.dissemination import STRATEGIES, DisseminationSpec, LinkSpec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "dissemination.json"
 PARTIAL = RESULTS.with_suffix(".partial.json")  # rows so far: --resume goes on from here
-DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- dissemination:start -->", "<!-- dissemination:end -->"
-BEFORE = "## Figures of the bundled workloads"
 MB = 1024 * 1024
 REPEATS = 3
 WAN = LinkSpec.from_gbit_s(5.0, latency_ms=10.0)  # a 5 Gbit/s, 10 ms inter-site link
@@ -170,22 +169,6 @@ def render(data: dict) -> str:
     return "\n".join(out)
 
 
-def write_block(block: str) -> None:
-    body = DOC.read_text()
-    if START in body:
-        body = body[: body.index(START)] + block + body[body.index(END) + len(END):]
-    elif BEFORE in body:
-        # before the figures' own marker if it opens that section, else before the heading
-        at = body.index(BEFORE)
-        marker = body.rfind("<!--", 0, at)
-        if marker != -1 and body[marker:at].strip().endswith("-->") and "\n" not in body[marker:at].strip():
-            at = marker
-        body = body[:at] + block + "\n\n" + body[at:]
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(body)
-
-
 def main() -> None:
     if "--render" in sys.argv:
         data = json.loads(RESULTS.read_text())
@@ -199,7 +182,7 @@ def main() -> None:
     print(f"fitted hop: overhead {hop.overhead_s:.4f} s, {hop.bytes_per_s:.3e} B/s")
     block = render(data)
     if "--quick" not in sys.argv:
-        write_block(block)
+        write_doc_block("dissemination", block)
     print(block)
 
 

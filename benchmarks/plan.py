@@ -22,15 +22,13 @@ import os
 import sys
 import time
 
-from common import EXAMPLES, ROOT, dump, load, md_table, run_many  # noqa: F401
+from common import EXAMPLES, ROOT, dump, load, md_table, run_many, write_doc_block  # noqa: F401
 
 from jigsaw_plugin.plan import evaluate, plan_pipeline
 from jigsaw_plugin.workload import load_workload
 
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results" / "plan.json"
 START, END = "<!-- plan:start -->", "<!-- plan:end -->"
-BEFORE = "## Figures of the bundled workloads"
 H100_PRICE, A100_SPOT_PRICE = 4.0, 1.2
 TRAINER = 4
 
@@ -135,21 +133,6 @@ def render(data: list) -> str:
     return "\n".join(out)
 
 
-def write_block(block: str) -> None:
-    body = DOC.read_text()
-    if START in body:
-        body = body[: body.index(START)] + block + body[body.index(END) + len(END):]
-    elif BEFORE in body:
-        at = body.index(BEFORE)
-        marker = body.rfind("<!--", 0, at)
-        if marker != -1 and "\n" not in body[marker:at].strip() and body[marker:at].strip().endswith("-->"):
-            at = marker
-        body = body[:at] + block + "\n\n" + body[at:]
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(body)
-
-
 def main() -> int:
     quick = "--quick" in sys.argv
     if "--render" in sys.argv:
@@ -161,7 +144,7 @@ def main() -> int:
     block = render(data)
     print(block)
     if not quick:
-        write_block(block)
+        write_doc_block("plan", block)
     return 0 if all(_verdict(c)[2] >= 0.9 for c in data) else 1
 
 

@@ -24,17 +24,15 @@ import statistics
 import sys
 import time
 
-from common import EXAMPLES, ROOT, dump, load, md_table  # noqa: F401
+from common import EXAMPLES, ROOT, dump, load, md_table, write_doc_block  # noqa: F401
 
 from jigsaw_plugin.plan import plan_pipeline
 from jigsaw_plugin.scheduler import get_policy
 from jigsaw_plugin.sim import Simulation
 from jigsaw_plugin.workload import load_workload
 
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results" / "preemption.json"
 START, END = "<!-- preemption:start -->", "<!-- preemption:end -->"
-BEFORE = "## Figures of the bundled workloads"
 H100_PRICE, A100_SPOT_PRICE = 4.0, 1.2
 REPLACE_S = 120.0
 RATES = (0.0, 1.0, 5.0)
@@ -177,21 +175,6 @@ def render(data: dict) -> str:
     return "\n".join(out)
 
 
-def write_block(block: str) -> None:
-    body = DOC.read_text()
-    if START in body:
-        body = body[: body.index(START)] + block + body[body.index(END) + len(END):]
-    elif BEFORE in body:
-        at = body.index(BEFORE)
-        marker = body.rfind("<!--", 0, at)
-        if marker != -1 and "\n" not in body[marker:at].strip() and body[marker:at].strip().endswith("-->"):
-            at = marker
-        body = body[:at] + block + "\n\n" + body[at:]
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(body)
-
-
 def main() -> int:
     quick = "--quick" in sys.argv
     if "--render" in sys.argv:
@@ -203,7 +186,7 @@ def main() -> int:
     block = render(data)
     print(block)
     if not quick:
-        write_block(block)
+        write_doc_block("preemption", block)
     return 0
 
 

@@ -136,7 +136,7 @@ a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_3
 | decision p99 < 10 ms at 1024 GPUs / 32 pipelines | scaling table | {lat_summary[(1024, 32)]:.0f} us | {'yes' if lat_summary[(1024, 32)] < 10000 else 'no'} |
 """ if lat_summary else
         f"| decision p99 < 1 ms at 64 GPUs / 8 pipelines | (b), this run | {summary['b']['p99_us']:.0f} us "
-        f"(p50 {summary['b']['p50_us']:.0f} us) | {'yes' if summary['b']['p99_us'] < 1000 else 'no'} |\n") + f"""
+        f"(p50 {summary['b']['p50_us']:.0f} us) | {'yes' if summary['b']['p99_us'] < 1000 else 'no'} |\n") + """
 Every jigsaw figure above is measured with the default length predictor: the policy sees
 tokens generated so far and predicts what remains (docs/predictor.md); the "ORACLE
 lengths" column shows what exact lengths would add. The bound table says how far any

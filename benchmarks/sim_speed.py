@@ -26,8 +26,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 import yaml
-from common import EXAMPLES, ROOT, load, md_table
-from decision_latency import _load_avg, write_block as _write_block
+from common import EXAMPLES, ROOT, load, md_table, write_doc_block
+from decision_latency import _load_avg
 
 __all__ = ["workload", "run", "measure"]
 
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
     RESULTS.write_text(json.dumps({"command": command, "load_before": before, "load_after": after,
                                    "results": results}, indent=2))
     if args.write:
-        _write_block(text, BLOCK)
+        write_doc_block(BLOCK, text)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,13 @@ import argparse
 import os
 import sys
 
-from common import ROOT, dump, md_table, run_many
+from common import ROOT, dump, md_table, run_many, write_doc_block
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results" / "workloads_ef.json"
 BLOCK = "workloads-ef"
-BEFORE = "<!-- report-figures:start -->"
 KEYS = ("e", "f")
 POLICIES = ("verl-sync", "jigsaw")
 
@@ -70,20 +68,6 @@ on 2 shared cores: the sim wall times move with it.
 """
 
 
-def write_block(text: str) -> None:
-    """Replace this script's marked block of docs/benchmarks.md (first time: before the
-    figures section); nothing else in the file changes."""
-    start, end = f"<!-- {BLOCK}:start -->", f"<!-- {BLOCK}:end -->"
-    body = DOC.read_text()
-    block = f"{start}\n{text.rstrip()}\n{end}"
-    if start in body and end in body:
-        body = body[:body.index(start)] + block + body[body.index(end) + len(end):]
-    else:
-        at = body.find(BEFORE)
-        body = body.rstrip("\n") + "\n\n" + block + "\n" if at < 0 else body[:at] + block + "\n\n" + body[at:]
-    DOC.write_text(body)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-doc", action="store_true", help="print the block; do not touch docs/benchmarks.md")
@@ -96,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(results, load_before, _load())
     print(text)
     if not args.no_doc:
-        write_block(text)
+        write_doc_block(BLOCK, text)
     return 0
 
 
