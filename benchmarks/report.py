@@ -140,12 +140,11 @@ a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_3
 Every jigsaw figure above is measured with the default length predictor: the policy sees
 tokens generated so far and predicts what remains (docs/predictor.md); the "ORACLE
 lengths" column shows what exact lengths would add. The bound table says how far any
-policy could go on the cost model; the ablation columns "no borrow" and "no loans" switch
-off rollout replicas on other pipelines' spare devices and micro-batch loans (running
-stages growing onto lent devices, owners reclaiming at boundaries). The policy's
-`priority` option (serve the pipeline furthest from whole-run completion first) is off by
-default: on a 4-step cut of (a) it was slower (839 s against 826 s makespan, and 848
-against 828 s without borrowing), so it is not in these tables.
+policy could go on the cost model. Ablation columns: "no borrow" switches off rollout
+replicas on other pipelines' spare devices; "with loans" switches on micro-batch loans
+(running stages growing onto lent devices at micro-batch boundaries, owners reclaiming),
+"with priority" whole-run completion priority. Both are built, unit-tested and off by
+default because these runs measured them slower (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)
 

@@ -186,7 +186,7 @@ def test_a_running_stage_grows_onto_devices_lent_for_a_micro_batch():
     p0 = _update_actor_running(range(4))
     p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=1, generating=True, steps={0: step(0, done=31)})
     busy = {**_busy_with_replicas([p1]), **{d: DeviceTask("stage", "p0", stage="update_actor") for d in range(4)}}
-    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=busy))
+    out = get_policy("jigsaw", migration=False, loans=True).decide(state([p0, p1], busy=busy))
     assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3, 5, 6, 7)) in out
     # micro-batch loans off: the stage keeps its width
     out = get_policy("jigsaw", migration=False, loans=False).decide(state([p0, p1], busy=busy))
@@ -198,18 +198,18 @@ def test_an_owner_with_a_ready_stage_reclaims_its_lent_devices_at_the_boundary()
     p0 = _update_actor_running((0, 1, 2, 3, 4, 5))
     p1 = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
     busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(6)}
-    out = get_policy("jigsaw").decide(state([p0, p1], busy=busy))
+    out = get_policy("jigsaw", loans=True).decide(state([p0, p1], busy=busy))
     assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3)) in out
     # already asked (resize_to pending): not asked again
     p0 = _update_actor_running((0, 1, 2, 3, 4, 5), resize_to=(0, 1, 2, 3))
-    out = get_policy("jigsaw").decide(state([p0, p1], busy=busy))
+    out = get_policy("jigsaw", loans=True).decide(state([p0, p1], busy=busy))
     assert not [d for d in out if isinstance(d, ResizeStage)]
 
 
 def test_a_paused_stage_resumes_on_its_home_devices():
     p0 = _update_actor_running(())
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
-    out = get_policy("jigsaw").decide(state([p0, p1]))
+    out = get_policy("jigsaw", loans=True).decide(state([p0, p1]))
     resumed = [d for d in out if isinstance(d, ResizeStage) and d.pipeline == "p0"]
     assert resumed and set(range(4)) <= set(resumed[0].devices)
 

@@ -13,7 +13,7 @@ from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
 
-ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "loans", "priority")
+ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow")  # switched off by --ablate
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
 
 
