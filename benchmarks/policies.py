@@ -102,7 +102,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
         results = run_many(all_jobs)
         dump(results, RESULTS)  # kept: a later failure of the report must not cost the runs
     sections, summary = [], {}
-    main_rows, abl_rows, lat_rows, bound_rows, pred_rows = [], [], [], [], []
+    main_rows, abl_rows, lat_rows, bound_rows, pred_rows, gap_rows = [], [], [], [], [], []
     for key, (fname, title) in WORKLOADS.items():
         start, n = spans[key]
         rs = results[start:start + n]
@@ -135,6 +135,13 @@ def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
         shown = [a for name, a in zip(ABLATIONS, abl) if name in SHOWN_ABLATIONS]
         abl_rows.append([f"({key})", f"{sps:.1f}"] + [
             f"{a['samples_per_s']:.1f} ({100 * (a['samples_per_s'] / sps - 1):+.0f}%)" for a in shown + [oracle]])
+        for name, r in (("verl-sync", by["verl-sync"]), ("jigsaw", jig)):
+            g = r.get("gap_breakdown")
+            if g:
+                f = g["fractions"]
+                gap_rows.append([f"({key})", name, f"{g['gap_device_s'] / r['makespan_s']:.1f}",
+                                 f"{f['idle']:.0%}", f"{f['rollout_above_ideal']:.0%}",
+                                 f"{f['training_above_ideal']:.0%}", f"{f['weight_sync']:.0%}"])
         b = jig["bounds"]
         acc = jig["predictor"]
         bound_rows.append([f"({key})", f"{b['work_s']:.0f}", f"{b['critical_path_s']:.0f}",
@@ -162,6 +169,15 @@ def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
                               "bound / verl-sync (max speed-up)", "verl-sync makespan s", "jigsaw makespan s",
                               "gap recovered", "effective utilisation verl-sync / jigsaw", "jigsaw busy"],
                              bound_rows))
+    if gap_rows:
+        sections.append("Where the rest goes: the device-seconds between each run and the ideal "
+                        "(`gap_breakdown` in the result JSON, `core/bounds.py`), as average devices over the "
+                        "makespan and split four ways: devices with no task; rollout replicas above the ideal "
+                        "decode and prefill (small batches, KV reads, re-prefill, replicas waiting on tools); "
+                        "training passes above their compute (per-stage overhead, wide gangs, context "
+                        "switches); weight syncs.\n\n" + md_table(
+                            ["workload", "policy", "devices above ideal (avg)", "idle", "rollout above ideal",
+                             "training above ideal", "weight sync"], gap_rows))
     sections.append("Ablations: jigsaw samples/s with one mechanism switched off, or on where it is off by default "
                     "(\"with ...\"; change vs jigsaw's defaults); the last "
                     "column is the ORACLE ablation: true remaining lengths instead of the predictor.\n\n" +

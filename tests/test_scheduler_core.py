@@ -216,4 +216,10 @@ def test_no_policy_beats_the_makespan_lower_bound():
             assert 0 < b["work_s"] <= b["makespan_lower_bound_s"] and b["critical_path_s"] <= b["makespan_lower_bound_s"]
             assert r["makespan_s"] >= b["makespan_lower_bound_s"], (name, r["makespan_s"], b)
             assert 0 < r["effective_utilisation"] <= 1.0
+            # the device-seconds above the ideal, split four ways, each >= 0, summing to the gap
+            g = r["gap_breakdown"]
+            parts = [g["idle_device_s"], g["rollout_above_ideal_device_s"], g["training_above_ideal_device_s"],
+                     g["weight_sync_device_s"]]
+            assert min(parts) >= -1e-6 * g["gap_device_s"], (name, g)
+            assert sum(parts) == pytest.approx(g["gap_device_s"])
             assert r["active_samples_per_s"] > 0

@@ -30,7 +30,7 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["Bounds", "compute_bounds"]
+__all__ = ["Bounds", "compute_bounds", "gap_breakdown"]
 
 _TP = (1, 2, 4, 8)
 
@@ -41,6 +41,8 @@ class Bounds:
     work_s: float
     critical_path_s: float
     makespan_lower_bound_s: float
+    ideal_rollout_device_s: float = 0.0  # the decode + prefill part of ideal_device_s
+    ideal_training_device_s: float = 0.0  # the training-pass part
 
     def as_dict(self) -> dict:
         return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
@@ -73,6 +75,7 @@ def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
     cost, gpus, gpn = ex.cost, ex.gpus, ex.gpus_per_node
     ideal = 0.0
+    rollout_ideal = 0.0
     critical = 0.0
     for p in ex.order:
         m = p.model
@@ -86,6 +89,7 @@ def compute_bounds(ex) -> Bounds:
             gen = float(np.sum(smp.gen_tokens))
             fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
             ideal += gen * per_token + fresh * prefill_per_token
+            rollout_ideal += gen * per_token + fresh * prefill_per_token
             train = 0.0
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
@@ -102,4 +106,26 @@ def compute_bounds(ex) -> Bounds:
             chain += train
         critical = max(critical, chain)
     work = ideal / gpus
-    return Bounds(ideal, work, critical, max(work, critical))
+    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal)
+
+
+def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
+    """Where the device-seconds between the run and the ideal went, from the executor's
+    per-device record (``ex.trace``): devices with no task, rollout replicas above the
+    ideal decode and prefill (small batches, KV reads, re-prefill, empty replicas waiting
+    on tools), training passes above their compute (per-stage overhead, wide gangs,
+    context switches), and weight syncs. The four sum to ``gpus x makespan - ideal``."""
+    held = {"rollout": 0.0, "training": 0.0, "weight_sync": 0.0}
+    for _, category, devices, start, end in ex.trace:
+        kind = category if category in ("rollout", "weight_sync") else "training"
+        held[kind] += max(0.0, end - start) * len(devices)
+    total = ex.gpus * makespan
+    parts = {
+        "idle_device_s": total - sum(held.values()),
+        "rollout_above_ideal_device_s": held["rollout"] - bounds.ideal_rollout_device_s,
+        "training_above_ideal_device_s": held["training"] - bounds.ideal_training_device_s,
+        "weight_sync_device_s": held["weight_sync"],
+    }
+    gap = total - bounds.ideal_device_s
+    return {**parts, "gap_device_s": gap,
+            "fractions": {k.removesuffix("_device_s"): (v / gap if gap > 0 else 0.0) for k, v in parts.items()}}
