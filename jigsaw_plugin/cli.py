@@ -72,8 +72,10 @@ def cmd_sim(args) -> int:
     from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
+    from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.workload import load_workload
 
+    args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
     policy = get_policy(args.policy, **_policy_options(args.policy_opt))
     # the scheduler and cost model run as plugins of this manager, beside any plugin the
@@ -178,8 +180,10 @@ def cmd_bench(args) -> int:
     from jigsaw_plugin.bench.ab import format_ab, run_ab_recorded
     from jigsaw_plugin.bench.progress import progress_enabled
     from jigsaw_plugin.bench.rundir import bench_json
+    from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.workload import load_workload
 
+    args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
     baseline_options = _policy_options(args.baseline_opt)
     if args.backend == "ray":
@@ -271,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _sub(sub, "sim", "simulate a workload under one policy: result JSON, Perfetto trace, hook events",
              "jigsaw sim W.yaml --policy jigsaw --json r.json --trace t.json", common)
-    s.add_argument("workload", help="workload YAML (docs/workload.md)")
+    s.add_argument("workload", help="workload YAML (docs/workload.md), or a bundled one by key (a-f) or name (demo)")
     s.add_argument("--policy", default="verl-sync", help="a policy name (jigsaw policies); default verl-sync")
     s.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="policy config field (repeatable)")
     s.add_argument("--seed", type=int, default=0)
@@ -285,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = _sub(sub, "bench", "A/B: a baseline and a candidate on the same workload, seed and samples; "
              "--out DIR writes result.json, spans.json, report.md, PNG figures and one Perfetto trace per run",
              "jigsaw bench examples/workloads/a_sync4_32gpu.yaml --baseline verl-sync --out runs/a", common)
-    b.add_argument("workload", help="workload YAML")
+    b.add_argument("workload", help="workload YAML, or a bundled one by key (a-f) or name (demo)")
     b.add_argument("--baseline", required=True, help="the baseline policy (e.g. verl-sync)")
     b.add_argument("--baseline-opt", action="append", metavar="KEY=VALUE", help="baseline config field")
     b.add_argument("--candidate", default="jigsaw", help="the candidate policy; default jigsaw")

@@ -134,3 +134,13 @@ def test_bench_backend_errors_name_the_option_and_what_is_allowed():
         assert "pipelines[0].model" in p.stderr and "tiny-qwen2" in p.stderr
     else:  # this venv has no vLLM/torch: the error says how to get them
         assert "make venv-cpu" in p.stderr
+
+
+def test_bundled_workloads_are_found_by_name_and_a_bad_name_is_named(tmp_path):
+    out = tmp_path / "r.json"
+    p = jigsaw("sim", "demo", "--policy", "verl-sync", "--json", out)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["samples"] > 0
+    p = jigsaw("sim", "no-such-workload", "--policy", "verl-sync")
+    assert p.returncode == 2 and "workload" in p.stderr and "no-such-workload" in p.stderr
+    assert "Traceback" not in p.stderr
