@@ -13,14 +13,12 @@ import copy
 import yaml
 from common import EXAMPLES, ROOT, dump, md_table, run_many
 
+from jigsaw_plugin.bench.bundled import BUNDLED_WORKLOADS
+
 RESULTS = ROOT / "benchmarks" / "results" / "policies.json"
 
-WORKLOADS = {
-    "a": ("a_sync4_32gpu.yaml", "4 sync pipelines, 32 H100"),
-    "b": ("b_sync8_64gpu.yaml", "8 sync pipelines, 64 H100"),
-    "c": ("c_async2_16gpu.yaml", "2 async pipelines (staleness 1), 16 H100"),
-    "d": ("d_hetero_32gpu.yaml", "1.5B + 7B + 32B, 32 H100"),
-}
+# (a)-(d) of the bundled registry; (e) and (f) have their own script (workloads_ef.py)
+WORKLOADS = {w.key: (w.file, w.title) for w in BUNDLED_WORKLOADS if w.key in "abcd"}
 BASELINES = ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux")
 ASYNC_BASELINES = ("one-step-off", "streamrl", "areal")
 ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "loans", "priority")

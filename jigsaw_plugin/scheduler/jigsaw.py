@@ -56,6 +56,9 @@ from jigsaw_plugin.scheduler.estimates import (
 __all__ = ["JigsawConfig", "JigsawMemo", "Jigsaw"]
 
 _INF = float("inf")
+# micro-batches a stage not yet started is assumed to run as (the simulator's default; a
+# running stage reports its own in ``RunningStageView``)
+_MICRO_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -395,7 +398,7 @@ class Jigsaw(Policy):
 
     def _micro_batch_s(self, state, p, stage, g) -> float:
         rs = p.running_stage
-        mbs = rs.micro_batches if rs is not None else 8
+        mbs = rs.micro_batches if rs is not None else _MICRO_BATCHES
         return self._stage_s(state, p, stage, g) / max(1, mbs)
 
     def _grow_stages(self, rnd, out) -> None:
@@ -607,9 +610,10 @@ class Jigsaw(Policy):
             whole = self._stage_s(state, p, stage, g)
             end = wait + whole
             if loans and i == 0:
-                first = whole / 8
+                first = self._micro_batch_s(state, p, stage, g)
                 joined = sum(1 for x in later if x <= first)
-                end = min(end, first + 7 / 8 * self._stage_s(state, p, stage, g + joined))
+                rest = (_MICRO_BATCHES - 1) / _MICRO_BATCHES
+                end = min(end, first + rest * self._stage_s(state, p, stage, g + joined))
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
         if best is None or best[1] > 0:
