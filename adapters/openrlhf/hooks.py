@@ -63,16 +63,30 @@ class RunHooks:
             # forwarder's default leaves them out, so they are not recorded twice.
             register(self.pm, CoordinatorForwarder(self.client), name="jigsaw-coordinator-forwarder")
         self._static: dict[str, tuple[int, ...]] = {}
+        self._planned: bool | None = None
         self._lock = threading.Lock()
 
     def now(self) -> float:
         return time.time() - self.t0
 
     # ---- pipeline ---------------------------------------------------------------------
-    def register_pipeline(self, spec: dict) -> None:
+    @property
+    def planned(self) -> bool:
+        """The shared coordinator runs a policy (not ``fifo-lease``): it plans this run's
+        stages from its ``HostPipeline`` and grants them (``host.py``)."""
+        if self.client is None:
+            return False
+        if self._planned is None:
+            from jigsaw_plugin.runtime.lease_schedulers import FIFO_LEASE
+
+            self._planned = self.client.info().get("policy", FIFO_LEASE) != FIFO_LEASE
+        return self._planned
+
+    def register_pipeline(self, spec: dict, host=None) -> None:
+        """Join the pipeline; ``host`` (a ``HostPipeline``) is what a coordinator policy plans with."""
         spec = {"name": self.pipeline, **spec}
         if self.client is not None:
-            self.client.register_pipeline(self.pipeline, spec)
+            self.client.register_pipeline(self.pipeline, spec, host)
         self.emit.jigsaw_register_pipeline(pipeline=self.pipeline, spec=spec)
 
     def set_static_devices(self, **by_purpose: tuple[int, ...]) -> None:
@@ -80,24 +94,29 @@ class RunHooks:
         self._static.update({k: tuple(v) for k, v in by_purpose.items()})
 
     # ---- leases -----------------------------------------------------------------------
-    def acquire(self, purpose: str, n_devices: int) -> tuple[int, ...]:
+    def acquire(self, purpose: str, n_devices: int, step: int | None = None,
+                stage: str | None = None) -> tuple[int, ...]:
         """Devices for ``purpose``: a lease from the shared pool (blocks until granted), or
-        the run's static devices (the lease hooks fire either way)."""
+        the run's static devices (the lease hooks fire either way). ``step``/``stage``
+        (``gen`` or ``train``) name what a coordinator policy grants."""
         devices = self._static.get(purpose, tuple(range(int(n_devices))))[: int(n_devices)]
         if self.client is not None:
             timeout = self.settings.get("lease_timeout_s")
             # ``default``: the run's own devices, what a lost coordinator in fallback mode answers
             return tuple(self.client.acquire(self.pipeline, purpose, int(n_devices), timeout_s=timeout,
-                                             default=devices))
+                                             default=devices, step=step, stage=stage))
         self.emit.jigsaw_lease_granted(pipeline=self.pipeline, devices=devices, purpose=purpose, t=self.now())
         return devices
 
-    def release(self, devices) -> None:
+    def release(self, devices, step: int | None = None, stage: str | None = None,
+                tokens: int | None = None) -> None:
+        """Give devices back: a whole lease, or (a rollout under a policy) some of its
+        engines' devices before the rollout's end, which the coordinator can grant at once."""
         devices = tuple(devices)
         if not devices:
             return
         if self.client is not None:
-            self.client.release(self.pipeline, devices)
+            self.client.release(self.pipeline, devices, step=step, stage=stage, tokens=tokens)
             return
         self.emit.jigsaw_lease_released(pipeline=self.pipeline, devices=devices, t=self.now())
 

@@ -16,7 +16,9 @@ dynamic filtering) and replaces ``_generate_vllm`` (140-193):
   moved to the busiest one (abort + resume with the generated prefix, ``Router.drain_to``:
   each exactly once) once each has ``migrate_min_tokens`` tokens, and the emptied engines
   are switched off and their devices released (to the shared pool when a coordinator is
-  used). These knobs arrive as one ``MigrationSettings`` (``config.py``);
+  used; under a coordinator policy each release is part of the rollout's grant, which the
+  policy can grant to another pipeline at once: ``host.py``). These knobs arrive as one
+  ``MigrationSettings`` (``config.py``);
 * the engine pool is pre-provisioned (OpenRLHF's engine list and weight-sync group are
   fixed at start): each step switches on the engines it gets devices for
   (``--jigsaw.active_engines``, or the lease granted) and off again after the tail.
@@ -95,8 +97,8 @@ class _RoutedLLM:
 class _Batch:
     """One ``_generate_vllm`` call: its router, request table, devices and reward window."""
 
-    def __init__(self, gen, engine_ids, devices):
-        self.gen = gen
+    def __init__(self, gen, engine_ids, devices, step: int):
+        self.gen, self.step = gen, step
         self.table = RequestTable()
         self.devices = dict(zip(engine_ids, devices))  # engine -> device id
         engines = {i: RolloutEngine(i, gen.vllm_engines[i], self.table, on_submit=gen._on_submit,
@@ -173,8 +175,11 @@ class JigsawSamplesGenerator(SamplesGenerator):
         n_samples = kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
         step = self.clock.begin() if self.training_gen else self.clock.step
 
-        devices = self.hooks.acquire("rollout", self.active)
-        self.batch = batch = _Batch(self, list(range(len(devices))), devices)
+        devices = self.hooks.acquire("rollout", self.active, step=step, stage="gen")
+        if len(devices) > len(self.vllm_engines):  # the declared pool (host.py) bounds a policy's grant
+            raise RuntimeError(f"{self.hooks.pipeline}: granted {len(devices)} rollout devices {list(devices)}, "
+                               f"but the run has {len(self.vllm_engines)} engine(s) (--vllm.num_engines)")
+        self.batch = batch = _Batch(self, list(range(len(devices))), devices, step)
         prompt_tokens = sum(len(self.tokenizer(text=p, add_special_tokens=False)["input_ids"]) for p in prompts)
         if self.training_gen:
             self._stage_event("jigsaw_stage_start", "gen", devices, len(prompts) * n_samples, prompt_tokens * n_samples)
@@ -217,7 +222,9 @@ class JigsawSamplesGenerator(SamplesGenerator):
                 if batch.reward_started:
                     self._stage_event("jigsaw_stage_end", "reward", (), len(accepted), 0)
                 self._stage_event("jigsaw_stage_end", "gen", devices, len(batch.table), generated)
-            self.hooks.release([batch.devices[i] for i in batch.router.replicas()])
+            # the engines still on; under a policy this ends the rollout's grant
+            self.hooks.release([batch.devices[i] for i in batch.router.replicas()], step=step, stage="gen",
+                               tokens=generated)
             if self.hooks.client is not None:
                 self.hooks.client.flush()  # this batch's events reach the coordinator before it returns
             self.stats["requests"] += len(batch.table)
@@ -262,7 +269,8 @@ class JigsawSamplesGenerator(SamplesGenerator):
             moved = await batch.router.drain_to(replica, target)
         except RouterError:
             return  # the target died meanwhile (checked before anything moved): this engine stays on
-        self.hooks.release([batch.devices[replica]])
+        # under a policy: part of the rollout's grant, which the coordinator can grant at once
+        self.hooks.release([batch.devices[replica]], step=batch.step, stage="gen")
         self.stats["switched_off"] += 1
         self.stats["migrations"] += moved
 

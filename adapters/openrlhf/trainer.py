@@ -90,13 +90,22 @@ class JigsawTrainerMixin:
             devices_for=lambda _stage: self._jigsaw_train_devices)
         from importlib.metadata import version
 
+        host = None
+        if hooks.planned:  # the coordinator runs a policy: declare what it plans with (host.py)
+            from jigsaw_plugin.adapters.openrlhf.host import openrlhf_host_pipeline
+
+            loader = getattr(self, "prompts_dataloader", None)
+            steps = len(loader) * int(args_.train.num_episodes) if loader is not None else 0
+            host = openrlhf_host_pipeline(hooks.pipeline, args_, n_engines=n_engines, n_train=n_train,
+                                          active_engines=settings.get("active_engines"), steps=steps,
+                                          tail_migration=settings.get("policy") == "jigsaw")
         hooks.register_pipeline({
             "framework": "openrlhf", "framework_version": version("openrlhf"), "model": pretrain,
             "algorithm": args_.algo.advantage.estimator, "mode": "async" if args_.train.async_enable else "sync",
             "prompts_per_step": args_.rollout.batch_size, "samples_per_prompt": args_.rollout.n_samples_per_prompt,
             "max_response_len": args_.rollout.max_new_tokens, "rollout_engines": n_engines,
             "train_devices": n_train, "policy": settings.get("policy"),
-        })
+        }, host)
 
     def fit(self, *args, **kwargs):
         hooks = self.jigsaw
@@ -113,11 +122,13 @@ class JigsawTrainerMixin:
         # sizes of the update stages: the step's samples and their tokens (prompt + response)
         self._jigsaw_sizes = (len(rollout_samples),
                               int(sum(int(s.attention_mask.sum()) for s in rollout_samples)))
-        self._jigsaw_train_devices = self.jigsaw.acquire("train", self._jigsaw_n_train)
+        step = clock.step
+        # one grant for the whole training phase (a policy's ``phase`` grant: host.py)
+        self._jigsaw_train_devices = self.jigsaw.acquire("train", self._jigsaw_n_train, step=step, stage="train")
         try:
             status, next_step = super().train_step(rollout_samples, global_step)
         finally:
-            self.jigsaw.release(self._jigsaw_train_devices)
+            self.jigsaw.release(self._jigsaw_train_devices, step=step, stage="train")
         gen = getattr(self, "samples_generator", None)
         if isinstance(gen, JigsawSamplesGenerator):
             status["jigsaw/migrations"] = gen.stats["migrations"]

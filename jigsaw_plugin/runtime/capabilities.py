@@ -11,6 +11,10 @@ A host trainer (verl, OpenRLHF) runs its own stages; the coordinator's policy on
   ``CheckpointEngineManager`` + the balancer's server set; OpenRLHF: the jigsaw engine pool);
 - ``migration``: whether the coordinator can abort a chosen request and resume it with its
   prefix on another server of the host (through the host's balancer);
+- ``replica_release``: whether the host gives a rollout server's devices back on its own
+  before the rollout ends, server by server, as its share drains (OpenRLHF: the rollout
+  controller migrates an engine's tail away and switches it off); the policy gets those
+  devices at once. A host without it gives the rollout's devices back together at its end;
 - ``training_resizable`` / ``training_width``: whether a training stage's gang can change
   width; verl's FSDP gangs are fixed when its worker groups are built (not resizable: the
   policy time-shares them, on exactly ``training_width`` devices).
@@ -46,6 +50,7 @@ class HostCapabilities:
     rollout_replicas: int = 1
     replicas_elastic: bool = False
     migration: bool = False
+    replica_release: bool = False
     training_resizable: bool = False
     training_width: int = 1
 
@@ -58,7 +63,7 @@ class HostCapabilities:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(f"capabilities.{name}", v, "an integer >= 1")
-        for name in ("replicas_elastic", "migration", "training_resizable"):
+        for name in ("replicas_elastic", "migration", "replica_release", "training_resizable"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"capabilities.{name}", getattr(self, name), "true | false")
 
@@ -78,9 +83,10 @@ class HostCapabilities:
         return cls(**dict(raw))
 
 
-def refusal(caps: HostCapabilities, decision, live_replicas: int = 0) -> str | None:
+def refusal(caps: HostCapabilities, decision, live_replicas: int = 0, rollout_granted: bool = False) -> str | None:
     """Why ``decision`` (for a pipeline with these capabilities) cannot be carried out, or
-    ``None``. ``live_replicas``: the pipeline's replicas launched and not yet closed."""
+    ``None``. ``live_replicas``: the pipeline's replicas launched and not yet closed;
+    ``rollout_granted``: its host already runs its rollout on the servers it was granted."""
     if isinstance(decision, RunStage):
         n = len(decision.devices)
         if n and caps.stage_grants == "none":
@@ -95,6 +101,11 @@ def refusal(caps: HostCapabilities, decision, live_replicas: int = 0) -> str | N
     elif isinstance(decision, LaunchReplica):
         if decision.absorb and not caps.migration:
             return f"{caps.framework} cannot migrate requests (migration=false): LaunchReplica absorb={decision.absorb}"
+        if rollout_granted and not caps.replicas_elastic:
+            # the host took its servers when the rollout was granted: a later one would hold
+            # devices it never uses
+            return (f"{caps.framework}'s rollout already runs on the servers granted at its start and cannot "
+                    f"take one more (replicas_elastic=false)")
         if live_replicas >= caps.rollout_replicas and not caps.replicas_elastic:
             return (f"{caps.framework} has {caps.rollout_replicas} rollout server(s), all in use, and cannot add "
                     f"one (replicas_elastic=false)")

@@ -12,7 +12,11 @@ simulator and the live executor) whose mechanics are grants:
 - the policy's decisions are what grants them: ``StartGen`` + ``LaunchReplica`` open the
   step's rollout on the replicas' devices, ``RunStage`` a training stage on its gang;
 - the host reports each stage's end (``done``); the rollout ends when the host reports it
-  or asks for its first training stage.
+  or asks for its first training stage;
+- a host declaring ``replica_release`` (OpenRLHF) may give back part of its rollout grant
+  before the rollout ends (``done`` with those devices: ``release_replicas``): the replicas
+  on them close and the policy has their devices at once; the rest of the grant goes back
+  at the rollout's end.
 
 A decision outside the pipeline's capabilities is refused (``refusals``, and an event
 through ``on_refusal``); a host waiting on a refused ``RunStage`` gets the reason. A
@@ -265,11 +269,18 @@ class HostExecutor(ExecutorCore):
         self.dirty = True
         return tk
 
-    def done(self, pipeline: str, step: int, stage: str, tokens: int | None = None) -> None:
-        """A host's stage ended (``tokens``: what it generated or trained on, if it knows)."""
+    def done(self, pipeline: str, step: int, stage: str, tokens: int | None = None, devices=None) -> None:
+        """A host's stage ended (``tokens``: what it generated or trained on, if it knows).
+        ``devices`` of a rollout that are only part of what it still holds: those servers
+        were released early (``release_replicas``), the rollout goes on."""
         p = self._host(pipeline)
         step = int(step)
         if stage in ROLLOUT_STAGES:
+            held = self._rollout.get(pipeline)
+            if devices is not None and held is not None and held[0] == step \
+                    and set(devices) < set(held[1]):
+                self.release_replicas(pipeline, step, devices)
+                return
             self._rollout_done(p, step, tokens)
         elif stage == "train":
             self._phase_done(p, step)
@@ -279,6 +290,34 @@ class HostExecutor(ExecutorCore):
                 raise PolicyViolation(f"{pipeline}: stage {stage} of step {step} ended but was never granted")
             self._stage_done(p, step, stage, devices)
         self.dirty = True
+
+    def release_replicas(self, pipeline: str, step: int, devices) -> tuple:
+        """Part of a rollout grant given back before the rollout's end, server by server (a
+        host with ``replica_release``): the replicas on ``devices`` close, their devices are
+        free for the policy, and the rollout goes on on the rest of its grant."""
+        p = self._host(pipeline)
+        devices = tuple(sorted(int(d) for d in devices))
+        if not self.hosts[pipeline].capabilities.replica_release:
+            raise SpecError(f"{pipeline}: released rollout devices", list(devices),
+                            "the whole rollout grant at its end (the host declared replica_release=false)")
+        held = self._rollout.get(pipeline)
+        if held is None or held[0] != int(step):
+            raise SpecError(f"{pipeline}: release of rollout step", int(step),
+                            f"the step whose rollout it holds ({'none' if held is None else held[0]})")
+        if not set(devices) <= set(held[1]):
+            raise SpecError(f"{pipeline}: released rollout devices", list(devices),
+                            f"devices of its rollout grant still held: {list(held[1])}")
+        closing = [r for r in p.replicas if set(r.devices) & set(devices)]
+        split = [r for r in closing if not set(r.devices) <= set(devices)]
+        if split:
+            raise SpecError(f"{pipeline}: released rollout devices", list(devices),
+                            f"every device of a server together (replica r{split[0].id} runs on "
+                            f"{list(split[0].devices)})")
+        for rep in closing:
+            self._close(rep)
+        self._rollout[pipeline] = (held[0], tuple(d for d in held[1] if d not in devices))
+        self.dirty = True
+        return devices
 
     def _host(self, pipeline: str):
         p = self.pipelines.get(pipeline)
@@ -323,7 +362,7 @@ class HostExecutor(ExecutorCore):
         host = self.hosts.get(name)
         if host is not None:
             live = len([r for r in self.pipelines[name].replicas if not r.retiring])
-            reason = refusal(host.capabilities, d, live)
+            reason = refusal(host.capabilities, d, live, rollout_granted=name in self._rollout)
             caps = host.capabilities
             if (reason and isinstance(d, RunStage) and not caps.training_resizable
                     and len(d.devices) > caps.training_width):

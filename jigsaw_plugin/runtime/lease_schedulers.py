@@ -269,7 +269,9 @@ class PolicyScheduler:
         return tk.granted
 
     def release(self, pipeline: str, devices, step=None, stage=None, tokens=None) -> tuple:
-        """The end of a granted stage (or phase); returns the devices it gave back."""
+        """The end of a granted stage (or phase), or part of a rollout grant given back early
+        (``devices`` fewer than the rollout holds: ``HostExecutor.release_replicas``); returns
+        the devices it gave back."""
         if self.ex is None or pipeline not in self.ex.pipelines:
             raise LeaseError(f"pipeline {pipeline!r} is not registered with policy {self.name!r}")
         if step is None or stage is None:
@@ -279,7 +281,7 @@ class PolicyScheduler:
             if step is None:
                 step = p.gen_next - 1 if stage in ROLLOUT_STAGES else p.train_next
         before = set(d for d, task in self.ex.task.items() if task.pipeline == pipeline)
-        self.ex.done(pipeline, int(step), stage, tokens)
+        self.ex.done(pipeline, int(step), stage, tokens, devices=tuple(devices))
         self._round()
         after = set(d for d, task in self.ex.task.items() if task.pipeline == pipeline)
         return tuple(sorted(before - after))
