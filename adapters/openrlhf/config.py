@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from jigsaw_plugin.runtime.liveness import LOSS_MODES
 
 __all__ = ["JigsawConfig", "MigrationSettings", "JigsawUsageError", "FLAGS", "MIGRATION_FLAGS", "POLICIES",
-           "split_jigsaw_flags", "parse_jigsaw_flags"]
+           "split_jigsaw_flags", "parse_jigsaw_flags", "resolve_staleness"]
 
 PREFIX = "--jigsaw."
 
@@ -65,6 +65,10 @@ class JigsawConfig:
     lease_timeout_s: float | None = None  # how long to wait for devices from the coordinator
     # the coordinator died or hangs: "stop" (raise CoordinatorDied) or "fallback" (warn, own devices)
     on_coordinator_loss: str = "stop"
+    # policy versions a trained sample may lag: 0 is OpenRLHF's sync PPOTrainer; N > 0 its
+    # PPOTrainerAsync with --train.async_queue_size N (the generator runs at most N batches
+    # ahead of training). None: not given, the host flags' own bound (resolve_staleness).
+    staleness: int | None = None
 
     def to_dict(self) -> dict:
         """The settings shipped to the trainer actors: ``migration`` stays a
@@ -142,6 +146,7 @@ FLAGS = {
     "events": _path,
     "lease_timeout_s": _number(float, 0.0, low_open=True, optional=True),
     "on_coordinator_loss": _choice(LOSS_MODES),
+    "staleness": _number(int, 0),
 }
 assert set(MIGRATION_FLAGS) == {f.name for f in fields(MigrationSettings)}
 assert set(FLAGS) == {f.name for f in fields(JigsawConfig)} - {"migration"} | set(MIGRATION_FLAGS)
@@ -193,4 +198,59 @@ def parse_jigsaw_flags(argv: list[str]) -> tuple[JigsawConfig, list[str]]:
     if not config.enable and len(raw) > ("enable" in raw):
         others = ", ".join(PREFIX + n for n in raw if n != "enable")
         raise JigsawUsageError(f"{others} given without {PREFIX}enable; add {PREFIX}enable to use jigsaw")
+    if config.enable:  # checked against OpenRLHF's flags; the queue set when the bound needs it
+        _, rest = resolve_staleness(config.staleness, rest)
     return config, rest
+
+
+ASYNC_FLAG = "--train.async_enable"
+QUEUE_FLAG = "--train.async_queue_size"
+
+
+def _host_flag(argv: list[str], flag: str) -> tuple[bool, str | None]:
+    """(given?, its value) of one of OpenRLHF's flags in ``argv`` (``--f V`` or ``--f=V``)."""
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            return True, None if nxt is None or nxt.startswith("--") else nxt
+        if arg.startswith(flag + "="):
+            return True, arg[len(flag) + 1:]
+    return False, None
+
+
+def resolve_staleness(staleness: int | None, host_argv: list[str]) -> tuple[int, list[str]]:
+    """The staleness bound of this OpenRLHF run and OpenRLHF's arguments that honour it.
+
+    OpenRLHF 0.11.2's sync ``PPOTrainer`` is on-policy (0). Its ``PPOTrainerAsync``
+    (``--train.async_enable``) bounds the lag by its queue: the generator takes one of
+    ``--train.async_queue_size`` slots per batch and the trainer frees it when it takes the
+    batch (``ppo_trainer_async.py:110,228``), so a batch is generated at most N versions
+    before it is trained. ``staleness`` N sets the queue to N (added when absent); ``None``
+    reads the bound off OpenRLHF's flags. A bound the host mode cannot honour is an error.
+    """
+    is_async, _ = _host_flag(host_argv, ASYNC_FLAG)
+    has_queue, raw_queue = _host_flag(host_argv, QUEUE_FLAG)
+    queue = None
+    if has_queue:
+        try:
+            queue = int(raw_queue)
+        except (TypeError, ValueError):
+            raise JigsawUsageError(f"{QUEUE_FLAG}: got {raw_queue!r}; allowed: an integer >= 1") from None
+    if not is_async:
+        if staleness:
+            raise JigsawUsageError(
+                f"{PREFIX}staleness: got {staleness}; allowed: 0 without {ASYNC_FLAG} (OpenRLHF's sync PPOTrainer "
+                f"trains on-policy); a bound > 0 runs with {ASYNC_FLAG} (PPOTrainerAsync; {PREFIX}staleness N sets "
+                f"{QUEUE_FLAG} N)")
+        return 0, host_argv
+    if staleness is None:
+        return (queue if queue is not None else 1), host_argv  # OpenRLHF's default queue is 1
+    if staleness == 0:
+        raise JigsawUsageError(
+            f"{PREFIX}staleness: got 0; allowed: an integer >= 1 with {ASYNC_FLAG} (PPOTrainerAsync generates at "
+            f"least one batch ahead of training); 0 runs without {ASYNC_FLAG}")
+    if queue is not None and queue != staleness:
+        raise JigsawUsageError(
+            f"{PREFIX}staleness: got {staleness}; allowed: {queue} (the bound {QUEUE_FLAG} {queue} sets), or drop "
+            f"{QUEUE_FLAG} and {PREFIX}staleness sets it")
+    return staleness, host_argv if queue is not None else [*host_argv, QUEUE_FLAG, str(staleness)]

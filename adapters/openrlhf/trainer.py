@@ -105,6 +105,8 @@ class JigsawTrainerMixin:
             "prompts_per_step": args_.rollout.batch_size, "samples_per_prompt": args_.rollout.n_samples_per_prompt,
             "max_response_len": args_.rollout.max_new_tokens, "rollout_engines": n_engines,
             "train_devices": n_train, "policy": settings.get("policy"),
+            # the async queue bounds the lag; --jigsaw.staleness set it (config.resolve_staleness)
+            "staleness": int(args_.train.async_queue_size) if args_.train.async_enable else 0,
         }, host)
 
     def fit(self, *args, **kwargs):

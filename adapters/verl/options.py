@@ -14,13 +14,18 @@ from typing import Any, Mapping
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.liveness import LOSS_MODES
 
-__all__ = ["JigsawOptions", "parse_options", "algorithm_of", "TRAINER_MODES", "OPTION_PREFIX"]
+__all__ = ["JigsawOptions", "parse_options", "algorithm_of", "resolve_staleness", "TRAINER_MODES", "OPTION_PREFIX",
+           "OFF_POLICY_THRESHOLD_KEY"]
 
 OPTION_PREFIX = "+jigsaw"
 #: verl ``trainer.v1.trainer_mode`` values this adapter registers -> the verl mode it extends.
 TRAINER_MODES = {"jigsaw": "sync", "jigsaw_colocate_async": "colocate_async"}
 _POLICIES = ("jigsaw", "observe")
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: verl 0.9.1's bound on an async trainer's samples (``trainer/ppo/v1/replay_buffer.py:119``): the
+#: model versions a trajectory may span, so a lag of at most ``threshold - 1`` versions.
+OFF_POLICY_THRESHOLD_KEY = "trainer.v1.sampler.max_off_policy_threshold"
+_VERL_DEFAULT_THRESHOLD = 8  # ppo_trainer.yaml:298
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,13 @@ class JigsawOptions:
         (default: this trainer's own devices).
     :param model_profile: The cost-model profile the policy prices this trainer's stages
         with (default: inferred from the model path, e.g. ``qwen2.5-0.5b``).
+    :param staleness: Bounded staleness: how many policy versions a trained sample may lag
+        (ECHO-2 / AReaL's bound). ``0`` is on-policy, verl's sync trainer
+        (``trainer_mode=jigsaw``); a bound > 0 needs verl's async trainer
+        (``trainer_mode=jigsaw_colocate_async``), where it sets verl's own
+        ``trainer.v1.sampler.max_off_policy_threshold`` to ``staleness + 1``. ``None``: the
+        mode's own (0; or verl's threshold - 1). The pipeline registers with it, so the
+        coordinator's policy plans under it (``resolve_staleness``).
     """
 
     policy: str = "jigsaw"
@@ -62,6 +74,7 @@ class JigsawOptions:
     scheduler: str = "jigsaw"
     pool_devices: int | None = None
     model_profile: str | None = None
+    staleness: int | None = None
 
 
 def _allowed_keys() -> str:
@@ -104,6 +117,11 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
 
         if profile not in KNOWN_MODELS:
             raise SpecError(f"{OPTION_PREFIX}.model_profile", profile, " | ".join(KNOWN_MODELS))
+    staleness = raw.get("staleness")
+    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
+        raise SpecError(f"{OPTION_PREFIX}.staleness", staleness,
+                        "an integer >= 0 (policy versions a trained sample may lag; > 0 needs "
+                        "trainer.v1.trainer_mode=jigsaw_colocate_async)")
     return JigsawOptions(
         policy=policy,
         pipeline=pipeline,
@@ -116,7 +134,44 @@ def parse_options(raw: Mapping[str, Any] | None, default_pipeline: str | None = 
         scheduler=scheduler,
         pool_devices=pool,
         model_profile=profile,
+        staleness=staleness,
     )
+
+
+def resolve_staleness(options: JigsawOptions, base_mode: str, sampler=None) -> int:
+    """The staleness bound this verl run honours, checked against its trainer mode.
+
+    :param base_mode: The verl mode the trainer extends (``TRAINER_MODES``' values; the v0
+        trainer is ``sync``).
+    :param sampler: verl's ``trainer.v1.sampler`` config node (an async trainer's bound lives
+        there). With ``options.staleness`` set, its ``max_off_policy_threshold`` is set to
+        ``staleness + 1`` (verl drops, or with ``max_off_policy_strategy=wait`` awaits, every
+        trajectory spanning more versions: ``replay_buffer.py:521-552``).
+    :raises SpecError: a bound > 0 on verl's sync trainer (on-policy by construction), a
+        threshold the user set that disagrees with the option, or an async run without any bound.
+    """
+    field = f"{OPTION_PREFIX}.staleness"
+    wanted = options.staleness
+    if base_mode == "sync":
+        if wanted not in (None, 0):
+            raise SpecError(field, wanted,
+                            "0 with trainer.v1.trainer_mode=jigsaw (verl's sync trainer trains on-policy); a bound > 0 "
+                            "runs with trainer.v1.trainer_mode=jigsaw_colocate_async (verl's colocate_async trainer "
+                            f"honours it through {OFF_POLICY_THRESHOLD_KEY} = staleness + 1)")
+        return 0
+    threshold = None if sampler is None else sampler.get("max_off_policy_threshold", None)
+    if wanted is None:
+        if threshold is None:
+            raise SpecError(field, None, f"an integer >= 0: {OFF_POLICY_THRESHOLD_KEY} is null (verl bounds "
+                                         "nothing), and the coordinator's policy plans with a bound")
+        return int(threshold) - 1
+    if threshold not in (None, _VERL_DEFAULT_THRESHOLD, wanted + 1):
+        raise SpecError(field, wanted, f"{int(threshold) - 1}, or drop {OFF_POLICY_THRESHOLD_KEY}={threshold} "
+                                       f"(it bounds the lag at {int(threshold) - 1}; the option sets it to staleness + 1)")
+    if sampler is None:
+        raise SpecError(field, wanted, f"a bound on a verl config that has {OFF_POLICY_THRESHOLD_KEY}")
+    sampler.max_off_policy_threshold = wanted + 1
+    return wanted
 
 
 def _check_scheduler(name) -> None:

@@ -31,7 +31,7 @@ through a property, so verl's own logic runs exactly as in that mode.
 
 from __future__ import annotations
 
-from jigsaw_plugin.adapters.verl.options import TRAINER_MODES, algorithm_of, parse_options
+from jigsaw_plugin.adapters.verl.options import TRAINER_MODES, algorithm_of, parse_options, resolve_staleness
 from jigsaw_plugin.adapters.verl.reporter import batch_sizes
 from jigsaw_plugin.adapters.verl.session import JigsawSession
 
@@ -75,6 +75,9 @@ class JigsawTrainerMixin:
             raise SpecError("+jigsaw", section, "a group of options: +jigsaw.policy=..., +jigsaw.pipeline=...")
         raw = dict(section.items()) if section is not None else {}
         self.jigsaw_options = parse_options(raw, default_pipeline=str(config.trainer.experiment_name))
+        # before verl builds its replay buffer: an async trainer's bound is verl's sampler threshold
+        self.jigsaw_staleness = resolve_staleness(self.jigsaw_options, self._jigsaw_base_mode,
+                                                  config.trainer.v1.get("sampler", None))
         super().__init__(config, *args, **kwargs)
         trainer = config.trainer
         n_devices = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
@@ -143,6 +146,7 @@ class JigsawTrainerMixin:
             "algorithm": algorithm_of(cfg.algorithm.adv_estimator, self.use_critic, self.use_reference_policy),
             "adv_estimator": str(cfg.algorithm.adv_estimator),
             "mode": "sync" if self._jigsaw_base_mode == "sync" else "async",
+            "staleness": self.jigsaw_staleness,
             "trainer_mode": self._jigsaw_requested_mode if hasattr(self, "_jigsaw_requested_mode") else None,
             "model": str(cfg.actor_rollout_ref.model.path),
             "prompts_per_step": int(cfg.data.train_batch_size),

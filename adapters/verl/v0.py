@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from jigsaw_plugin.adapters.verl.options import algorithm_of, parse_options
+from jigsaw_plugin.adapters.verl.options import algorithm_of, parse_options, resolve_staleness
 from jigsaw_plugin.adapters.verl.session import JigsawSession
 from jigsaw_plugin.hookspecs import STAGES
 from jigsaw_plugin.patches import verl_func_generator
@@ -107,6 +107,7 @@ def attach(trainer, module) -> V0Observer:
     section = config.get("jigsaw", None)
     options = parse_options(dict(section.items()) if section is not None else {},
                             default_pipeline=str(config.trainer.experiment_name))
+    resolve_staleness(options, "sync")  # the v0 trainer (RayPPOTrainer) is on-policy: a bound > 0 is an error
     n_devices = int(config.trainer.get("n_gpus_per_node", 1)) * int(config.trainer.get("nnodes", 1))
     observer = V0Observer(trainer, module, JigsawSession(options, n_devices))
     observer.install()
