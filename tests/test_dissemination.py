@@ -14,6 +14,7 @@ from jigsaw_plugin.runtime.dissemination import (
     DisseminationSpec,
     LinkSpec,
     pack_state,
+    pack_synthetic,
     state_checksum,
     synthetic_state,
     unpack_state,
@@ -55,6 +56,18 @@ def test_pack_unpack_is_bit_exact_and_checksum_sees_every_byte():
     assert state_checksum(back) == state_checksum(state)
     buf[layout.slots[2].offset] ^= 1  # one flipped bit in one tensor
     assert state_checksum(unpack_state(layout, buf)) != state_checksum(state)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_pack_synthetic_is_pack_state_of_synthetic_state_bit_for_bit(backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    for total, tensor in ((1000, 64), (3 * 4096 + 8, 4096), (40, 4)):
+        layout, buffer = pack_state(synthetic_state(total, 3, tensor, backend))
+        direct = pack_synthetic(total, 3, tensor, backend)
+        assert direct[0] == layout and np.array_equal(direct[1], buffer)
+    with pytest.raises(SpecError, match="total_bytes"):
+        pack_synthetic(2)
 
 
 def test_bad_arguments_name_their_field():
@@ -199,6 +212,9 @@ def test_pull_serves_the_latest_version_never_a_stale_one(group):
     assert seen == sorted(seen) and len(set(seen)) == 3
     with pytest.raises(ray.exceptions.RayTaskError, match="version"):
         ray.get(registry.publish.remote(seen[0], [], None, ""))
+    group.free_published()  # the registry forgets the version; replicas keep what they hold
+    assert ray.get(registry.held_versions.remote()) == []
+    assert ray.get(group.replicas[0].pull.remote(registry)) == seen[-1]
 
 
 def test_measured_times_have_the_cost_models_shape(group):

@@ -24,8 +24,8 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.dissemination.codec import (
     StateLayout,
     pack_state,
+    pack_synthetic,
     state_checksum,
-    synthetic_state,
     unpack_state,
 )
 from jigsaw_plugin.runtime.dissemination.spec import LinkSpec
@@ -97,12 +97,15 @@ class TrainerActor:
 
     def set_state(self, source) -> tuple[int, str]:
         """Load a new version: a ``SyntheticSource`` or a name -> tensor dict. Returns
-        (bytes, checksum)."""
+        (bytes, checksum). The old version is freed first and a synthetic state is drawn
+        straight into the packed buffer: at 1-2 GB a second copy is what runs the shared
+        machine out of memory."""
+        self._layout, self._buffer, self._checksum = None, None, ""
         if isinstance(source, SyntheticSource):
-            state = synthetic_state(source.total_bytes, source.seed, source.tensor_bytes, source.backend)
+            self._layout, self._buffer = pack_synthetic(source.total_bytes, source.seed, source.tensor_bytes,
+                                                        source.backend)
         else:
-            state = source
-        self._layout, self._buffer = pack_state(state)
+            self._layout, self._buffer = pack_state(source)
         self._checksum = state_checksum(unpack_state(self._layout, self._buffer))
         return self._layout.total_bytes, self._checksum
 
@@ -289,6 +292,11 @@ class VersionRegistryActor:
 
     def latest(self) -> tuple | None:
         return self._latest
+
+    def retire(self) -> None:
+        """Forget the latest version: nothing is published until the next push, and Ray
+        frees the version once no replica still reads it (bounds the store between runs)."""
+        self._latest = None
 
     def held_versions(self) -> list[int]:
         return [] if self._latest is None else [self._latest[0]]

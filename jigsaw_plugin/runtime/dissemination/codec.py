@@ -16,7 +16,8 @@ import numpy as np
 
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["StateLayout", "TensorSlot", "pack_state", "state_checksum", "synthetic_state", "unpack_state"]
+__all__ = ["StateLayout", "TensorSlot", "pack_state", "pack_synthetic", "state_checksum", "synthetic_state",
+           "unpack_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,27 +97,48 @@ def state_checksum(state: dict) -> str:
     return h.hexdigest()
 
 
-def synthetic_state(total_bytes: int, seed: int = 0, tensor_bytes: int = 64 * 1024 * 1024,
-                    backend: str = "numpy") -> dict:
-    """Random float32 tensors (uniform [0, 1): no NaN, so equality is exact) adding up to
-    ``total_bytes`` (rounded down to whole floats), cut into tensors of ``tensor_bytes``
-    like a model's layers. ``backend`` "torch" returns torch tensors."""
+def _synthetic_sizes(total_bytes: int, tensor_bytes: int, backend: str) -> list[int]:
+    """Floats per tensor of a synthetic state (validating its arguments)."""
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 4:
         raise SpecError("total_bytes", total_bytes, "an integer >= 4 (bytes)")
     if isinstance(tensor_bytes, bool) or not isinstance(tensor_bytes, int) or tensor_bytes < 4:
         raise SpecError("tensor_bytes", tensor_bytes, "an integer >= 4 (bytes)")
     if backend not in ("numpy", "torch"):
         raise SpecError("backend", backend, "numpy or torch")
-    rng = np.random.default_rng(seed)
-    state, left, i = {}, total_bytes // 4, 0
-    per = max(1, tensor_bytes // 4)
+    left, per, sizes = total_bytes // 4, max(1, tensor_bytes // 4), []
     while left > 0:
-        n = min(per, left)
-        state[f"layers.{i}.weight"] = rng.random(n, dtype=np.float32)
-        left -= n
-        i += 1
+        sizes.append(min(per, left))
+        left -= sizes[-1]
+    return sizes
+
+
+def synthetic_state(total_bytes: int, seed: int = 0, tensor_bytes: int = 64 * 1024 * 1024,
+                    backend: str = "numpy") -> dict:
+    """Random float32 tensors (uniform [0, 1): no NaN, so equality is exact) adding up to
+    ``total_bytes`` (rounded down to whole floats), cut into tensors of ``tensor_bytes``
+    like a model's layers. ``backend`` "torch" returns torch tensors."""
+    rng = np.random.default_rng(seed)
+    state = {f"layers.{i}.weight": rng.random(n, dtype=np.float32)
+             for i, n in enumerate(_synthetic_sizes(total_bytes, tensor_bytes, backend))}
     if backend == "torch":
         import torch
 
         state = {k: torch.from_numpy(v) for k, v in state.items()}
     return state
+
+
+def pack_synthetic(total_bytes: int, seed: int = 0, tensor_bytes: int = 64 * 1024 * 1024,
+                   backend: str = "numpy") -> tuple[StateLayout, np.ndarray]:
+    """``pack_state(synthetic_state(...))`` bit for bit, drawn straight into the packed
+    buffer: the trainer holds one copy of a GB-sized state while building it, not two."""
+    rng = np.random.default_rng(seed)
+    sizes = _synthetic_sizes(total_bytes, tensor_bytes, backend)
+    dtype = "torch.float32" if backend == "torch" else np.dtype(np.float32).str
+    slots, offset = [], 0
+    for i, n in enumerate(sizes):
+        slots.append(TensorSlot(f"layers.{i}.weight", dtype, (n,), offset, 4 * n))
+        offset += 4 * n
+    buffer = np.empty(offset, dtype=np.uint8)
+    for s in slots:  # the same draws, in the same order, as synthetic_state
+        rng.random(s.nbytes // 4, dtype=np.float32, out=buffer[s.offset : s.offset + s.nbytes].view(np.float32))
+    return StateLayout(tuple(slots), offset), buffer

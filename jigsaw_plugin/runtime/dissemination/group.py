@@ -66,8 +66,10 @@ class DisseminationGroup:
 
     def set_state(self, source) -> tuple[int, str]:
         """Give the trainer a new version: a ``SyntheticSource`` or a name -> tensor dict.
-        Replicas drop the copies they hold first (they are stale now; it bounds memory)."""
+        Replicas drop the copies they hold and the registry its published version first
+        (they are stale now; it bounds memory)."""
         self._ray.get([r.drop.remote() for r in self.replicas], timeout=self._timeout_s)
+        self.free_published()
         self._source = self._ray.get(self.trainer.set_state.remote(source), timeout=self._timeout_s)
         return self._source
 
@@ -79,6 +81,13 @@ class DisseminationGroup:
             self._registry = self._actors.VersionRegistryActor.remote(link)
             self._registry_link = link
         return self._registry
+
+    def free_published(self) -> None:
+        """The registry forgets its latest version (``pull``): Ray frees it once no replica
+        reads it. A benchmark calls it after each pull run so the object store holds one
+        version at a time, not the last one beside the next."""
+        if self._registry is not None:
+            self._ray.get(self._registry.retire.remote(), timeout=self._timeout_s)
 
     def run(self, spec: DisseminationSpec, replicas: int | None = None) -> DisseminationResult:
         """Disseminate the trainer's current state to the first ``replicas`` replicas."""
