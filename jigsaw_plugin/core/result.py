@@ -6,7 +6,7 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "cost_result", "staleness_histogram", "STAGE_KEYS"]
+__all__ = ["build_result", "cost_result", "staleness_histogram", "STAGE_KEYS", "ELASTIC_ASSUMES"]
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
 
@@ -64,25 +64,62 @@ def _active_samples_per_s(ex) -> float:
     return done / first
 
 
+ELASTIC_ASSUMES = ("on-demand classes without a link billed for the whole run; preemptible (spot) and "
+                   "remote classes billed only while they hold work (a rollout replica, its switch and weight "
+                   "pull included, or a training stage): idle workers released")
+
+
+def _held_s(ex, specs) -> list | None:
+    """Device-seconds each class held work, from the executor's per-device record
+    (``ExecutorCore.trace``); None for an executor without one."""
+    trace = getattr(ex, "trace", None)
+    if trace is None:
+        return None
+    first, at = [], 0
+    for c in specs:
+        first.append((at, at + c.count))
+        at += c.count
+    held = [0.0] * len(specs)
+    for _name, _kind, devices, start, end in trace:
+        for d in devices:
+            for k, (lo, hi) in enumerate(first):
+                if lo <= d < hi:
+                    held[k] += end - start
+    return held
+
+
 def cost_result(ex, makespan: float, samples: int) -> dict:
     """Cost of the run: each class's provisioned devices for the makespan, less the
     downtime of preempted devices (not billed), times its price per device-hour; a class
-    without a price counts device-hours (``unit``)."""
+    without a price counts device-hours (``unit``). ``elastic`` bills spot and remote
+    classes only while they hold work (``ELASTIC_ASSUMES``): what
+    leaving a worker idle saves where idle workers are released."""
     pre = getattr(ex, "preemptions", None)
+    specs = ex.workload.cluster.device_classes()
+    held = _held_s(ex, specs)
     classes = {}
-    for k, c in enumerate(ex.workload.cluster.device_classes()):
+    elastic = 0.0
+    for k, c in enumerate(specs):
         down = pre.downtime_s(k, makespan) if pre is not None else 0.0
         hours = max(0.0, c.count * makespan - down) / 3600.0
         price = c.price_per_hour
+        unit = price if price is not None else 1.0
         classes[c.name] = {"gpu": c.gpu if isinstance(c.gpu, str) else str(c.gpu.get("name", "custom")),
                            "count": c.count, "device_hours": hours, "price_per_hour": price,
-                           "cost": hours * (price if price is not None else 1.0),
+                           "cost": hours * unit,
                            "preemptions": int(pre.count[k]) if pre is not None else 0}
+        if held is not None:
+            busy = min(hours, held[k] / 3600.0)
+            classes[c.name]["held_device_hours"] = busy
+            elastic += (busy if c.preemptible is not None or c.link is not None else hours) * unit
     priced = all(c["price_per_hour"] is not None for c in classes.values())
     total = sum(c["cost"] for c in classes.values())
     return {"unit": "price" if priced else "device-hours", "total": total,
             "device_hours": sum(c["device_hours"] for c in classes.values()),
-            "samples_per_cost": samples / total if total > 0 else 0.0, "classes": classes}
+            "samples_per_cost": samples / total if total > 0 else 0.0, "classes": classes,
+            "elastic": None if held is None else {
+                "total": elastic, "samples_per_cost": samples / elastic if elastic > 0 else 0.0,
+                "assumes": ELASTIC_ASSUMES}}
 
 
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:

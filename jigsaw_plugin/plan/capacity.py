@@ -35,7 +35,7 @@ import numpy as np
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ClassRate", "CapacityInputs", "Provision", "plan_pipeline", "evaluate", "rollout_rate", "provision",
-           "least_cost", "activation_order"]
+           "least_cost", "activation_order", "replica_curve"]
 
 _TAIL_DRAWS = 8  # steps drawn to estimate the expected longest response of one step
 
@@ -222,7 +222,7 @@ def _rollout_tp(p, cost) -> int:
     return tp
 
 
-def _curve(p, cost, tp: int, st: dict, tail_tokens: float, samples: int) -> tuple:
+def replica_curve(p, cost, tp: int, st: dict, tail_tokens: float, samples: int) -> tuple:
     """One replica's (q, samples/s, tail s) for q samples of a step on it. Throughput: decode
     steps for the mean response plus the prefill of the batch's prompts, at a batch of
     min(q, what fits). The longest response decodes beside the rest of the replica's work:
@@ -290,7 +290,7 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
         pull = wan_dissemination_s(c, p.model, avail // tp) if c.link is not None else 0.0
         gpu = c.gpu if isinstance(c.gpu, str) else str(c.gpu.get("name", "custom"))
         rates.append(ClassRate(c.name, gpu, avail, tp, _price(c), pull,
-                               _curve(p, costs[k], tp, st, tail_tokens, spec.samples_per_step)))
+                               replica_curve(p, costs[k], tp, st, tail_tokens, spec.samples_per_step)))
     if not rates:
         raise SpecError("cluster", workload.cluster.to_dict(),
                         f"devices left for rollout beside the trainer's {trainer_gpus} (at least one replica of "

@@ -29,6 +29,7 @@ __all__ = [
     "PipelineView",
     "DeviceTask",
     "DeviceView",
+    "DeviceClassView",
     "SchedulerState",
 ]
 
@@ -253,6 +254,26 @@ class DeviceView:
 
 
 @dataclass(frozen=True)
+class DeviceClassView:
+    """One class of the pool as provisioned (the spec's ``cluster.classes``): a replica on its
+    devices is priced with its own cost model, not the first class's."""
+
+    index: int
+    name: str
+    gpu: str  # profile name
+    devices: range  # its device ids (classes are laid out class by class)
+    cost: Any  # costmodel.CostModel of its GPU profile (speed and memory)
+    price_per_hour: float | None  # per device-hour; None: not given
+    preemptible: bool  # spot: may be preempted
+    link: Any  # workload.LinkSpec to the trainer site, or None (in the trainer's data centre)
+    spec: Any = field(repr=False, compare=False, default=None)  # workload.DeviceClassSpec
+
+    @property
+    def memory_gb(self) -> float:
+        return self.cost.hw.memory_gb
+
+
+@dataclass(frozen=True)
 class SchedulerState:
     """Everything a policy may read in one decide round."""
 
@@ -265,6 +286,14 @@ class SchedulerState:
     cost: Any  # costmodel.CostModel: pure pricing functions
     max_num_seqs: int  # the engines' batch limit (vLLM max_num_seqs)
     memo: Any = None  # what the policy declared at setup (Policy.setup); read-only
+    classes: tuple[DeviceClassView, ...] = ()  # the pool's device classes (empty: one class, ``cost``)
+
+    def device_class(self, d: int) -> DeviceClassView | None:
+        """The class of device ``d`` (None where the executor reports no classes)."""
+        for c in self.classes:
+            if d in c.devices:
+                return c
+        return None
 
     @cached_property
     def pipelines(self) -> Mapping[str, PipelineView]:

@@ -29,6 +29,19 @@ class DeviceClasses:
         self.costs = [CostModel(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), factors)
                       for k, c in enumerate(self.specs)]
         self.heterogeneous = len(self.specs) > 1
+        self._views: tuple | None = None
+
+    def views(self) -> tuple:
+        """The classes as ``DeviceClassView``s (what ``SchedulerState.classes`` carries)."""
+        if self._views is None:
+            from jigsaw_plugin.scheduler.state import DeviceClassView
+
+            self._views = tuple(
+                DeviceClassView(k, c.name, c.gpu if isinstance(c.gpu, str) else str(c.gpu.get("name", "custom")),
+                                range(self.first[k], self.first[k] + c.count), self.costs[k], c.price_per_hour,
+                                c.preemptible is not None, c.link, c)
+                for k, c in enumerate(self.specs))
+        return self._views
 
     def classes_of(self, devices) -> list[int]:
         return sorted({self.of[d] for d in devices})

@@ -1,0 +1,212 @@
+"""Cost-aware activation of heterogeneous rollout workers (ECHO-2), for one decide round.
+
+Given the state, a pipeline's predicted rollout demand and its staleness bound, which free
+devices should run its rollout? Each candidate class is priced on its own cost model
+(``SchedulerState.classes``), not the first class's:
+
+- a class is a candidate only where a replica of the caller's size fits its memory (its
+  KV cache is not empty) and, behind a wide-area link, where one version's copy arrives
+  before the trainer has moved ``S`` versions on (``pull_s <= S x T_train``): a slower
+  copy makes every sample it generates older than the bound allows;
+- candidate classes are ranked by throughput per price (decode at the batch a replica
+  runs, from the class's cost model, over its price per device-hour) and the fewest
+  devices that keep the learner fed within the bound are activated: ``plan.capacity``'s
+  provisioning rule (``provision``: the smallest prefix of that order whose overlap model
+  ``P = max(T_train, N / R, T_gen / S) + T_dis`` is bound by the trainer, else the pool
+  with the least cost per sample), fed from the state's observations instead of the
+  workload's distributions. Replicas the pipeline already runs count towards the pool;
+- the trainer's site (the first on-demand class without a link: ``trainer_classes``) is
+  not a rollout candidate, as in ``jigsaw plan``; training gangs stay on it (``trainer_site``).
+
+Devices left out stay idle. The simulator bills every provisioned device for the whole
+run (``core.result.cost_result``'s ``total``); the ``elastic`` figure beside it bills
+spot and remote classes only while they hold work, the accounting under which idle
+workers are released (the spec has no per-class "released when idle" field yet).
+
+A single-class pool has nothing to choose: ``activate`` returns the candidates as given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from jigsaw_plugin.errors import SpecError
+
+__all__ = ["ClassOffer", "RolloutDemand", "Activation", "rollout_demand", "trainer_classes", "trainer_devices",
+           "trainer_site", "activate"]
+
+
+@dataclass(frozen=True)
+class RolloutDemand:
+    """What a pipeline's next step asks of its rollout, as predicted from observations."""
+
+    samples: int  # N: samples per step
+    stats: Mapping[str, float]  # per-sample means: prompt, response, context (``observed_stats``)
+    tail_tokens: float  # the step's predicted longest response
+
+
+@dataclass(frozen=True)
+class ClassOffer:
+    """One class's offer to a pipeline's rollout this round."""
+
+    name: str
+    index: int
+    tp: int  # devices per replica
+    active: int  # devices already running the pipeline's replicas
+    free: int  # candidate devices in whole replica groups on one node
+    tokens_per_s: float  # one replica's decode throughput at a full batch (its cost model)
+    price_per_hour: float  # per device (1.0 where the spec gives none)
+    pull_s: float  # one version over its link (0: in the trainer's data centre)
+    admitted: bool
+    reason: str  # why it is not a candidate ("" when admitted)
+
+    @property
+    def tokens_per_cost(self) -> float:
+        """Decoded tokens per unit of price (inf for a free class)."""
+        price = self.price_per_hour * self.tp
+        return self.tokens_per_s * 3600.0 / price if price > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What to activate for one pipeline's rollout, and why."""
+
+    pipeline: str
+    devices: tuple[int, ...]  # candidates to activate, cheapest samples first
+    target: Mapping[str, int]  # class -> rollout devices the rule wants active (existing included)
+    offers: tuple[ClassOffer, ...]
+    train_s: float  # T_train on the trainer's site
+    staleness: int
+    fed: bool  # the chosen pool keeps the learner fed within the bound (the rule's verdict)
+    provision: object = field(default=None, repr=False)  # plan.capacity.Provision, where the rule ran
+
+
+def rollout_demand(p) -> RolloutDemand:
+    """A ``PipelineView``'s demand from what it observed (its prior before anything finished)."""
+    from jigsaw_plugin.scheduler.estimates import observed_stats
+
+    stats = observed_stats(p)
+    return RolloutDemand(int(p.spec.samples_per_step), stats, float(stats["p999"]))
+
+
+def trainer_classes(state) -> tuple:
+    """The trainer's site: the first on-demand class without a link (``jigsaw plan``'s rule);
+    every class where the pool has none."""
+    site = [c for c in state.classes if not c.preemptible and c.link is None]
+    return tuple(site[:1]) or tuple(state.classes)
+
+
+def trainer_devices(state, p) -> frozenset:
+    """``p``'s static devices on the trainer's site (all of them for a single-class pool)."""
+    if len(state.classes) <= 1:
+        return frozenset(p.static_devices)
+    site = trainer_classes(state)
+    mine = frozenset(d for d in p.static_devices if any(d in c.devices for c in site))
+    return mine or frozenset(p.static_devices)
+
+
+def trainer_site(state) -> frozenset:
+    """Devices a training gang may use: the trainer site's classes (every device for a
+    single-class pool). A gang priced at its slowest class should not reach a spot or
+    remote worker."""
+    if len(state.classes) <= 1:
+        return frozenset(range(state.gpus))
+    return frozenset(d for c in trainer_classes(state) for d in c.devices)
+
+
+def _whole_groups(state, devices: list, tp: int) -> list:
+    """``devices`` cut to whole ``tp``-wide groups on one node, node by node (order kept within)."""
+    by_node: dict[int, list] = {}
+    for d in devices:
+        by_node.setdefault(state.devices[d].node, []).append(d)
+    out = []
+    for node in sorted(by_node):
+        ds = by_node[node]
+        out += ds[: len(ds) // tp * tp]
+    return out
+
+
+def activate(state, p, candidates, tp: int, demand: RolloutDemand | None = None,
+             staleness: int | None = None) -> Activation:
+    """Which of ``candidates`` (free device ids) to activate for ``p``'s rollout, in groups
+    of ``tp`` (the replica size the caller launches). ``demand``: default ``rollout_demand(p)``;
+    ``staleness``: default the spec's bound for an asynchronous pipeline, 0 for a synchronous
+    one (then the rule does not apply: every admitted candidate, cheapest first)."""
+    from jigsaw_plugin.plan.capacity import CapacityInputs, ClassRate, provision, replica_curve
+    from jigsaw_plugin.scheduler.estimates import train_estimate_s
+
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise SpecError("tp", tp, "an integer >= 1 (devices per rollout replica)")
+    candidates = list(candidates)
+    if staleness is None:
+        staleness = p.spec.staleness if p.spec.mode == "async" else 0
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise SpecError("staleness", staleness, "an integer >= 0 (versions rollout may run ahead of training)")
+    if len(state.classes) <= 1:
+        return Activation(p.name, tuple(candidates), {}, (), 0.0, staleness, True)
+    demand = demand or rollout_demand(p)
+    site = trainer_classes(state)
+    home = trainer_devices(state, p)
+    trainer = site[0]
+    n_train = max(1, sum(1 for d in home if d in trainer.devices))
+    train_s = train_estimate_s(p, trainer.cost, n_train, dict(demand.stats))
+    bound = max(1, staleness)
+    live = [r for r in p.replicas if not r.retiring]
+    offers, rates, pick = [], [], {}
+    for c in state.classes:
+        if c in site:
+            continue
+        active = sum(1 for r in live for d in r.devices if d in c.devices)
+        mine = _whole_groups(state, [d for d in candidates if d in c.devices], tp)
+        if not active and not mine:
+            continue
+        price = c.price_per_hour if c.price_per_hour is not None else 1.0
+        reason, tokens_s, pull = "", 0.0, 0.0
+        if c.cost.kv_capacity_tokens(p.model, tp) <= 0:
+            reason = f"a {tp}-device replica leaves no KV cache in {c.memory_gb:g} GB"
+        else:
+            curve = replica_curve(p, c.cost, tp, dict(demand.stats), demand.tail_tokens, demand.samples)
+            tokens_s = curve[-1][1] * max(1.0, demand.stats["response"])
+            if c.link is not None:
+                from jigsaw_plugin.sim.devices import wan_dissemination_s
+
+                pull = wan_dissemination_s(c.spec, p.model, max(1, (active + len(mine)) // tp))
+                if pull > bound * train_s:
+                    reason = (f"one version over its link takes {pull:.0f} s, more than the staleness bound "
+                              f"allows ({bound} x T_train = {bound * train_s:.0f} s)")
+        offer = ClassOffer(c.name, c.index, tp, active, len(mine), tokens_s, price, pull, not reason, reason)
+        offers.append(offer)
+        if reason:
+            continue
+        pick[c.name] = mine
+        rates.append(ClassRate(c.name, c.gpu, active + len(mine), tp, price, pull, curve))
+    offers.sort(key=lambda o: -o.tokens_per_cost)
+    rank = {o.name: i for i, o in enumerate(offers)}
+    if not rates:
+        # nothing admitted is free; a pipeline with no replica still gets the candidates
+        # (it must progress), cheapest first; otherwise it waits for its admitted classes
+        chosen = () if live else tuple(sorted(candidates, key=lambda d: _rank_of(state, d, rank)))
+        return Activation(p.name, chosen, {}, tuple(offers), train_s, staleness, False)
+    if staleness <= 0:
+        chosen = [d for r in sorted(rates, key=lambda r: rank[r.name]) for d in pick[r.name]]
+        return Activation(p.name, tuple(chosen), {r.name: r.available for r in rates}, tuple(offers), train_s,
+                          staleness, False)
+    inputs = CapacityInputs(p.name, bound, demand.samples, trainer.name, n_train,
+                            trainer.price_per_hour if trainer.price_per_hour is not None else 1.0, train_s,
+                            trainer.cost.weight_sync_s(p.model, colocated=False, cross_node=True),
+                            demand.tail_tokens, tuple(rates))
+    prov = provision(inputs)
+    by_active = {o.name: o.active for o in offers}
+    chosen = []
+    for r in sorted(rates, key=lambda r: rank[r.name]):
+        more = max(0, prov.rollout.get(r.name, 0) - by_active[r.name])
+        chosen += pick[r.name][: more // tp * tp]
+    return Activation(p.name, tuple(chosen), dict(prov.rollout), tuple(offers), train_s, staleness,
+                      prov.sustains_full_utilisation, prov)
+
+
+def _rank_of(state, d: int, rank: dict) -> tuple:
+    c = state.device_class(d)
+    return (rank.get(c.name, len(rank)) if c is not None else len(rank), d)

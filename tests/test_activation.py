@@ -1,0 +1,165 @@
+"""Cost-aware activation of heterogeneous rollout workers (scheduler/activation.py).
+
+The states are hand-built from the typed views an executor hands a policy; the device
+classes come from a parsed workload through ``DeviceClasses.views()`` (what the simulator
+puts in ``SchedulerState.classes``). One small simulated run checks the jigsaw policy's
+wiring and the elastic cost figure.
+"""
+
+import dataclasses
+
+import pytest
+
+from jigsaw_plugin.costmodel import model_profile
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.scheduler.activation import activate, trainer_site
+from jigsaw_plugin.scheduler.state import DeviceView, LengthSummary, PipelineView, SchedulerState
+from jigsaw_plugin.sim.devices import DeviceClasses
+from jigsaw_plugin.workload import parse_workload
+from sim_helpers import small_workload
+
+MODEL = model_profile("qwen2.5-7b")
+TRAINER = {"name": "h100", "gpu": "h100", "count": 4, "gpus_per_node": 4, "price_per_hour": 4.0}
+RTX4090 = {"name": "rtx4090", "flops_tflops": 165.0, "hbm_tbps": 1.008, "memory_gb": 24.0, "link_gbps": 32.0}
+SLOW_LINK = {"bandwidth_gbit_s": 1.0, "latency_ms": 50}  # 15 GB of weights: about 2 minutes a version
+
+
+def spot(name, price, count=8, gpu="a100"):
+    return {"name": name, "gpu": gpu, "count": count, "gpus_per_node": 8, "price_per_hour": price,
+            "preemptible": {"rate_per_hour": 0}}
+
+
+def remote(price=0.3, count=8):
+    return {"name": "remote", "gpu": RTX4090, "count": count, "gpus_per_node": 8, "price_per_hour": price,
+            "link": SLOW_LINK}
+
+
+def workload(classes, staleness=1, prompts=32, model="qwen2.5-1.5b"):
+    w = small_workload(pipelines=1, prompts=prompts, samples=16, algorithms=("grpo",), agentic=(False,),
+                       modes=("async",), staleness=(staleness,), models=(model,)).to_dict()
+    w["cluster"] = {"classes": classes}
+    return parse_workload(w)
+
+
+def hand_state(w, longest=3000.0):
+    """One async pipeline owning the whole pool, nothing running, every device free."""
+    dc = DeviceClasses(w.cluster)
+    spec = w.pipelines[0]
+    n = sum(c.count for c in dc.specs)
+    p = PipelineView(
+        name=spec.name, index=0, spec=spec, model=MODEL, stages=("old_log_prob", "ref", "adv", "update_actor",
+                                                                   "weight_sync"),
+        static_devices=tuple(range(n)), gen_next=0, train_next=0, stage_next=0, stage_running=False, version=0,
+        rollout_version=0, done=False, generating=False, pending=0, replicas=(), steps={}, history=None,
+        lengths=LengthSummary(100, 150.0, 600.0, 750.0, 1.0, longest), stage_history_s={},
+        running_stage_end_t=None)
+    devices = tuple(DeviceView(d, d // 8, None, (), None) for d in range(n))
+    state = SchedulerState(t=0.0, gpus=n, gpus_per_node=8, devices=devices, free=frozenset(range(n)), order=(p,),
+                           cost=dc.costs[0], max_num_seqs=256, classes=dc.views())
+    return state, p
+
+
+def classes_of(state, devices):
+    return [state.device_class(d).name for d in devices]
+
+
+def test_the_cheaper_per_token_class_is_chosen_first():
+    # two classes of the same GPU at different prices: the cheap one's samples come first
+    state, p = hand_state(workload([TRAINER, spot("dear", 3.0), spot("cheap", 1.2)], prompts=32))
+    a = activate(state, p, sorted(state.free), 1)
+    assert a.devices and set(classes_of(state, a.devices)) == {"cheap"}
+    assert [o.name for o in a.offers] == ["cheap", "dear"]
+    assert a.offers[0].tokens_per_cost > a.offers[1].tokens_per_cost
+    # a demand beyond the cheap class: every cheap device before the first dear one
+    state, p = hand_state(workload([TRAINER, spot("dear", 3.0), spot("cheap", 1.2, count=2)], prompts=32))
+    a = activate(state, p, sorted(state.free), 1, staleness=2)
+    names = classes_of(state, a.devices)
+    assert "dear" in names and names == ["cheap"] * 2 + ["dear"] * (len(names) - 2)
+
+
+def test_the_trainer_site_is_not_a_rollout_candidate():
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=512))
+    a = activate(state, p, sorted(state.free), 1)
+    assert not set(a.devices) & set(range(4))
+    assert trainer_site(state) == frozenset(range(4))
+
+
+def test_a_tighter_staleness_bound_activates_more_devices():
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=32))
+    loose = activate(state, p, sorted(state.free), 1, staleness=4)
+    tight = activate(state, p, sorted(state.free), 1, staleness=2)
+    assert loose.fed and tight.fed  # both pools keep the learner fed at their bound
+    assert len(tight.devices) > len(loose.devices) >= 1
+    assert len(activate(state, p, sorted(state.free), 1, staleness=1).devices) >= len(tight.devices)
+
+
+def test_a_slow_remote_class_is_left_out_when_its_weight_pull_breaks_the_bound():
+    # the remote class is the cheapest per token; a version takes ~2 min over its link
+    state, p = hand_state(workload([TRAINER, spot("a100", 1.2), remote(0.3)], prompts=32))
+    tight = activate(state, p, sorted(state.free), 1, staleness=1)
+    off = next(o for o in tight.offers if o.name == "remote")
+    assert not off.admitted and "staleness bound" in off.reason and off.pull_s > tight.train_s
+    assert "remote" not in classes_of(state, tight.devices) and tight.devices
+    # a bound loose enough for the copy: the cheapest class is taken first after all
+    loose = activate(state, p, sorted(state.free), 1, staleness=8)
+    assert next(o for o in loose.offers if o.name == "remote").admitted
+    assert classes_of(state, loose.devices)[0] == "remote"
+
+
+def test_replicas_already_running_count_towards_the_pool():
+    from jigsaw_plugin.scheduler.state import ReplicaView
+
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=32))
+    first = activate(state, p, sorted(state.free), 1, staleness=2)
+    running = tuple(ReplicaView(i, p.name, (d,), 10, 0, 0.0, 1e6, 256, False, 0.02, 0.0)
+                    for i, d in enumerate(first.devices[:2]))
+    busy = dataclasses.replace(p, replicas=running)
+    again = dataclasses.replace(state, order=(busy,), free=state.free - set(first.devices[:2]))
+    more = activate(again, busy, sorted(again.free), 1, staleness=2)
+    assert len(more.devices) == len(first.devices) - 2
+
+
+def test_a_single_class_pool_is_left_as_given():
+    w = small_workload(pipelines=1, algorithms=("grpo",), agentic=(False,), modes=("async",), staleness=(1,))
+    state, p = hand_state(w)
+    cands = [3, 1, 2]
+    assert activate(state, p, cands, 1).devices == (3, 1, 2)
+
+
+def test_a_replica_too_small_for_a_class_is_refused_with_the_reason():
+    tiny = {"name": "tiny", "flops_tflops": 100.0, "hbm_tbps": 1.0, "memory_gb": 8.0, "link_gbps": 32.0}
+    state, p = hand_state(workload([TRAINER, spot("small", 0.1, gpu=tiny), spot("cheap", 1.2)], prompts=32))
+    a = activate(state, p, sorted(state.free), 1)
+    small = next(o for o in a.offers if o.name == "small")
+    assert not small.admitted and "KV cache" in small.reason
+    assert "small" not in classes_of(state, a.devices)
+
+
+def test_a_bad_replica_size_is_a_clear_error():
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)]))
+    with pytest.raises(SpecError, match="tp"):
+        activate(state, p, sorted(state.free), 0)
+
+
+def test_the_jigsaw_policy_keeps_training_on_the_trainer_site_and_bills_elastic_workers_held():
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.scheduler.jigsaw import JigsawConfig
+    from jigsaw_plugin.sim import Simulation
+
+    if "cost_aware" not in {f.name for f in dataclasses.fields(JigsawConfig)}:
+        pytest.skip("scheduler/jigsaw.py does not call scheduler/activation.py yet (the hunk is with the lead)")
+    w = workload([dict(TRAINER, count=2, gpus_per_node=2), spot("cheap", 1.2, count=4), remote(0.3, count=2)],
+                 prompts=8, model="qwen2.5-7b")
+    sim = Simulation(w, get_policy("jigsaw"), 0)
+    r = sim.run()
+    trainer = set(range(2))
+    remote_ids = set(range(6, 8))
+    for _name, kind, devices, _a, _b in sim.world.trace:
+        if kind != "rollout":
+            assert set(devices) <= trainer, (kind, devices)
+        else:
+            assert not set(devices) & remote_ids  # its weight pull breaks staleness 1
+    cost = r["cost"]
+    assert 0 < cost["elastic"]["total"] < cost["total"]
+    assert cost["classes"]["remote"]["held_device_hours"] == 0.0
+    assert cost["classes"]["h100"]["held_device_hours"] <= cost["classes"]["h100"]["device_hours"]
