@@ -246,3 +246,152 @@ def test_sandbox_reward_hands_out_each_answer_once_and_the_rule_for_the_rest():
     batch = [([1, 2], [5, 1500], 0, [1, 1]), ([1, 2], [5, 1500], 0, [1, 1]), ([3], [7, 9], 1, [1, 0])]
     assert reward.batch(batch) == [0.25, 0.75, 1.0]  # the third: the rule (mask-1 tokens < 1024)
     assert reward.from_sandbox == 2 and tools.sandbox_rewards == {}
+
+
+# ---- a second replica of the agentic pipeline, launched mid-rollout ------------------------------
+class _Engine:
+    """EMULATED engine with the weight interface a pooled vLLM engine has (runtime/engine_pool.py
+    lends it through the same ``PooledEngine``); records what each segment was asked to continue."""
+
+    def __init__(self, cost, model, device: int, seen: list):
+        from jigsaw_plugin.runtime.emulated import EmulatedEngine
+
+        self.inner, self.device, self.seen = EmulatedEngine(cost, model, time_scale=0.02), device, seen
+        self.loaded: list = []  # versions loaded, in order
+
+    async def generate(self, request_id, prompt_token_ids, max_tokens, **sampling):
+        out = await self.inner.generate(request_id, prompt_token_ids, max_tokens)
+        self.seen.append((self.device, request_id, list(prompt_token_ids), list(out)))
+        return out
+
+    async def abort(self, request_id, missing_ok=True):
+        return await self.inner.abort(request_id)
+
+    async def load_weights(self, state_dict, version=None):
+        self.loaded.append(version)
+
+
+def _second_replica_policy(rebalance: bool):
+    """verl-sync on the agent's static share (device 0), plus a hand-built decision: while a
+    step generates on its one replica and some of its trajectories wait on a tool, launch
+    a second replica on the idle device 1 (what jigsaw's idle fill decides)."""
+    from jigsaw_plugin.scheduler.baselines import VerlSync
+    from jigsaw_plugin.scheduler.decisions import LaunchReplica
+
+    class SecondReplica(VerlSync):
+        name = "test-second-replica"
+
+        def decide(self, state) -> list:
+            out = super().decide(state)
+            p = state.order[0]
+            step = p.steps.get(p.gen_next - 1)
+            if (p.generating and len(p.replicas) == 1 and 1 in state.free and step is not None
+                    and state.t > step.gen_start_t + 0.3  # a turn has ended: trajectories wait on tools
+                    and 0 < p.replicas[0].load < step.samples - step.gen_done):
+                out.append(LaunchReplica(p.name, (1,), rebalance=rebalance))
+            return out
+
+    return SecondReplica()
+
+
+def _run_second_replica(server, rebalance: bool):
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.events import EventRecorder
+    from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
+    from jigsaw_plugin.runtime.engine_pool import PooledEngine
+    from jigsaw_plugin.runtime.live import LiveExecutor
+    from jigsaw_plugin.runtime.reference import ReferenceStageRunner
+    from jigsaw_plugin.workload import parse_workload
+
+    wl = parse_workload({"version": 1, "cluster": {"gpus": 2, "gpu": "h100"}, "pipelines": [{
+        "name": "agent", "model": "qwen2.5-0.5b", "algorithm": "grpo", "prompts_per_step": 4,
+        "samples_per_prompt": 2, "max_response_len": 2048, "prompt_len": 8,
+        "response_len": {"dist": "uniform", "low": 20, "high": 200},
+        "turns": {"dist": "categorical", "values": [3, 4], "weights": [0.5, 0.5]},
+        "tool_latency_s": {"dist": "uniform", "low": 0.2, "high": 1.0}, "observation_len": 4,
+        "reward": {"kind": "sandbox", "latency_s": 0.2}, "steps": 2, "gpus": 1}]})
+    pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
+    rec = EventRecorder(include_progress=False)
+    register(pm, rec, name="recorder")
+    tools = AgenticTools(ToolClient(server.url))
+    trained: dict = {}
+
+    class Trainer:  # a stand-in trainer: no torch in the core suite
+        version = 0
+
+        def old_log_prob(self, batch):
+            return None
+
+        def ref_log_prob(self, batch):
+            return None
+
+        def update_actor(self, batch, old, adv, ref):
+            trained.setdefault(self.version, []).append(list(batch))
+            self.version += 1
+            return {}
+
+        def state_dict_bf16(self):
+            return {}
+
+        def get_version(self):
+            return self.version
+
+    runner = ReferenceStageRunner(Trainer(), reward=SandboxReward(tools))
+    cost = CostModel(hardware_profile("h100"))
+    seen: list = []
+    versions: list = []  # (segment id, weight version it was generated with)
+    engines: dict = {}  # device -> its engine, made at the first lend (the pool starts them up front)
+    state = {d: {"version": 0} for d in (0, 1)}  # the pool's per-device record, shared across lends
+
+    def lend(p, devices):
+        engine = engines.setdefault(devices[0], _Engine(cost, p.model, devices[0], seen))
+        return PooledEngine(engine, p.name, runner.latest_weights, state[devices[0]],
+                            on_generate=lambda rid, v: versions.append((rid, v)))
+
+    live = LiveExecutor(wl, _second_replica_policy(rebalance), lend, seed=0, time_scale=0.02, stage_runner=runner,
+                        tools=tools, hooks=Emitter(pm), record_requests=True)
+    asyncio.run(asyncio.wait_for(live.run(), 60))
+    return live, rec.events, seen, versions, trained, engines
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+def test_a_second_replica_launched_mid_rollout_takes_over_tool_waiting_trajectories(server, rebalance):
+    """LaunchReplica(agent, device 1, rebalance=True) while the step generates on device 0:
+    trajectories waiting on a tool resume on the new replica with their whole context (prompt,
+    earlier turns, observations), on the step's weights (loaded into the parked engine before its
+    first request), and every sample is trained once at its full length. Without rebalance the
+    turns stay on their replica (sticky), and the new one gets nothing: the mechanism is what moves them."""
+    from jigsaw_plugin.ids import RequestId
+
+    live, events, seen, versions, trained, engines = _run_second_replica(server, rebalance)
+    launches = [e for e in events if e["hook"] == "jigsaw_lease_granted" and tuple(e["devices"]) == (1,)]
+    assert len(launches) == 2  # once per step, mid-rollout
+    gen_start = {e["step"]: e["t"] for e in events if e["hook"] == "jigsaw_request_submitted" and e["turn"] == 0}
+    assert all(e["t"] > min(gen_start.values()) for e in launches)
+    on_new = [(RequestId.parse(r.split("#")[0]), prompt, out) for d, r, prompt, out in seen if d == 1]
+    if not rebalance:
+        assert on_new == []  # sticky: every turn stays where its trajectory started
+        return
+    resumed = [x for x in on_new if x[0].turn > 0]
+    assert resumed, "no tool-waiting trajectory resumed on the new replica"
+    earlier = {(RequestId.parse(r.split("#")[0]).trajectory, RequestId.parse(r.split("#")[0]).turn): d
+               for d, r, _, _ in seen}
+    assert any(earlier[(rid.trajectory, rid.turn - 1)] == 0 for rid, _, _ in resumed)  # moved from device 0
+    # each resumed turn continued its trajectory: the prompt it got is the trained sample's prefix
+    for rid, prompt, out in resumed:
+        (batch,) = trained[rid.step]
+        sp, resp, _, _ = batch[rid.sample]
+        full = list(sp) + list(resp)
+        assert full[:len(prompt)] == prompt and full[len(prompt):len(prompt) + len(out)] == out
+    # weights: every segment of step k ran on version k; the parked engine loaded version 1 itself
+    assert {RequestId.parse(r.split("#")[0]).step: v for r, v in versions} == {0: 0, 1: 1}
+    assert all(v == RequestId.parse(r.split("#")[0]).step for r, v in versions)
+    assert 1 in engines[1].loaded
+    # nothing lost: each sample trained once, at its full length
+    for k in (0, 1):
+        smp = live.pipelines["agent"].steps[k].samples
+        (batch,) = trained[k]
+        generated = smp.generated_per_sample()
+        assert len(batch) == smp.n == 8
+        for i, (_, response, _, mask) in enumerate(batch):
+            assert sum(mask) == int(generated[i]) and len(response) == len(mask)

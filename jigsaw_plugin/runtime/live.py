@@ -138,6 +138,8 @@ class LiveExecutor(ExecutorCore):
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._budgets: dict = {p.name: {} for p in self.order}  # turn id -> (budget, submit time)
+        # trajectories between two turns (waiting on a tool): their next turn is not submitted yet
+        self._between_turns: dict[str, set] = {p.name: set() for p in self.order}
         self._grants: dict[str, _StageGrant] = {}  # pipeline -> its running micro-batched stage
         self._tasks: set = set()
         self._error = None
@@ -240,12 +242,14 @@ class LiveExecutor(ExecutorCore):
             if turn + 1 < turns:
                 latency_s, n_obs = float(smp.tool_latency_s[off + turn]), int(smp.observation_len[off + turn])
                 self._emit("jigsaw_tool_call_start", pipeline=p.name, step=s.step, request_id=rid, turn=turn, t=self.t)
+                self._between_turns[p.name].add(rid)
                 if self.tools is not None:  # a tool server answers over HTTP (runtime/tool_server.py)
                     obs = list(await self.tools.tool_call(p.name, rid, turn, context, latency_s * self.time_scale,
                                                           n_obs))
                 else:
                     await asyncio.sleep(latency_s * self.time_scale)
                     obs = _tokens(f"{rid}/obs{turn}", n_obs)
+                self._between_turns[p.name].discard(rid)
                 self._emit("jigsaw_tool_call_end", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
                            observation_tokens=len(obs), t=self.t)
                 context, mask = context + obs, mask + [0] * len(obs)
@@ -294,10 +298,20 @@ class LiveExecutor(ExecutorCore):
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
         if d.rebalance:
-            pass  # the router balances new requests itself; queued ones stay (nothing to gain live)
+            self._rebalance_into(p)
         for src in d.absorb:
             self._retire(self.replicas[src])
             self._migrate(Migrate(src, rid))
+
+    def _rebalance_into(self, p) -> None:
+        """``LaunchReplica(rebalance=True)`` live: take over work not yet admitted. A live
+        engine admits every request at once, so none waits in front of it; what is not yet
+        admitted is the next turn of each trajectory waiting on a tool. Those forget their
+        replica (sticky routing), so the router sends each next turn, with the whole context
+        so far, to the replica with the fewest in flight: the new one first."""
+        router = self.routers[p.name]
+        for traj in self._between_turns[p.name]:
+            router.end_trajectory(traj)
 
     def _retire(self, rep) -> None:
         rep.retiring = True
