@@ -81,3 +81,16 @@ def test_steps_and_engines_must_exist():
 def test_model_profile_from_the_model_folder():
     assert model_profile_of("/models/Qwen2.5-0.5B-Instruct/") == "qwen2.5-0.5b"
     assert model_profile_of("Qwen2.5-Math-7B") == "qwen2.5-math-7b"
+
+
+def test_a_refusal_raised_in_a_ray_actor_reaches_the_command_line_as_one_line():
+    from jigsaw_plugin.adapters.openrlhf.train_ppo_ray import spec_error_in
+
+    err = SpecError("--train.async_enable", True, "off under a coordinator policy")
+    wrapped = RuntimeError("task failed")
+    wrapped.cause = err  # how Ray's RayTaskError carries an actor method's exception
+    assert spec_error_in(wrapped) == str(err)
+    died = RuntimeError("The actor died because of an error raised in its creation task\n  File x\n"
+                        f"jigsaw_plugin.errors.SpecError: {err}")  # an actor constructor's error: text only
+    assert spec_error_in(died) == str(err)
+    assert spec_error_in(RuntimeError("unrelated")) is None

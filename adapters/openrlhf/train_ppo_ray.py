@@ -15,7 +15,7 @@ import sys
 
 from jigsaw_plugin.adapters.openrlhf.config import JigsawConfig, JigsawUsageError, parse_jigsaw_flags
 
-__all__ = ["main", "prepare"]
+__all__ = ["main", "prepare", "spec_error_in"]
 
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 PROG = "python -m jigsaw_plugin.adapters.openrlhf.train_ppo_ray"
@@ -63,9 +63,33 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [CLI_MODULE.replace(".", "/") + ".py", *rest]
     try:
         runpy.run_module(CLI_MODULE, run_name="__main__", alter_sys=False)
+    except Exception as e:
+        reason = spec_error_in(e)
+        if reason is None:
+            raise
+        # e.g. a run a coordinator policy cannot plan, refused in the trainer actor (host.py)
+        print(f"{PROG}: error: {reason}", file=sys.stderr)
+        return 2
     finally:
         sys.argv = old_argv
     return 0
+
+
+def spec_error_in(error: BaseException) -> str | None:
+    """The message of a ``SpecError`` behind ``error`` (raised here, or in a Ray actor and
+    carried back as its cause or, for an actor's constructor, only as text), else None."""
+    from jigsaw_plugin.errors import SpecError
+
+    seen, text = set(), str(error)
+    while isinstance(error, BaseException) and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, SpecError):
+            return str(error)
+        error = getattr(error, "cause", None) or error.__cause__
+    for line in reversed(text.splitlines()):  # Ray's ActorDiedError keeps its constructor's error as text
+        if "SpecError: " in line:
+            return line.split("SpecError: ", 1)[1].strip()
+    return None
 
 
 if __name__ == "__main__":

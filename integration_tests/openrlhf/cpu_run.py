@@ -17,7 +17,9 @@ if __name__ == "__main__":
 
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env})
+        # this job's workers run this Python (the cluster may have been started from another
+        # venv, e.g. verl's, whose workers have no OpenRLHF)
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env, "py_executable": sys.executable})
     else:
         # CPU stand-in: logical GPUs so OpenRLHF's {"GPU": 1, "CPU": 1} engine bundles schedule.
         ray.init(num_cpus=int(os.environ.get("JIGSAW_TEST_RAY_CPUS", "6")),
