@@ -94,8 +94,11 @@ class JigsawTrainerMixin:
         if hooks.planned:  # the coordinator runs a policy: declare what it plans with (host.py)
             from jigsaw_plugin.adapters.openrlhf.host import openrlhf_host_pipeline
 
+            # the loader yields one prompt at a time (ppo_trainer.py:42-49); a step takes
+            # rollout.batch_size of them (the last, shorter batch is a step too)
             loader = getattr(self, "prompts_dataloader", None)
-            steps = len(loader) * int(args_.train.num_episodes) if loader is not None else 0
+            per_step = max(1, int(args_.rollout.batch_size))
+            steps = -(-len(loader) // per_step) * int(args_.train.num_episodes) if loader is not None else 0
             host = openrlhf_host_pipeline(hooks.pipeline, args_, n_engines=n_engines, n_train=n_train,
                                           active_engines=settings.get("active_engines"), steps=steps,
                                           tail_migration=settings.get("policy") == "jigsaw")
