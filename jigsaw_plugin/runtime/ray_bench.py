@@ -258,10 +258,13 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
                 for pol in order:
                     res = client.run_workload(data, pol, opts[pol], seed=seed,
                                               base_dir=str(Path(workload_path).parent), **options)
+                    # the machine's 1-minute load average as the run ended: shared machines are noisy
+                    res["measured"]["load_1m"] = round(os.getloadavg()[0], 1)
                     runs[pol].append(res)
                     log(f"run {r + 1}/{repeats} {pol:>10}: {res['samples_per_s']:.2f} samples/s, "
                         f"makespan {res['makespan_s']:.1f} s, busy {res['gpu_busy_fraction']:.2f} "
-                        f"(engines started in {res['measured']['engine_start_s']:.0f} s)")
+                        f"(engines started in {res['measured']['engine_start_s']:.0f} s, "
+                        f"load {res['measured']['load_1m']})")
             client.shutdown_pool()
     finally:
         if client is not None:
@@ -298,7 +301,7 @@ def run_ab_ray(workload_path, baseline: str, candidate: str = "jigsaw", repeats:
                               for b, c in zip(runs[baseline], runs[candidate])],
         "samples_per_s": {k: [x["samples_per_s"] for x in v] for k, v in runs.items()},
         "runs": {k: [{"samples_per_s": x["samples_per_s"], "makespan_s": x["makespan_s"],
-                      "gpu_busy_fraction": x["gpu_busy_fraction"],
+                      "gpu_busy_fraction": x["gpu_busy_fraction"], "load_1m": x["measured"]["load_1m"],
                       "migrations": sum(p["migrations"] for p in x["pipelines"].values()),
                       "stage_s": {n: p["stage_s"] for n, p in x["pipelines"].items()}} for x in v]
                  for k, v in runs.items()},
