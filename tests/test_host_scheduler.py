@@ -179,3 +179,47 @@ def test_a_pipeline_that_leaves_gives_its_share_to_the_next():
     s, grants = asyncio.run(main())
     assert [p.name for p in s.ex.finished] == ["a"] and all(p.done for p in s.ex.order)
     assert len(grants) == 3 * 5
+
+
+@register_policy("test-absorbing-b")
+class _AbsorbingB(Policy):
+    """verl-sync's decisions, except that host ``b``'s rollout is asked on a server that
+    absorbs another's requests (a migration a verl host cannot carry out)."""
+
+    name = "test-absorbing-b"
+
+    def decide(self, state):
+        import dataclasses
+
+        from jigsaw_plugin.scheduler.baselines import VerlSync
+
+        return [dataclasses.replace(d, absorb=(0,)) if isinstance(d, LaunchReplica) and d.pipeline == "b" else d
+                for d in VerlSync().decide(state)]
+
+
+def test_a_refused_rollout_decision_fails_that_hosts_wait_while_the_other_runs():
+    async def main():
+        s, log = scheduler("test-absorbing-b", 2, host("a"), host("b"))
+        grants: list = []
+
+        async def b():
+            with pytest.raises(LeaseError, match="outside the host's capabilities.*migration=false"):
+                await s.acquire("b", "rollout", 1, 5.0, 0, "gen")
+            return s.ex.t
+
+        refused_at, _ = await asyncio.gather(b(), drive(s, "a", 2, grants))
+        return log, grants, refused_at, s.ex.t
+
+    log, grants, refused_at, end = asyncio.run(main())
+    assert [g[2] for g in grants] == ["gen", *GRPO] * 2  # a is not held up
+    assert refused_at < 1.0  # at once, not after a wait or a timeout
+    refused = [e for e in log if e["hook"] == "jigsaw_decision_refused"]
+    assert [e["pipeline"] for e in refused] == ["b"] and "absorb=(0,)" in refused[0]["decision"]
+
+
+def test_policy_modules_that_do_not_import_are_spec_errors():
+    with pytest.raises(SpecError) as e:
+        CoordinatorConfig(2, "jigsaw", policy_modules=("no_such_module_here",))
+    assert e.value.field == "coordinator.policy_modules" and "ModuleNotFoundError" in str(e.value)
+    with pytest.raises(SpecError, match="a tuple of module names"):
+        CoordinatorConfig(2, "jigsaw", policy_modules="refusing_policy")

@@ -259,7 +259,7 @@ def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices
                         loss_timeout_s: float = 10.0, on_coordinator_loss: str = "stop",
                         heartbeat_timeout_s: float = 10.0, max_events_in_memory: int = 100_000,
                         event_spill_path: str | None = None, policy: str = FIFO_LEASE,
-                        policy_options: dict | None = None) -> CoordinatorClient:
+                        policy_options: dict | None = None, policy_modules: tuple = ()) -> CoordinatorClient:
     """Get the named coordinator, creating it (with ``devices`` in its pool) if absent.
 
     ``ray.init`` must have been called (a local cluster, or ``address=...`` of a real one).
@@ -268,7 +268,8 @@ def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices
     (:class:`~jigsaw_plugin.runtime.liveness.LivenessSettings`). Coordinator side, used only
     when this call creates it (:class:`~jigsaw_plugin.runtime.lease_schedulers.CoordinatorConfig`):
     ``policy`` (``fifo-lease``, or a registered policy that decides every grant) and its
-    ``policy_options``, ``heartbeat_timeout_s`` (a pipeline silent this long is released),
+    ``policy_options`` (``policy_modules``: modules to import first, for a policy registered
+    outside jigsaw-plugin), ``heartbeat_timeout_s`` (a pipeline silent this long is released),
     ``max_events_in_memory`` and ``event_spill_path`` (``SpillingEventLog``).
     """
     import ray
@@ -287,7 +288,8 @@ def connect_coordinator(name: str = "jigsaw", namespace: str = "jigsaw", devices
             res = ray.cluster_resources()
             devices = int(res.get("jigsaw_device", 0) or res.get("GPU", 0) or 1)
         config = CoordinatorConfig(int(devices), policy, tuple(sorted((policy_options or {}).items())),
-                                   heartbeat_timeout_s, max_events_in_memory, event_spill_path)
+                                   heartbeat_timeout_s, max_events_in_memory, event_spill_path,
+                                   tuple(policy_modules))
         opts = dict(name=name, namespace=namespace, get_if_exists=True, num_cpus=num_cpus, max_concurrency=1000)
         if detached:
             opts["lifetime"] = "detached"

@@ -168,6 +168,9 @@ class HostExecutor(ExecutorCore):
         self._stage_grant: dict[tuple, tuple] = {}  # (pipeline, step, stage) -> devices granted
         self._rollout: dict[str, tuple] = {}  # pipeline -> (step, devices) of its open rollout grant
         self._phase_over: set = set()  # (pipeline, step): a phase host's training phase ended
+        # pipeline -> why the policy's decision opening its next rollout was refused (until a
+        # server of it is launched or its rollout ends)
+        self._refused_rollout: dict[str, str] = {}
 
     @property
     def t(self) -> float:
@@ -333,6 +336,12 @@ class HostExecutor(ExecutorCore):
         resolved = []
         for tk in list(self.tickets):
             self._resolve(tk)
+            reason = self._refused_rollout.get(tk.pipeline)
+            if (not tk.resolved and reason is not None and tk.stage in ROLLOUT_STAGES
+                    and not self.pipelines[tk.pipeline].replicas):
+                # the policy's way to open this rollout is outside the host's capabilities and
+                # nothing else opened it: the host hears why now rather than waiting forever
+                tk.refused = f"{tk.pipeline}: the policy's rollout decision is outside the host's capabilities: {reason}"
             if tk.resolved:
                 self.tickets.remove(tk)
                 resolved.append(tk)
@@ -392,6 +401,8 @@ class HostExecutor(ExecutorCore):
             self.refusals.append(record)  # a decision repeated round after round is logged once
             if self.on_refusal is not None:
                 self.on_refusal(record)
+        if isinstance(d, (StartGen, LaunchReplica)) and not self.pipelines[pipeline].replicas:
+            self._refused_rollout[pipeline] = reason  # no server of its own left to open the rollout on
         if isinstance(d, RunStage):
             for tk in self.tickets:
                 if (tk.pipeline, tk.step) == (pipeline, d.step) and tk.stage in (d.stage, "train"):
@@ -408,6 +419,7 @@ class HostExecutor(ExecutorCore):
         self._claim(devices, DeviceTask("replica", p.name, replica=rid))
         self._switch_s(p, devices, "rollout")
         rep = HostReplica(rid, p, devices, self)
+        self._refused_rollout.pop(p.name, None)
         self.replicas[rid] = rep
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
@@ -471,6 +483,7 @@ class HostExecutor(ExecutorCore):
         for rep in list(p.replicas):  # the host sleeps its servers: their devices go back
             self._close(rep)
         self._rollout.pop(p.name, None)
+        self._refused_rollout.pop(p.name, None)
 
     def _phase_done(self, p, step: int) -> None:
         """A phase host's training ended: the stage it was granted for ends, and the policy's

@@ -22,7 +22,7 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.host_executor import ROLLOUT_STAGES, HostExecutor, HostPipeline
 
 __all__ = ["CoordinatorConfig", "DevicePool", "LeaseError", "FifoLeaseScheduler", "PolicyScheduler",
-           "make_scheduler", "FIFO_LEASE", "ROLLOUT_PURPOSES"]
+           "make_scheduler", "import_policy_modules", "FIFO_LEASE", "ROLLOUT_PURPOSES"]
 
 FIFO_LEASE = "fifo-lease"
 ROLLOUT_PURPOSES = ("gen", "rollout")
@@ -42,6 +42,9 @@ class CoordinatorConfig:
     :param heartbeat_timeout_s: A pipeline silent this long is released.
     :param max_events_in_memory: Events kept in memory (older ones spill to a file).
     :param event_spill_path: Where they spill (default: a temporary file).
+    :param policy_modules: Modules imported before ``policy`` is looked up, for policies
+        registered outside jigsaw-plugin (``register_policy``); importable where the
+        coordinator runs (the Ray workers' ``PYTHONPATH``).
     """
 
     devices: int
@@ -50,10 +53,12 @@ class CoordinatorConfig:
     heartbeat_timeout_s: float = 10.0
     max_events_in_memory: int = 100_000
     event_spill_path: str | None = None
+    policy_modules: tuple = ()
 
     def __post_init__(self):
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
             raise SpecError("coordinator.devices", self.devices, "an integer >= 1")
+        import_policy_modules(self.policy_modules)
         if self.policy != FIFO_LEASE:
             from jigsaw_plugin.scheduler.base import get_policy
 
@@ -61,6 +66,20 @@ class CoordinatorConfig:
         elif self.policy_options:
             raise SpecError("coordinator.policy_options", dict(self.policy_options),
                             "none (fifo-lease takes no options)")
+
+
+def import_policy_modules(modules) -> None:
+    """Import the modules that register the coordinator's policy (``CoordinatorConfig.policy_modules``)."""
+    import importlib
+
+    if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
+        raise SpecError("coordinator.policy_modules", modules, "a tuple of module names")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # ImportError, or the module failed while registering
+            raise SpecError("coordinator.policy_modules", name,
+                            f"an importable module that registers policies ({type(e).__name__}: {e})") from None
 
 
 @dataclass
@@ -197,6 +216,7 @@ class PolicyScheduler:
         self.name = config.policy
         self.pm = pm
         self.on_record = on_record  # (dict) -> None: writes the coordinator's event log
+        import_policy_modules(config.policy_modules)  # in the actor's process: registers them here too
         self.policy = get_policy(config.policy, **dict(config.policy_options))
         self.ex: HostExecutor | None = None
         self._events: dict[int, asyncio.Event] = {}
