@@ -114,3 +114,39 @@ def test_grant_checks_pass_a_good_run_and_name_what_is_wrong(tmp_path):
     assert any("samples generated / trained" in p for p in lost)
     assert any("names no capability" in p for p in grant_problems(_run_with(tmp_path, GRANTED_STAGES, refusal="no"),
                                                                    steps=1))
+
+
+def _verl_job(tmp_path, name, gen_tokens=64, trained=294, aborted=0.0, gen_s=2.0, verl_gen_s=2.0, dup=False):
+    """One job's console log (verl's step lines) and event file, written by hand (no verl here)."""
+    import json
+
+    from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, parse_step_metrics
+
+    line = (f"(TaskRunnerV1 pid=1) step:1 - perf/total_num_tokens:{trained} - prompt_length/mean:57.5 - "
+            f"response_length/mean:16.0 - response/aborted_ratio:{aborted} - timing_s/gen:{verl_gen_s} - "
+            f"timing_s/old_log_prob:0.1 - timing_s/update_actor:0.2 - training/global_step:1 - x:1\n")
+    log = tmp_path / f"{name}.log"
+    log.write_text(line * (2 if dup else 1))
+    events = []
+    for stage, start, dur, tokens in (("gen", 0.0, gen_s, gen_tokens), ("old_log_prob", 3.0, 0.1, 294),
+                                      ("update_actor", 4.0, 0.2, 294)):
+        events.append({"hook": "jigsaw_stage_start", "step": 0, "stage": stage, "t": start, "tokens": tokens})
+        events.append({"hook": "jigsaw_stage_end", "step": 0, "stage": stage, "t": start + dur, "tokens": tokens})
+    path = tmp_path / f"{name}.events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return E2EResult(0, 1.0, 1, str(log), str(path), parse_step_metrics(log.read_text()))
+
+
+def test_verl_log_checks_pass_a_good_run_and_name_what_verl_contradicts(tmp_path):
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import ConcurrentResult, verl_log_problems
+
+    def problems(**bad):
+        runs = [_verl_job(tmp_path, "a"), _verl_job(tmp_path, "b", **bad)]
+        return verl_log_problems(ConcurrentResult("jigsaw", 2, runs, 1.0, [], {}, 0.0), steps=1)
+
+    assert problems() == []
+    assert any("verl trained 3.00 samples" in p for p in problems(trained=220.5))
+    assert any("aborted" in p for p in problems(aborted=0.25))
+    assert any("generated tokens" in p for p in problems(gen_tokens=48))
+    assert any("timing_s/gen" in p for p in problems(verl_gen_s=5.0))  # verl's gen ran outside the granted span
+    assert any("step lines [1, 1]" in p for p in problems(dup=True))  # a step logged twice

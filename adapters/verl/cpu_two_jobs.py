@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,7 @@ from jigsaw_plugin.adapters.verl.cpu_device import PLATFORM_ENV, PLATFORM_NAME, 
 from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, E2ESettings, prepare, run
 
 __all__ = ["TwoJobResult", "ConcurrentResult", "lease_intervals", "overlapping", "run_two_jobs", "run_concurrent",
-           "grant_problems", "GRANTED_STAGES", "main"]
+           "grant_problems", "verl_log_problems", "GRANTED_STAGES", "VERL_TIMERS", "main"]
 
 #: The stages a verl job of ``cpu_e2e``'s config asks a grant for (rule reward inside the
 #: agent loop, no reference; advantages run on the driver: no grant).
@@ -62,7 +63,7 @@ class ConcurrentResult:
     wall_s: float
     events: list[dict]  # the coordinator's event log (its grants, refusals, the hosts' hooks)
     scheduler: dict  # the coordinator's scheduler report (refusals, adapted decisions, trace)
-    peak_rss_gib: float  # peak of the summed resident memory of this user's processes, less the start
+    peak_pss_gib: float  # peak of the summed PSS of this process and its descendants (every process of the run)
 
 
 def lease_intervals(events: list[dict]) -> list[dict]:
@@ -106,8 +107,11 @@ def _start_cluster(devices: int):
             time.sleep(5)
 
 
-class _PeakRss:
-    """Samples the summed RSS of this user's processes (Ray workers, vLLM, main_ppo) once a second."""
+class _PeakPss:
+    """Samples the summed proportional set size (PSS: shared pages split among their users)
+    of this process and its descendants (the Ray head started here, its workers, the
+    main_ppo drivers and their vLLM engines) every 2 s. Other engineers' processes on this
+    machine run as the same user, so a per-user sum would count them too."""
 
     def __init__(self):
         import threading
@@ -120,27 +124,31 @@ class _PeakRss:
         self._thread.start()
 
     def _sample(self) -> int:
-        uid, total = os.getuid(), 0
-        for proc in self._psutil.process_iter(["uids", "memory_info"]):
-            info = proc.info
-            if info.get("uids") is not None and info["uids"].real == uid and info.get("memory_info") is not None:
-                total += info["memory_info"].rss
+        me = self._psutil.Process()
+        total = 0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                total += proc.memory_full_info().pss
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied, self._psutil.ZombieProcess):
+                pass  # exited between the listing and the read
         return total
 
     def _loop(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(2.0):
             self.peak = max(self.peak, self._sample())
 
     def stop(self) -> float:
         self._stop.set()
         self._thread.join()
-        return round(max(0, self.peak - self.base) / 2**30, 2)
+        return round(self.peak / 2**30, 2)
 
 
 def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_devices: int = 2,
                    timeout_s: float = 1200.0, lookahead_s: float | None = None,
-                   pipelines: tuple[str, ...] = ("verl-a", "verl-b")) -> ConcurrentResult:
-    """Jobs (1 pretend device each, default two) at the same time, on a coordinator running ``policy``."""
+                   pipelines: tuple[str, ...] = ("verl-a", "verl-b"),
+                   policy_modules: tuple[str, ...] = ()) -> ConcurrentResult:
+    """Jobs (1 pretend device each, default two) at the same time, on a coordinator running
+    ``policy`` (``policy_modules``: modules registering it, when it is not jigsaw-plugin's)."""
     import ray
 
     from jigsaw_plugin.runtime.coordinator import connect_coordinator
@@ -155,8 +163,8 @@ def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_d
             prepare(Path(j.workdir).resolve())
         options = {"horizon_s": lookahead_s} if lookahead_s is not None and policy == "jigsaw" else None
         client = connect_coordinator(name=COORDINATOR, namespace=NAMESPACE, devices=pool_devices, policy=policy,
-                                     policy_options=options)
-        memory = _PeakRss()
+                                     policy_options=options, policy_modules=tuple(policy_modules))
+        memory = _PeakPss()
         t0 = time.monotonic()
         with ThreadPoolExecutor(len(jobs)) as pool:
             runs = list(pool.map(lambda j: run(j, timeout_s=timeout_s), jobs))
@@ -208,6 +216,58 @@ def grant_problems(r: ConcurrentResult, steps: int, samples: int = 4) -> list[st
         for b in spans[i + 1:]:
             if a[0].split()[0] != b[0].split()[0] and set(a[2]) & set(b[2]) and a[3] < b[4] and b[3] < a[4]:
                 problems.append(f"device granted to two jobs at once: {a} / {b}")
+    return problems
+
+
+#: verl's own timers (its console metrics) of the stages a grant covers, and the slack
+#: allowed between them and the stage's span in the job's event file: the hooks fire just
+#: inside verl's ``marked_timer`` blocks, so the two differ by the hook calls only.
+VERL_TIMERS = {"gen": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "update_actor": "timing_s/update_actor"}
+_TIMER_SLACK_S, _TIMER_SLACK_FRACTION = 0.25, 0.1
+
+
+def verl_log_problems(r: ConcurrentResult, steps: int, samples: int = 4) -> list[str]:
+    """What verl's own console log (its per-step metrics, ``E2EResult.steps``) contradicts
+    of the grants and of "every sample trained exactly once at its full length" (empty:
+    nothing). Per job and step: one metrics line per step; verl trained ``samples`` samples
+    (its ``perf/total_num_tokens`` over prompt + response length per sample) and exactly the
+    tokens the granted ``update_actor`` stage reported; no response aborted (verl's
+    ``response/aborted_ratio``) and the rollout's generated tokens (the job's event file)
+    equal verl's response lengths; verl's own stage timers match the spans of the stages
+    the policy granted (so verl ran those stages inside the grants)."""
+    problems = []
+    for name, job in zip(("verl-a", "verl-b")[:len(r.runs)], r.runs):
+        log = Path(job.log_path).read_text(errors="replace") if Path(job.log_path).exists() else ""
+        lines = [int(m.group(1)) for m in re.finditer(r"(?:^|\s)step:(\d+) - ", log, re.M)]
+        if sorted(lines) != list(range(1, steps + 1)):
+            problems.append(f"{name}: verl's step lines {sorted(lines)}, expected one each of 1..{steps}")
+            continue
+        host = _jsonl(job.events_path)
+        for m in job.steps:
+            k = m["step"] - 1  # verl counts steps from 1, the hooks from 0
+            spans = {e["stage"]: e for e in host if e["hook"] == "jigsaw_stage_start" and e["step"] == k}
+            ends = {e["stage"]: e for e in host if e["hook"] == "jigsaw_stage_end" and e["step"] == k}
+            per_sample = m["prompt_length/mean"] + m["response_length/mean"]
+            trained = m["perf/total_num_tokens"] / per_sample if per_sample else 0.0
+            if abs(trained - samples) > 0.01:
+                problems.append(f"{name} step {k}: verl trained {trained:.2f} samples, expected {samples}")
+            if "update_actor" in spans and spans["update_actor"]["tokens"] != round(m["perf/total_num_tokens"]):
+                problems.append(f"{name} step {k}: the granted update_actor read {spans['update_actor']['tokens']} "
+                                f"tokens, verl trained {m['perf/total_num_tokens']:.0f}")
+            if m.get("response/aborted_ratio", 0.0) != 0.0:
+                problems.append(f"{name} step {k}: verl reports aborted responses ({m['response/aborted_ratio']})")
+            generated = ends.get("gen", {}).get("tokens")
+            if generated != round(samples * m["response_length/mean"]):
+                problems.append(f"{name} step {k}: the rollout reported {generated} generated tokens, verl's "
+                                f"responses hold {samples * m['response_length/mean']:.0f}")
+            for stage, timer in VERL_TIMERS.items():
+                if stage not in spans or stage not in ends or timer not in m:
+                    problems.append(f"{name} step {k}: no granted span or no verl timer {timer} for {stage}")
+                    continue
+                span = ends[stage]["t"] - spans[stage]["t"]
+                if abs(span - m[timer]) > _TIMER_SLACK_S + _TIMER_SLACK_FRACTION * m[timer]:
+                    problems.append(f"{name} step {k}: verl's {timer} {m[timer]:.2f} s, the granted {stage} "
+                                    f"span {span:.2f} s")
     return problems
 
 
