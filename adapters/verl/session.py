@@ -99,7 +99,7 @@ class JigsawSession:
         return HostPipeline(self.pipeline, model_profile_of(self.options, spec.get("model")),
                             str(spec["algorithm"]), int(spec["prompts_per_step"]), int(spec["samples_per_prompt"]),
                             int(spec["max_response_len"]), int(spec["max_prompt_len"]), int(spec["steps"]),
-                            self.n_devices, caps)
+                            self.n_devices, caps, staleness=int(spec.get("staleness") or 0))
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, spec: dict) -> None:

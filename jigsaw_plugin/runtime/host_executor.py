@@ -63,6 +63,9 @@ class HostPipeline:
     steps: int
     devices: int  # its own devices: its static share of the pool
     capabilities: HostCapabilities
+    # policy versions a trained sample may lag (the adapters' staleness option); > 0: the
+    # policy plans the pipeline as asynchronous under this bound
+    staleness: int = 0
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -72,10 +75,11 @@ class HostPipeline:
     @classmethod
     def from_dict(cls, raw: dict) -> "HostPipeline":
         names = [f.name for f in dataclasses.fields(cls)]
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         for key in names:
-            if key not in raw:
+            if key not in raw and key not in optional:
                 raise SpecError(f"pipeline.{key}", "<missing>", "declared by the host adapter at registration")
-        kw = {k: raw[k] for k in names}
+        kw = {k: raw[k] for k in names if k in raw}
         kw["capabilities"] = HostCapabilities.from_dict(raw["capabilities"])
         return cls(**kw)
 
@@ -83,7 +87,8 @@ class HostPipeline:
         """The pipeline as a workload-spec entry; lengths are constants (a host's length
         distributions are not known: the policy reads only the scalar settings)."""
         return {
-            "name": self.name, "model": self.model_profile, "algorithm": self.algorithm, "mode": "sync",
+            "name": self.name, "model": self.model_profile, "algorithm": self.algorithm,
+            "mode": "async" if self.staleness > 0 else "sync", "staleness": self.staleness,
             "prompts_per_step": self.prompts_per_step, "samples_per_prompt": self.samples_per_prompt,
             "max_response_len": self.max_response_len,
             "prompt_len": {"dist": "const", "value": self.prompt_len},
