@@ -50,6 +50,14 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def roomy_server():
+    """For runs of the executor: a sandbox limit no loaded machine reaches (starting the
+    sandbox's subprocess alone took over 0.5 s at a load average of 9)."""
+    with ToolServer(ToolServerConfig((AGENT, PLAIN), seed=3, sandbox_timeout_s=30.0)) as s:
+        yield s
+
+
 def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
@@ -173,7 +181,7 @@ def test_needs_and_config_from_a_workload():
     assert not needs_tool_server(load_workload("examples/workloads/real_ab_2cpu.yaml"))
 
 
-def test_agentic_pipeline_on_emulated_engines_calls_the_tool_server(server):
+def test_agentic_pipeline_on_emulated_engines_calls_the_tool_server(roomy_server):
     """LiveExecutor with ``tools``: every tool call of the workload goes to the server (the
     observation it answers is what the next turn reads), every sandboxed trajectory's reward
     comes from the sandbox, and the event log shows the turns and the tool waits."""
@@ -196,7 +204,7 @@ def test_agentic_pipeline_on_emulated_engines_calls_the_tool_server(server):
     pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
     rec = EventRecorder(include_progress=False)
     register(pm, rec, name="recorder")
-    tools = AgenticTools(ToolClient(server.url))
+    tools = AgenticTools(ToolClient(roomy_server.url))
 
     class Trainer:  # a stand-in trainer: no torch in the core suite
         version = 0
@@ -258,10 +266,12 @@ class _Engine:
 
         self.inner, self.device, self.seen = EmulatedEngine(cost, model, time_scale=0.02), device, seen
         self.loaded: list = []  # versions loaded, in order
+        self.version = 0  # the run's initial weights (the pool's reset)
 
     async def generate(self, request_id, prompt_token_ids, max_tokens, **sampling):
+        version = self.version  # the weights this segment is generated with
         out = await self.inner.generate(request_id, prompt_token_ids, max_tokens)
-        self.seen.append((self.device, request_id, list(prompt_token_ids), list(out)))
+        self.seen.append((self.device, request_id, list(prompt_token_ids), list(out), version))
         return out
 
     async def abort(self, request_id, missing_ok=True):
@@ -269,6 +279,7 @@ class _Engine:
 
     async def load_weights(self, state_dict, version=None):
         self.loaded.append(version)
+        self.version = version
 
 
 def _second_replica_policy(rebalance: bool):
@@ -338,24 +349,22 @@ def _run_second_replica(server, rebalance: bool):
 
     runner = ReferenceStageRunner(Trainer(), reward=SandboxReward(tools))
     cost = CostModel(hardware_profile("h100"))
-    seen: list = []
-    versions: list = []  # (segment id, weight version it was generated with)
+    seen: list = []  # (device, segment id, prompt, output, weight version), per finished segment
     engines: dict = {}  # device -> its engine, made at the first lend (the pool starts them up front)
     state = {d: {"version": 0} for d in (0, 1)}  # the pool's per-device record, shared across lends
 
     def lend(p, devices):
         engine = engines.setdefault(devices[0], _Engine(cost, p.model, devices[0], seen))
-        return PooledEngine(engine, p.name, runner.latest_weights, state[devices[0]],
-                            on_generate=lambda rid, v: versions.append((rid, v)))
+        return PooledEngine(engine, p.name, runner.latest_weights, state[devices[0]])
 
     live = LiveExecutor(wl, _second_replica_policy(rebalance), lend, seed=0, time_scale=0.02, stage_runner=runner,
                         tools=tools, hooks=Emitter(pm), record_requests=True)
     asyncio.run(asyncio.wait_for(live.run(), 60))
-    return live, rec.events, seen, versions, trained, engines
+    return live, rec.events, seen, trained, engines
 
 
 @pytest.mark.parametrize("rebalance", [True, False])
-def test_a_second_replica_launched_mid_rollout_takes_over_tool_waiting_trajectories(server, rebalance):
+def test_a_second_replica_launched_mid_rollout_takes_over_tool_waiting_trajectories(roomy_server, rebalance):
     """LaunchReplica(agent, device 1, rebalance=True) while the step generates on device 0:
     trajectories waiting on a tool resume on the new replica with their whole context (prompt,
     earlier turns, observations), on the step's weights (loaded into the parked engine before its
@@ -363,19 +372,19 @@ def test_a_second_replica_launched_mid_rollout_takes_over_tool_waiting_trajector
     turns stay on their replica (sticky), and the new one gets nothing: the mechanism is what moves them."""
     from jigsaw_plugin.ids import RequestId
 
-    live, events, seen, versions, trained, engines = _run_second_replica(server, rebalance)
+    live, events, seen, trained, engines = _run_second_replica(roomy_server, rebalance)
     launches = [e for e in events if e["hook"] == "jigsaw_lease_granted" and tuple(e["devices"]) == (1,)]
     assert len(launches) == 2  # once per step, mid-rollout
     gen_start = {e["step"]: e["t"] for e in events if e["hook"] == "jigsaw_request_submitted" and e["turn"] == 0}
     assert all(e["t"] > min(gen_start.values()) for e in launches)
-    on_new = [(RequestId.parse(r.split("#")[0]), prompt, out) for d, r, prompt, out in seen if d == 1]
+    on_new = [(RequestId.parse(r.split("#")[0]), prompt, out) for d, r, prompt, out, _ in seen if d == 1]
     if not rebalance:
         assert on_new == []  # sticky: every turn stays where its trajectory started
         return
     resumed = [x for x in on_new if x[0].turn > 0]
     assert resumed, "no tool-waiting trajectory resumed on the new replica"
     earlier = {(RequestId.parse(r.split("#")[0]).trajectory, RequestId.parse(r.split("#")[0]).turn): d
-               for d, r, _, _ in seen}
+               for d, r, _, _, _ in seen}
     assert any(earlier[(rid.trajectory, rid.turn - 1)] == 0 for rid, _, _ in resumed)  # moved from device 0
     # each resumed turn continued its trajectory: the prompt it got is the trained sample's prefix
     for rid, prompt, out in resumed:
@@ -384,8 +393,8 @@ def test_a_second_replica_launched_mid_rollout_takes_over_tool_waiting_trajector
         full = list(sp) + list(resp)
         assert full[:len(prompt)] == prompt and full[len(prompt):len(prompt) + len(out)] == out
     # weights: every segment of step k ran on version k; the parked engine loaded version 1 itself
-    assert {RequestId.parse(r.split("#")[0]).step: v for r, v in versions} == {0: 0, 1: 1}
-    assert all(v == RequestId.parse(r.split("#")[0]).step for r, v in versions)
+    assert {RequestId.parse(r.split("#")[0]).step: v for _, r, _, _, v in seen} == {0: 0, 1: 1}
+    assert all(v == RequestId.parse(r.split("#")[0]).step for _, r, _, _, v in seen)
     assert 1 in engines[1].loaded
     # nothing lost: each sample trained once, at its full length
     for k in (0, 1):
