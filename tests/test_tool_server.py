@@ -320,7 +320,7 @@ def _run_second_replica(server, rebalance: bool):
         "response_len": {"dist": "uniform", "low": 20, "high": 200},
         "turns": {"dist": "categorical", "values": [3, 4], "weights": [0.5, 0.5]},
         "tool_latency_s": {"dist": "uniform", "low": 0.2, "high": 1.0}, "observation_len": 4,
-        "reward": {"kind": "sandbox", "latency_s": 0.2}, "steps": 2, "gpus": 1}]})
+        "reward": {"kind": "rule", "latency_s": 0.0}, "steps": 2, "gpus": 1}]})
     pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)
     rec = EventRecorder(include_progress=False)
     register(pm, rec, name="recorder")
