@@ -30,11 +30,18 @@ class PooledEngine:
 
     backend = "vllm"
 
-    def __init__(self, engine: ActorEngine, pipeline: str, weights_of, state: dict):
+    def __init__(self, engine: ActorEngine, pipeline: str, weights_of, state: dict, on_generate=None):
         self.engine, self.pipeline = engine, pipeline
         self._weights_of = weights_of  # pipeline -> (version, state dict) | None
         self._state = state  # shared per (pipeline, device) across lends: the loaded version
         self._lock = asyncio.Lock()
+        # on_generate(request_id, version): the weight version each segment is generated with
+        self._on_generate = on_generate
+
+    @property
+    def version(self) -> int:
+        """The weight version this engine holds."""
+        return int(self._state["version"])
 
     async def _current(self) -> None:
         latest = self._weights_of(self.pipeline)
@@ -48,6 +55,8 @@ class PooledEngine:
 
     async def generate(self, request_id, prompt_token_ids, max_tokens, *, on_progress=None, **sampling):
         await self._current()
+        if self._on_generate is not None:
+            self._on_generate(request_id, self.version)
         return await self.engine.generate(request_id, prompt_token_ids, max_tokens, **sampling)
 
     async def abort(self, request_id, *, missing_ok=True):
@@ -98,18 +107,39 @@ class EnginePool:
         for k in keys:
             self.state[k]["version"] = 0
 
-    def lend(self, pipeline: str, devices, weights_of) -> PooledEngine:
+    async def preempt(self, pipeline: str, device: int) -> None:
+        """The device is preempted: its engine stops (vLLM's processes, then the actor;
+        in a thread: it blocks) and the device has no engine until ``replace``."""
+        key = (pipeline, int(device))
+        self.state[key]["dead"] = True
+        await asyncio.to_thread(self.engines.pop(key).shutdown)
+
+    async def replace(self, pipeline: str, device: int, pull) -> int:
+        """The replacement of a preempted device: a fresh engine actor there, started, its
+        weights loaded by ``await pull(engine)`` (which returns the version it loaded: the
+        parameter server's latest, runtime/preemption_ray.py); returns that version."""
+        key = (pipeline, int(device))
+        restarts = self.state.get(key, {}).get("restarts", 0) + 1
+        engine = self._new_actor(self.models[key], int(device))
+        await engine.start()
+        await engine.generate(f"warm-up-{key[0]}-{key[1]}-r{restarts}", [1, 2, 3, 4], 8)
+        version = int(await pull(engine))
+        self.engines[key] = engine
+        self.state[key] = {"version": version, "restarts": restarts}
+        return version
+
+    def lend(self, pipeline: str, devices, weights_of, on_generate=None) -> PooledEngine:
         """The engine of ``pipeline`` on the replica's first device (TP 1 on CPU). A dead
         one is replaced by a fresh actor, which starts (and loads the latest weights) on
         its first request."""
         key = (pipeline, int(devices[0]))
-        if key not in self.engines:
+        if key not in self.engines:  # never started, or preempted and not replaced yet
             raise KeyError(f"no pooled engine for pipeline {pipeline!r} on device {devices[0]}; "
                            f"pool: {sorted(self.engines)}")
         if self.state[key].get("dead"):
             self.engines[key] = self._new_actor(self.models[key], key[1])
             self.state[key] = {"version": -1, "restarts": self.state[key].get("restarts", 0) + 1}
-        return PooledEngine(self.engines[key], pipeline, weights_of, self.state[key])
+        return PooledEngine(self.engines[key], pipeline, weights_of, self.state[key], on_generate)
 
     def _new_actor(self, model_path, device: int) -> ActorEngine:
         kwargs = dict(self.engine_kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections import Counter, defaultdict
 
 from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.snapshot import ReplicaObs
@@ -136,6 +137,9 @@ class LiveExecutor(ExecutorCore):
         self.tools = tools
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
+        # pipeline -> step -> Counter(version of each sample): the result's per-sample staleness
+        # histogram (build_result), as the simulator records it
+        self.sample_versions: dict = {p.name: defaultdict(Counter) for p in self.order}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._budgets: dict = {p.name: {} for p in self.order}  # turn id -> (budget, submit time)
         # trajectories between two turns (waiting on a tool): their next turn is not submitted yet
@@ -143,6 +147,8 @@ class LiveExecutor(ExecutorCore):
         self._grants: dict[str, _StageGrant] = {}  # pipeline -> its running micro-batched stage
         self._tasks: set = set()
         self._error = None
+        self.down: set[int] = set()  # preempted devices until their replacement joins (take_down / bring_up)
+        self.router_listeners: list = []  # each called (pipeline, event name, **kw) for every router event
 
     # ---- clock and wake-ups -------------------------------------------------------------
     @property
@@ -174,6 +180,8 @@ class LiveExecutor(ExecutorCore):
 
     def _router_event(self, pipeline):
         def on_event(name, **kw):
+            for listener in self.router_listeners:
+                listener(pipeline, name, **kw)
             if name == "migrated":
                 rid = RequestId.parse(kw["request_id"])
                 self.migrations += 1
@@ -257,6 +265,7 @@ class LiveExecutor(ExecutorCore):
             self.trajectories.setdefault((p.name, s.step), {})[i] = (prompt, context[len(prompt):], group, mask)
         router.end_trajectory(rid)
         s.min_version = min(s.min_version, version)
+        self.sample_versions[p.name][s.step][version] += 1
         self._trajectory_finished(p, s, i)
         reward_s = float(smp.reward_latency_s[i]) * self.time_scale
         if self.tools is not None and p.spec.reward.kind == "sandbox":  # the tool server's sandbox
@@ -439,6 +448,65 @@ class LiveExecutor(ExecutorCore):
         self._release(tuple(x for x in g.devices if x not in g.wanted))
         g.devices, g.seg_start = g.wanted, self.t
         self.dirty = True
+
+    # ---- preemption (runtime/preemption.py decides when) ----------------------------------
+    def _release(self, devices: tuple) -> None:
+        """A preempted device does not go back to the pool when its task ends: it comes
+        back with ``bring_up`` (its replacement)."""
+        super()._release(tuple(d for d in devices if d not in self.down))
+        for d in devices:
+            if d in self.down:
+                self.task.pop(d, None)
+
+    def take_down(self, device: int) -> None:
+        """Preempted: the device leaves the pool (a stage on it keeps it until it ends)."""
+        self.down.add(int(device))
+        self.free.discard(int(device))
+        self.resident[int(device)] = []
+        self._devices_version += 1
+        self.dirty = True
+
+    def bring_up(self, device: int) -> None:
+        """The preempted device's replacement joins the pool (empty)."""
+        self.down.discard(int(device))
+        if self.task.get(int(device)) is None:
+            super()._release((int(device),))
+        self.dirty = True
+
+    def task_on(self, device: int) -> DeviceTask | None:
+        """What runs on ``device`` (a replica, a stage), or None."""
+        return self.task.get(int(device))
+
+    async def preempt_replica(self, replica: int, keep_tokens: bool = True) -> int:
+        """The replica's device is preempted: no new request goes to it, each of its
+        in-flight requests leaves it through the migration path (abort; the router resumes
+        it on another replica, or waits for one) with its generated prefix, or with
+        ``keep_tokens=False`` (the restart baseline) from its first token together with
+        every request of the same steps still running on the pipeline's other replicas.
+        Returns once none runs there any more, with the replica closed (its devices stay
+        down if ``take_down`` was called); the caller then stops the engine. Returns how
+        many requests were in flight on it."""
+        rep = self.replicas.get(replica)
+        if rep is None:
+            return 0
+        router = self.routers[rep.pipeline]
+        self._retire(rep)
+        records = rep._records()
+        targets = [(rec.request_id, rep) for rec in records]
+        if not keep_tokens:
+            steps = {RequestId.parse(rec.request_id).step for rec in records}
+            for other in self.pipelines[rep.pipeline].replicas:
+                if other is not rep:
+                    targets += [(r.request_id, other) for r in other._records()
+                                if RequestId.parse(r.request_id).step in steps]
+        aborts = [a for a in (router.begin_evict(rid, keep_tokens) for rid, _ in targets) if a is not None]
+        for engine, segment in aborts:
+            await engine.abort(segment)
+        while router.records_on(rep.id):  # the aborted segments unwind
+            await asyncio.sleep(0.005)
+        self._close(rep, force=True)
+        self.dirty = True
+        return len(records)
 
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, max_rounds: int = 8) -> None:

@@ -40,6 +40,7 @@ class RequestRecord:
     migrations: int = 0  # moves that happened (counted when the aborted segment ended)
     move_to: int | None = None  # set by begin_migrate() while the abort is out: where the next segment runs
     sampling: dict = field(default_factory=dict)  # engine sampling keywords (SAMPLING_KEYS)
+    evict: str | None = None  # set by begin_evict(): "keep" (resume with the prefix) or "drop" (from the first token)
 
 
 #: Sampling keywords a request may carry to its engine (VLLMEngine.generate's).
@@ -215,6 +216,8 @@ class Router:
         self.requests[request_id] = rec
         try:
             while True:
+                if rec.move_to is None and rec.segments and not self.live_replicas():
+                    await self._wait_for_replica()  # evicted, nowhere to go: its tokens wait for one
                 target = rec.move_to if rec.move_to is not None else self.choose_replica(rec)
                 rec.move_to = None
                 done = await self._segment(rec, target)
@@ -247,6 +250,17 @@ class Router:
             return True
         except RequestAborted as e:  # keep the prefix (the abort's result), go on where migrate() said
             rec.prefix = rec.prefix + list(e.tokens)
+            if rec.evict is not None:  # begin_evict(): the next segment goes where choose_replica() says
+                kept, rec.evict = rec.evict == "keep", None
+                if kept:
+                    rec.migrations += 1
+                    self._on_event("migrated", request_id=rec.request_id, src_replica=replica, dst_replica=None,
+                                   generated_tokens=len(rec.prefix))
+                else:
+                    self._on_event("restarted", request_id=rec.request_id, replica=replica,
+                                   dropped_tokens=len(rec.prefix))
+                    rec.prefix = []
+                return False
             if rec.move_to is not None:  # a migration (an interrupt leaves move_to unset)
                 if rec.move_to not in self.live_replicas():  # its destination retired meanwhile
                     rec.move_to = self.choose_replica(rec)
@@ -296,6 +310,21 @@ class Router:
         rec.move_to = dst
         return self.engines[src], f"{request_id}#{rec.segments}"
 
+    def begin_evict(self, request_id: str, keep_tokens: bool = True):
+        """Mark a running request to leave its replica (the replica is being preempted, or
+        the step restarts); returns ``(engine, segment_id)`` to abort, or ``None`` if it is
+        not running or already moving. Its next segment runs where ``choose_replica`` says
+        (mark the replica retiring first to keep it off it), waiting for a live replica if
+        there is none, with its generated prefix (``keep_tokens``: a ``migrated`` event) or
+        from its first token (a ``restarted`` event)."""
+        rec = self.requests.get(request_id)
+        if rec is None:
+            raise RouterError(f"request {request_id} is not in flight")
+        if rec.replica is None or rec.move_to is not None or rec.evict is not None:
+            return None
+        rec.evict = "keep" if keep_tokens else "drop"
+        return self.engines[rec.replica], f"{request_id}#{rec.segments}"
+
     async def migrate(self, request_id: str, dst: int) -> None:
         """Abort the request where it runs; its next segment runs on ``dst``."""
         pending = self.begin_migrate(request_id, dst)
@@ -306,6 +335,10 @@ class Router:
         await asyncio.sleep(0)  # let the aborted segment unwind
 
     # ---- internals ----------------------------------------------------------------------
+    async def _wait_for_replica(self, poll_s: float = 0.005) -> None:
+        while not self.live_replicas():
+            await asyncio.sleep(poll_s)
+
     def _require(self, replica_id: int) -> None:
         if replica_id not in self.engines:
             raise RouterError(f"replica {replica_id} is not attached; attached: {self.replicas()}")
