@@ -56,10 +56,10 @@ def steps_span(events: list[dict]) -> float:
     return round(max(ts) - min(ts), 1) if ts else 0.0
 
 
-def run_arm(policy: str, workdir: Path, steps: int) -> dict:
+def run_arm(policy: str, workdir: Path) -> dict:
     import mixed
 
-    s = mixed.MixedSettings(policy=policy, steps=steps, pool_devices=2)
+    s = mixed.MixedSettings(policy=policy, pool_devices=2)
     r = mixed.run_mixed(workdir, s)
     span = steps_span(r.events)
     busy = float(r.scheduler.get("busy_device_s", 0.0))
@@ -114,14 +114,15 @@ def render(data: dict) -> str:
     lines = [
         f"<!-- {BLOCK}:start -->",
         "A verl `main_ppo` job (tiny Qwen2, GRPO without a reference, 1 pretend device, "
-        f"{data['steps']} steps) and an OpenRLHF job (its own `train()`, tiny Qwen2, `group_norm`, 2 engines of "
-        f"which 1 is its share, tail consolidation on, {data['steps']} steps; CPU stand-ins for the DeepSpeed "
-        "actors only) at the same time on one coordinator with a pool of 2 devices, on this 2-core machine, "
+        f"{data['steps']['verl']} steps) and an OpenRLHF job (its own `train()`, tiny Qwen2, `group_norm`, 2 engines "
+        f"of which 1 is its share, tail consolidation on, {data['steps']['openrlhf']} steps; CPU stand-ins for the "
+        "DeepSpeed actors only) on one coordinator with a pool of 2 devices, on this 2-core machine, "
         "shared with other engineers "
         f"(`flock /tmp/jigsaw-real.lock .venv-verl/bin/python benchmarks/real_ab_mixed.py --repeats "
         f"{len(data['repeats'])}`, {data['date']}; `free -g` before: {data.get('free_before', '?')}). verl asks a "
         "grant per stage; OpenRLHF one for its rollout and one for its training phase, and gives an engine's "
-        "device back as soon as its tail has migrated away.",
+        "device back as soon as its tail has migrated away. The OpenRLHF job starts when verl has registered "
+        "(verl's start-up is minutes longer: started together, they did not overlap).",
         "",
         "| coordinator policy | wall s, median (each) | steps' span s | per job: exit (wall) | CPU busy "
         "(run's CPU s / wall x 2) | device busy / idle s | grants / refusals / engine releases | OpenRLHF "
@@ -143,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     p.add_argument("--workdir", default="build/real-ab-mixed")
     p.add_argument("--render", action="store_true", help="re-render the docs block from the saved JSON")
@@ -160,14 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         if a.append and RESULTS.exists():
             data = json.loads(RESULTS.read_text())
         else:
-            data = {"steps": a.steps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            s = mixed.MixedSettings(pool_devices=2)
+            data = {"steps": {"verl": s.verl_steps, "openrlhf": s.orl_steps}, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "free_before": f"{free[1]} GiB total, {free[6]} available", "repeats": []}
-        data["predicted"] = predict(mixed.MixedSettings(steps=data["steps"], pool_devices=2))
+        data["predicted"] = predict(mixed.MixedSettings(pool_devices=2))
         for _ in range(a.repeats):
             i = len(data["repeats"])
             data["repeats"].append({})
             for arm in a.arms:
-                data["repeats"][i][arm] = run_arm(arm, Path(a.workdir).resolve() / f"r{i}" / arm, data["steps"])
+                data["repeats"][i][arm] = run_arm(arm, Path(a.workdir).resolve() / f"r{i}" / arm)
                 RESULTS.parent.mkdir(parents=True, exist_ok=True)
                 RESULTS.write_text(json.dumps(data, indent=1))  # an arm's result survives a later crash
                 print(json.dumps(data["repeats"][i][arm]), flush=True)

@@ -44,9 +44,9 @@ def test_a_verl_job_and_an_openrlhf_job_share_one_coordinator_under_the_jigsaw_p
         pytest.skip(reason)
     import mixed
 
-    # a pool of 3: each job's static share is 1, so the policy has one device to lend (to
-    # OpenRLHF's second engine), which its tail consolidation gives back mid-rollout
-    r = mixed.run_mixed(tmp_path, mixed.MixedSettings(policy="jigsaw", pool_devices=3))
+    # a pool of 3: verl's share 1, OpenRLHF's 2 (both its engines), so its rollouts run on
+    # two engines and its tail consolidation gives one back mid-rollout
+    r = mixed.run_mixed(tmp_path, mixed.MixedSettings(policy="jigsaw", pool_devices=3, orl_active_engines=2))
     logs = "; ".join(j.log_path for j in r.jobs)
     assert mixed.problems(r) == [], logs
     grants = [e for e in r.events if e.get("hook") == "jigsaw_stage_granted"]

@@ -47,16 +47,26 @@ ORL_GRANTS = ("gen", "train")
 @dataclass(frozen=True)
 class MixedSettings:
     """One mixed run. ``tail_fraction`` 1.0: OpenRLHF consolidates as soon as every request
-    has ``migrate_min_tokens`` tokens (a tiny random model has no long tail of its own)."""
+    has ``migrate_min_tokens`` tokens (a tiny random model has no long tail of its own).
+
+    The OpenRLHF job starts once the verl job has registered with the coordinator: verl's
+    start-up (Ray workers, FSDP, vLLM, TransferQueue) is 2-3 minutes longer than OpenRLHF's
+    here, and started together the OpenRLHF job finished before verl registered (nothing
+    was shared). verl's steps take 3-15 s here, hence more of them than OpenRLHF's."""
 
     policy: str = "jigsaw"
-    steps: int = 2
+    verl_steps: int = 6
     pool_devices: int = 2
     orl_engines: int = 2
-    orl_prompts: int = 8  # 4 prompts x 2 samples per step
+    orl_active_engines: int = 1  # its static share of the pool
+    orl_prompts: int = 16  # 4 prompts x 2 samples per step: 4 steps
     max_new_tokens: int = 64
     tail_fraction: float = 1.0
     timeout_s: float = 1500.0
+
+    @property
+    def orl_steps(self) -> int:
+        return -(-self.orl_prompts // 4)
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ def orl_args(data: dict, out: Path, s: MixedSettings) -> list[str]:
         "--algo.kl.init_coef", "0.01", "--algo.advantage.estimator", "group_norm",
         "--ckpt.path", str(out / "ckpt"), "--ckpt.output_dir", str(out / "model"),
         "--jigsaw.enable", "--jigsaw.coordinator", COORDINATOR, "--jigsaw.pipeline", ORL,
-        "--jigsaw.active_engines", "1", "--jigsaw.tail_fraction", str(s.tail_fraction),
+        "--jigsaw.active_engines", str(s.orl_active_engines), "--jigsaw.tail_fraction", str(s.tail_fraction),
         "--jigsaw.migrate_min_tokens", "8", "--jigsaw.poll_interval_s", "0.05",
         "--jigsaw.lease_timeout_s", str(int(s.timeout_s)), "--jigsaw.events", str(out / f"{ORL}.events.jsonl"),
     ]
@@ -110,17 +120,17 @@ def declared_hosts(s: MixedSettings):
     from jigsaw_plugin.runtime.host_executor import HostPipeline
 
     # adapters/verl/session.py host_pipeline() on cpu_e2e's config (1 device, GRPO, no reference)
-    verl = HostPipeline(VERL, "tiny-qwen2", "grpo", 2, 2, 16, 64, s.steps, 1,
+    verl = HostPipeline(VERL, "tiny-qwen2", "grpo", 2, 2, 16, 64, s.verl_steps, 1,
                         HostCapabilities("verl", training_width=1))
     args = NS(train=NS(async_enable=False), vllm=NS(tensor_parallel_size=1), eval=NS(dataset=None),
               algo=NS(advantage=NS(estimator="group_norm")), actor=NS(model_name_or_path="tiny-qwen2-tok"),
               rollout=NS(batch_size=4, n_samples_per_prompt=2, max_new_tokens=s.max_new_tokens), data=NS(max_len=512))
-    orl = openrlhf_host_pipeline(ORL, args, n_engines=s.orl_engines, n_train=1, active_engines=1,
-                                 steps=s.orl_prompts // 4, tail_migration=True)
+    orl = openrlhf_host_pipeline(ORL, args, n_engines=s.orl_engines, n_train=1,
+                                 active_engines=s.orl_active_engines, steps=s.orl_steps, tail_migration=True)
     return [verl, orl]
 
 
-def _build_orl_data(root: Path) -> dict:
+def _build_orl_data(root: Path, n_prompts: int) -> dict:
     """The OpenRLHF job's model, prompts and reward function, built by its own venv."""
     root.mkdir(parents=True, exist_ok=True)
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
@@ -128,8 +138,8 @@ def _build_orl_data(root: Path) -> dict:
             "print(json.dumps({'model': str(build_model_with_tokenizer(r / 'tiny-qwen2-tok')), "
             "'prompts': str(write_prompts(r / 'prompts.jsonl', int(sys.argv[3]))), "
             "'reward': str(write_reward_func(r / 'reward_func.py'))}))")
-    out = subprocess.run([str(ORL_PYTHON), "-c", code, str(HERE), str(root), "8"], capture_output=True, text=True,
-                         timeout=600, check=True)
+    out = subprocess.run([str(ORL_PYTHON), "-c", code, str(HERE), str(root), str(n_prompts)], capture_output=True,
+                         text=True, timeout=600, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -222,7 +232,7 @@ def run_mixed(workdir: Path, s: MixedSettings) -> MixedResult:
     workdir = Path(workdir).resolve()
     if not ORL_PYTHON.exists():
         raise FileNotFoundError(f"{ORL_PYTHON} missing: build it with `make venv-openrlhf`")
-    data = _build_orl_data(workdir / "orl-data")
+    data = _build_orl_data(workdir / "orl-data", s.orl_prompts)
     verl_dir, orl_dir = workdir / "verl", workdir / "orl"
     prepare(verl_dir)  # the model and dataset before the clock starts
     _start_cluster(s)
@@ -230,7 +240,7 @@ def run_mixed(workdir: Path, s: MixedSettings) -> MixedResult:
         address = ray.get_runtime_context().gcs_address
         client = connect_coordinator(name=COORDINATOR, namespace=NAMESPACE, devices=s.pool_devices,
                                      policy=s.policy)
-        verl_settings = E2ESettings(devices=1, steps=s.steps, workdir=verl_dir, pipeline=VERL, ray_address=address,
+        verl_settings = E2ESettings(devices=1, steps=s.verl_steps, workdir=verl_dir, pipeline=VERL, ray_address=address,
                                     coordinator=COORDINATOR)
         usage, load0, t0 = _Usage(), os.getloadavg(), time.monotonic()
         results: dict[str, JobResult] = {}
@@ -243,8 +253,10 @@ def run_mixed(workdir: Path, s: MixedSettings) -> MixedResult:
             results[ORL] = _run_orl(orl_args(data, orl_dir, s), orl_dir, address, s.timeout_s)
 
         threads = [threading.Thread(target=f) for f in (verl_job, orl_job)]
-        for t in threads:
-            t.start()
+        threads[0].start()
+        while threads[0].is_alive() and VERL not in client.info()["pipelines"]:
+            time.sleep(1.0)  # the OpenRLHF job starts once verl has registered (MixedSettings)
+        threads[1].start()
         for t in threads:
             t.join()
         wall = round(time.monotonic() - t0, 1)
@@ -299,9 +311,9 @@ def problems(r: MixedResult) -> list[str]:
         if job.returncode != 0:
             out.append(f"{job.name}: exit {job.returncode} (log {job.log_path})")
     grants = [e for e in r.events if e.get("hook") == "jigsaw_stage_granted"]
-    for name, want_stages in ((VERL, VERL_GRANTS), (ORL, ORL_GRANTS)):
+    for name, want_stages, steps in ((VERL, VERL_GRANTS, s.verl_steps), (ORL, ORL_GRANTS, s.orl_steps)):
         mine = [(e["step"], e["stage"]) for e in grants if e["pipeline"] == name]
-        want = [(k, st) for k in range(s.steps) for st in want_stages]
+        want = [(k, st) for k in range(steps) for st in want_stages]
         if mine != want:
             out.append(f"{name}: grants {mine}, expected {want}")
     by_grant = {(e["pipeline"], e["step"], e["stage"]): tuple(e["devices"]) for e in grants}
@@ -313,11 +325,12 @@ def problems(r: MixedResult) -> list[str]:
     verl_ends = [e for e in verl_ev if e["hook"] == "jigsaw_stage_end"]
     orl_starts = [e for e in orl_ev if e["hook"] == "jigsaw_stage_start"]
     orl_ends = [e for e in orl_ev if e["hook"] == "jigsaw_stage_end"]
-    for k in range(s.steps):
+    for k in range(s.verl_steps):
         got = {st: [e["samples"] for e in verl_ends if e["stage"] == st and e["step"] == k]
                for st in ("gen", "update_actor")}
         if got != {"gen": [4], "update_actor": [4]}:
             out.append(f"{VERL} step {k}: samples generated / trained {got}, expected 4 once each")
+    for k in range(s.orl_steps):
         got = {st: [e["samples"] for e in orl_ends if e["stage"] == st and e["step"] == k]
                for st in ("gen", "update_actor")}
         if got != {"gen": [8], "update_actor": [8]}:
@@ -363,10 +376,11 @@ def _request_problems(events: list[dict], max_new_tokens: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python integration_tests/openrlhf/mixed.py WORKDIR [POLICY] [POOL]``: one run, its checks as JSON."""
+    """``python integration_tests/openrlhf/mixed.py WORKDIR [POLICY] [POOL] [ORL_SHARE]``: one run, its checks as JSON."""
     argv = list(sys.argv[1:] if argv is None else argv)
     s = MixedSettings(policy=argv[1] if len(argv) > 1 else "jigsaw",
-                      pool_devices=int(argv[2]) if len(argv) > 2 else 2)
+                      pool_devices=int(argv[2]) if len(argv) > 2 else 2,
+                      orl_active_engines=int(argv[3]) if len(argv) > 3 else 1)
     r = run_mixed(Path(argv[0]), s)
     found = problems(r)
     print(json.dumps({"wall_s": r.wall_s, "jobs": [j.__dict__ for j in r.jobs], "peak_pss_gib": r.peak_pss_gib,
