@@ -52,7 +52,7 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
     from jigsaw_plugin.runtime.preemption_run import SPOT_DEVICE, PreemptionCase, run_case
     from jigsaw_plugin.runtime.preemption_weights import read_digests
 
-    case = PreemptionCase("test", rate_per_hour=0.0, recovery="migrate", steps=5, prompts_per_step=4,
+    case = PreemptionCase("test", rate_per_hour=0.0, recovery="migrate", steps=8, prompts_per_step=4,
                           response_len=(128, 256))
     seen: dict = {}
 

@@ -134,8 +134,8 @@ class _EmulatedTarget:
 def test_a_preempted_replicas_requests_finish_elsewhere_at_full_length(recovery):
     wl = _workload(_cluster(rate=1.0, replace_s=1.0), steps=2)
     live = LiveExecutor(wl, get_policy("verl-sync"),
-                        lambda p, devs: EmulatedEngine(COST, p.model, tp=len(devs), time_scale=0.01), 0,
-                        time_scale=0.01)
+                        lambda p, devs: EmulatedEngine(COST, p.model, tp=len(devs), time_scale=0.004), 0,
+                        time_scale=0.004)
     events = []
     live.router_listeners.append(lambda pipeline, name, **kw: events.append((name, kw)))
     target = _EmulatedTarget(live)

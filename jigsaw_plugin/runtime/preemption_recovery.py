@@ -262,6 +262,9 @@ class RayPreemptionTarget:
         return {"hit": hit, "requests": requests, "pipeline": pipeline}
 
     async def replace(self, device: int) -> tuple[list, list]:
+        # the trainer first: a sync pipeline's stage waits for it, while its rollouts have
+        # the other replicas until the fresh engine has started
+        trainers = [(name, await self.keeper.restore(name)) for name in sorted(self.keeper.preempted)]
         weights = []
         for name in self.pipelines:
             key = (name, int(device))
@@ -269,7 +272,6 @@ class RayPreemptionTarget:
                 version = await self.pool.replace(name, device, lambda e, n=name: self.weights.pull(n, e))
                 await self._check(name, int(device), version)
                 weights.append((name, version))
-        trainers = [(name, await self.keeper.restore(name)) for name in sorted(self.keeper.preempted)]
         self.ex.bring_up(device)
         return weights, trainers
 
