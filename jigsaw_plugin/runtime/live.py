@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections import Counter, defaultdict
 
 from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.snapshot import ReplicaObs
@@ -136,6 +137,9 @@ class LiveExecutor(ExecutorCore):
         self.tools = tools
         self.faults: list[dict] = []  # replicas whose engine died, in order
         self.trajectories: dict = {}  # with a stage_runner: (pipeline, step) -> {sample: trajectory}
+        # pipeline -> step -> Counter(version of each sample): the result's per-sample staleness
+        # histogram (build_result), as the simulator records it
+        self.sample_versions: dict = {p.name: defaultdict(Counter) for p in self.order}
         self.routers = {p.name: Router(on_event=self._router_event(p.name)) for p in self.order}
         self._budgets: dict = {p.name: {} for p in self.order}  # turn id -> (budget, submit time)
         # trajectories between two turns (waiting on a tool): their next turn is not submitted yet
@@ -261,6 +265,7 @@ class LiveExecutor(ExecutorCore):
             self.trajectories.setdefault((p.name, s.step), {})[i] = (prompt, context[len(prompt):], group, mask)
         router.end_trajectory(rid)
         s.min_version = min(s.min_version, version)
+        self.sample_versions[p.name][s.step][version] += 1
         self._trajectory_finished(p, s, i)
         reward_s = float(smp.reward_latency_s[i]) * self.time_scale
         if self.tools is not None and p.spec.reward.kind == "sandbox":  # the tool server's sandbox
