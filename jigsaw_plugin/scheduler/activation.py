@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import numpy as np
+
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ClassOffer", "RolloutDemand", "Activation", "rollout_demand", "trainer_classes", "trainer_devices",
@@ -83,12 +85,22 @@ class Activation:
     provision: object = field(default=None, repr=False)  # plan.capacity.Provision, where the rule ran
 
 
+_MIN_TAIL_EVIDENCE = 64  # finished turns before the step's longest is read off their quantile
+
+
 def rollout_demand(p) -> RolloutDemand:
-    """A ``PipelineView``'s demand from what it observed (its prior before anything finished)."""
+    """A ``PipelineView``'s demand from what it observed (its prior before anything finished).
+    The step's longest response: the ``1 - 1/(N+1)`` quantile of recent finished turns (the
+    expected longest of N draws) times the mean turns, at most the longest seen."""
     from jigsaw_plugin.scheduler.estimates import observed_stats
 
     stats = observed_stats(p)
-    return RolloutDemand(int(p.spec.samples_per_step), stats, float(stats["p999"]))
+    n = int(p.spec.samples_per_step)
+    tail = float(stats["p999"])
+    recent = p.history.recent_lengths() if p.history is not None and p.history.count else ()
+    if len(recent) >= _MIN_TAIL_EVIDENCE:
+        tail = min(tail, float(np.quantile(recent, 1 - 1 / (n + 1))) * max(1.0, stats["turns"]))
+    return RolloutDemand(n, stats, tail)
 
 
 def trainer_classes(state) -> tuple:
