@@ -163,3 +163,31 @@ def test_the_jigsaw_policy_keeps_training_on_the_trainer_site_and_bills_elastic_
     assert 0 < cost["elastic"]["total"] < cost["total"]
     assert cost["classes"]["remote"]["held_device_hours"] == 0.0
     assert cost["classes"]["h100"]["held_device_hours"] <= cost["classes"]["h100"]["device_hours"]
+
+
+def test_the_steps_longest_response_is_the_expected_longest_of_its_samples():
+    import numpy as np
+
+    from jigsaw_plugin.predict.history import LengthHistory
+    from jigsaw_plugin.scheduler.activation import rollout_demand
+
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=32), longest=9000.0)
+    lengths = np.arange(1, 2001) * 2  # 2 .. 4000 tokens
+    history = LengthHistory(4096)
+    for i, n in enumerate(lengths):
+        history.record_finished(0, i // 16, 0, int(n))
+    d = rollout_demand(dataclasses.replace(p, history=history))
+    n = p.spec.samples_per_step  # 512
+    assert d.tail_tokens == pytest.approx(np.quantile(lengths, 1 - 1 / (n + 1)))
+    assert d.tail_tokens < 9000.0  # below the longest seen, above most of a step's samples
+    assert rollout_demand(p).tail_tokens == 9000.0  # no evidence yet: the longest seen
+
+
+def test_one_on_demand_class_bills_the_same_either_way():
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    w = small_workload(gpus=4, pipelines=1, prompts=4, samples=4, steps=1, algorithms=("grpo",), agentic=(False,))
+    cost = Simulation(w, get_policy("jigsaw"), 0).run()["cost"]
+    assert cost["elastic"]["total"] == pytest.approx(cost["total"])
+    assert 0 < cost["classes"]["h100"]["held_device_hours"] <= cost["classes"]["h100"]["device_hours"]
