@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 
 import numpy as np
 
@@ -86,6 +88,7 @@ class RefreshPolicy:
         v = self.carry_min_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpecError("RefreshPolicy.carry_min_rows", v, "an integer >= 1")
+
         for name in ("history_fraction", "progress_fraction", "carry_drift"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
@@ -103,17 +106,52 @@ RequestRow = tuple
 _EMPTY = np.zeros(0)
 
 
+_TURN_BITS, _SAMPLE_BITS, _STEP_BITS = 12, 24, 27  # one int64 key per request turn
+
+
+def _id_keys(ids) -> np.ndarray | None:
+    """One int64 per request turn, (step, sample, turn) packed, to match rows by numpy
+    (sorting, searching) instead of hashing ``RequestId``s one by one; None where a field
+    does not fit its bits (then rows are matched by id)."""
+    n = len(ids)
+    step = np.fromiter(map(_STEP, ids), np.int64, n)
+    sample = np.fromiter(map(_SAMPLE, ids), np.int64, n)
+    turn = np.fromiter((t or 0 for t in map(_TURN, ids)), np.int64, n)
+    if n and (step.min() < 0 or sample.min() < 0 or turn.min() < 0 or step.max() >= 1 << _STEP_BITS
+              or sample.max() >= 1 << _SAMPLE_BITS or turn.max() >= 1 << _TURN_BITS):
+        return None
+    return (step << (_SAMPLE_BITS + _TURN_BITS)) | (sample << _TURN_BITS) | turn
+
+
+def _positions(keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Index in ``keys`` (sorted by ``order``) of each of ``wanted``; -1 where absent."""
+    if not len(keys) or not len(wanted):
+        return np.full(len(wanted), -1, np.int64)
+    ranked = keys[order]
+    at = np.minimum(np.searchsorted(ranked, wanted), len(keys) - 1)
+    return np.where(ranked[at] == wanted, order[at], -1)
+
+
+_STEP, _SAMPLE, _TURN = attrgetter("step"), attrgetter("sample"), attrgetter("turn")
+
+
 class _ReplicaRows:
     """One replica's rows as columns (running first), as read at ``t_read`` and carried to
     ``t``, with what the pipeline's last predictor call said of each: ``g0`` tokens so far
-    then, ``final`` predicted length (nan: not asked yet), and this round's predicted
-    remaining ``pred``. Scalars summarise them so that a round that changes nothing reads
-    no array twice: ``unseen`` (a row without a prediction), ``decoded`` (tokens generated
-    since the last predictor call)."""
+    then, ``final`` predicted length (nan: not asked yet).
 
-    __slots__ = ("version", "t", "t_read", "kv", "running", "ids", "prompt_key", "group", "turn", "step",
-                 "context", "max_tokens", "queued", "running_mask", "generated", "in_flight_read", "g0", "final",
-                 "final_eff", "pred", "alive", "carried", "drift", "unseen", "decoded", "n_decoding", "_index")
+    Rounds that change nothing touch no array: running rows all decode at one rate, so
+    decoding adds to one scalar (``_shift``: tokens per running row not yet added to
+    ``_gen``), and the replica's predicted work and longest remaining are kept as sums and
+    maxima at a reference point (``_agg``), moved by the tokens decoded since. The arrays
+    (``generated``, ``pred``) are brought up to date only when a predictor call, a
+    policy's request views or a change of the rows needs them. Scalars: ``unseen`` (a row
+    without a prediction), ``decoded`` (tokens generated since the last predictor call)."""
+
+    __slots__ = ("version", "t", "t_read", "kv", "running", "ids", "key", "_order", "prompt_key", "group", "gkey", "turn",
+                 "step", "context", "max_tokens", "queued", "running_mask", "_gen", "_shift", "_decoded_run",
+                 "in_flight_read", "g0", "final", "final_eff", "_pred", "_agg", "alive", "carried", "drift",
+                 "unseen", "decoded", "n_decoding", "_index")
 
     def __init__(self, rep, obs: ReplicaObs, t: float, old: "_ReplicaRows | None"):
         rows = rep.request_rows(t)
@@ -124,52 +162,94 @@ class _ReplicaRows:
         self.kv, self.running = obs.kv_tokens, obs.running
         self.ids = cols[0]
         self.prompt_key = cols[2]
+        self.step = np.fromiter(map(_STEP, self.ids), np.int64, n)
+        self.turn = np.fromiter((x or 0 for x in map(_TURN, self.ids)), np.int64, n)
+        self.key = _id_keys(self.ids)
+        self._order = None  # argsort of key, when first searched
         self.group = np.fromiter(cols[1], dtype=np.int64, count=n)
-        self.turn = np.fromiter((i.turn or 0 for i in cols[0]), dtype=np.int64, count=n)
-        self.step = np.fromiter((i.step for i in cols[0]), dtype=np.int64, count=n)
+        self.gkey = (self.step << 32) | self.group  # its GRPO group within the pipeline
         self.context = np.fromiter(cols[3], dtype=np.int64, count=n)
         self.max_tokens = np.fromiter(cols[5], dtype=np.int64, count=n)
         self.queued = np.fromiter(cols[7], dtype=bool, count=n)
         self.running_mask = ~self.queued
         self.n_decoding = int(self.running_mask.sum())
-        self.generated = np.fromiter(cols[4], dtype=float, count=n)
+        self._gen = np.fromiter(cols[4], dtype=float, count=n)
+        self._shift = 0.0  # decoded per running row since ``_gen`` was brought up to date
+        self._decoded_run = 0.0  # decoded per running row since read (monotone)
         self.in_flight_read = np.fromiter(cols[6], dtype=float, count=n)
         self.g0 = np.full(n, math.nan)
         self.final = np.full(n, math.nan)
-        self.pred = _EMPTY
+        self._pred = None  # this round's predicted remaining, when brought up to date
+        self._agg = None
         self.alive = None  # all rows (a carried replica marks the finished ones)
         self.carried = False  # carried across a version change (rows not read since)
         self.drift = 0  # requests that finished, arrived or left since the rows were read
         self._index = None
         if old is not None and len(old.ids) and n:
             # what the last predictor call said of the requests this replica still holds
-            where = dict(zip(old.ids, range(len(old.ids))))
-            idx = np.fromiter((where.get(i, -1) for i in self.ids), dtype=np.int64, count=n)
+            if self.key is not None and old.key is not None:
+                idx = _positions(old.key, old.order(), self.key)
+            else:
+                where = dict(zip(old.ids, range(len(old.ids))))
+                idx = np.fromiter((where.get(i, -1) for i in self.ids), dtype=np.int64, count=n)
             hit = idx >= 0
             self.g0[hit] = old.g0[idx[hit]]
             self.final[hit] = old.final[idx[hit]]
         self.unseen = bool(np.isnan(self.final).any())
-        self.decoded = float(np.nansum(self.generated - self.g0)) if n and not self.unseen else 0.0
+        self.decoded = float(np.nansum(self._gen - self.g0)) if n else 0.0  # rows asked before
         self._final_changed()
+
+    def order(self) -> np.ndarray:
+        if self._order is None:
+            self._order = np.argsort(self.key, kind="stable")
+        return self._order
+
+    @property
+    def generated(self) -> np.ndarray:
+        """Tokens so far (fractional: running rows advance by the engine's KV growth)."""
+        if self._shift:
+            np.add(self._gen, self._shift, out=self._gen, where=self.running_mask)
+            self._shift = 0.0
+        return self._gen
 
     def _final_changed(self) -> None:
         # a row predicted to run to its budget cannot outlive its prediction
         self.final_eff = np.where(self.final >= self.max_tokens, np.inf, self.final)
         if self.alive is not None:
             self.final_eff[~self.alive] = np.inf
+        self._pred, self._agg = None, None
 
     def predicted_now(self, pred: np.ndarray) -> None:
         """The predictor answered for these rows as they are now."""
-        self.pred = pred
         self.g0 = self.generated.copy()
         self.final = self.g0 + pred
         self.unseen, self.decoded = False, 0.0
         self._final_changed()
+        self._pred = pred
+
+    def predicted_rows(self, rows: np.ndarray, pred: np.ndarray) -> None:
+        """The predictor answered for the rows ``rows`` (a mask) as they are now."""
+        g = self.generated
+        self.g0[rows] = g[rows]
+        self.final[rows] = g[rows] + pred
+        final = self.final if self.alive is None else self.final[self.alive]
+        self.unseen = bool(np.isnan(final).any())
+        self.decoded = float(np.nansum(g - self.g0))
+        self._final_changed()
+
+    def unseen_groups(self) -> np.ndarray:
+        """Group keys of its live rows the predictor has not seen."""
+        rows = np.isnan(self.final)
+        if self.alive is not None:
+            rows &= self.alive
+        return self.gkey[rows]
 
     def _decode(self, d: float, t: float) -> None:
         if d > 0 and self.n_decoding:
-            np.add(self.generated, d, out=self.generated, where=self.running_mask)
+            self._shift += d
+            self._decoded_run += d
             self.decoded += d * self.n_decoding
+            self._pred = None
         self.t = t
 
     def advance(self, obs: ReplicaObs, t: float) -> None:
@@ -181,34 +261,45 @@ class _ReplicaRows:
         self._decode(d, t)
         self.kv = obs.kv_tokens
 
-    def carry(self, obs: ReplicaObs, t: float, version, finished: list, policy: "RefreshPolicy") -> bool:
+    def carry(self, obs: ReplicaObs, t: float, version, gone: np.ndarray, policy: "RefreshPolicy") -> bool:
         """The replica's requests changed (``version``) but few did: keep the rows without
         reading them, drop the ones that finished (the executor reports each), advance the
         running ones at the engine's observed step time. False: read them again (small
-        replica, or more than ``policy.carry_drift`` of its rows changed since read)."""
+        replica, or more than ``policy.carry_drift`` of its rows changed since read).
+        ``gone``: its rows that finished (``rows_of``)."""
         n = len(self.ids)
         if n < policy.carry_min_rows or t < self.t:
             return False
-        if self._index is None:
-            self._index = dict(zip(self.ids, range(n)))
-        index = self._index
-        gone = [index[i] for i in finished if i in index]
-        if gone:
+        if len(gone):
             if self.alive is None:
                 self.alive = np.ones(n, dtype=bool)
-            gone = np.asarray(gone)
             gone = gone[self.alive[gone]]
+        if len(gone):
+            self.generated  # noqa: B018 - bring running rows up to date before the mask changes
             self.alive[gone] = False
             self.running_mask[gone] = False
             self.final_eff[gone] = np.inf
             self.n_decoding = int(self.running_mask.sum())
             self.drift += len(gone)
+            self._pred, self._agg = None, None
         live = n if self.alive is None else int(self.alive.sum())
         if self.drift + abs(obs.running + obs.queued - live) > policy.carry_drift * n:
             return False
         self._decode((t - self.t) / obs.step_s if obs.step_s > 0 else 0.0, t)
         self.kv, self.running, self.version, self.carried = obs.kv_tokens, obs.running, version, True
         return True
+
+    def rows_of(self, finished: list, keys: np.ndarray | None) -> np.ndarray:
+        """Row indices of the request ids ``finished`` (``keys``: their ``_id_keys``) it holds."""
+        if not finished or not len(self.ids):
+            return np.zeros(0, np.int64)
+        if self.key is not None and keys is not None:
+            at = _positions(self.key, self.order(), keys)
+            return at[at >= 0]
+        if self._index is None:
+            self._index = dict(zip(self.ids, range(len(self.ids))))
+        index = self._index
+        return np.asarray([index[i] for i in finished if i in index], np.int64)
 
     def whole_generated(self) -> np.ndarray:
         """Tokens so far as the engine counts them (whole tokens)."""
@@ -217,20 +308,67 @@ class _ReplicaRows:
     def in_flight_s(self) -> np.ndarray:
         return self.in_flight_read + (self.t - self.t_read)
 
+    def _aggregate(self) -> tuple:
+        """(decoded per running row then, queued work, longest queued, running work,
+        longest running, least slack of a running row to its predicted final, running
+        rows, least slack of a queued row), from the arrays as they are now."""
+        g = self.generated
+        pred = self.pred
+        alive = self.alive
+        run = self.running_mask
+        waiting = self.queued if alive is None else self.queued & alive
+        q, r = pred[waiting], pred[run]
+        slack_r = self.final_eff[run] - g[run]
+        slack_q = self.final_eff[waiting] - g[waiting]
+        return (self._decoded_run, float(q.sum()), float(q.max()) if len(q) else 0.0, float(r.sum()),
+                float(r.max()) if len(r) else 0.0, float(slack_r.min()) if len(r) else math.inf, len(r),
+                float(slack_q.min()) if len(q) else math.inf)
+
+    def _slack(self) -> tuple[float, tuple]:
+        """(least slack of a running row to its predicted final now, the aggregates)."""
+        if self._agg is None:
+            self._agg = self._aggregate()
+        agg = self._agg
+        return agg[5] - (self._decoded_run - agg[0]), agg
+
     def outlived(self) -> bool:
         """A row generated past its predicted final length with budget left."""
-        return len(self.ids) > 0 and float((self.final_eff - self.generated).min()) <= 0.0
+        if not len(self.ids):
+            return False
+        slack, agg = self._slack()
+        return min(slack, agg[7]) <= 0.0
 
-    def extrapolate(self) -> None:
+    def work_and_left(self) -> tuple[float, float] | None:
+        """(predicted tokens still to generate, predicted longest remaining): the sums and
+        maxima of ``pred`` without building it, while every running row is at least a
+        token short of its predicted final (where the clip at one token cannot bind);
+        None when one is not (then ``work_and_left_of``)."""
+        if not len(self.ids):
+            return 0.0, 0.0
+        slack, agg = self._slack()
+        if agg[6] and slack < 1.0:
+            return None  # read ``pred`` (see ``work_and_left_of``)
+        moved = self._decoded_run - agg[0]
+        return agg[1] + agg[3] - agg[6] * moved, max(agg[2], agg[4] - moved if agg[6] else 0.0)
+
+    def work_and_left_of(self) -> tuple[float, float]:
+        """``work_and_left`` from the ``pred`` array (a row within a token of its final)."""
+        pred = self.pred
+        return float(pred.sum()), float(pred.max())
+
+    @property
+    def pred(self) -> np.ndarray:
         """Predicted remaining from the cached final length, less what has been generated
         since (at least one token while the budget lasts, as the predictor's own answers;
         none for a carried row that finished). ``final`` never exceeds the budget."""
-        g = self.generated
-        pred = np.subtract(self.final, g)
-        np.maximum(pred, np.minimum(1.0, self.max_tokens - g), out=pred)
-        if self.alive is not None:
-            pred[~self.alive] = 0.0
-        self.pred = pred
+        if self._pred is None:
+            g = self.generated
+            pred = np.subtract(self.final, g)
+            np.maximum(pred, np.minimum(1.0, self.max_tokens - g), out=pred)
+            if self.alive is not None:
+                pred[~self.alive] = 0.0
+            self._pred = pred
+        return self._pred
 
     def views(self, replica: int) -> tuple:
         return tuple(map(RequestView, self.ids, self.group.tolist(), self.prompt_key, self.context.tolist(),
@@ -239,17 +377,29 @@ class _ReplicaRows:
                          self.pred.tolist()))
 
 
-def _batch(parts: list, replica_ids: list) -> RequestBatch:
-    """The pipeline's rows as one ``RequestBatch`` (what the predictor reads)."""
+def _batch(parts: list, replica_ids: list, rows: list | None = None) -> RequestBatch:
+    """The pipeline's rows as one ``RequestBatch`` (what the predictor reads); ``rows``:
+    a mask per part (those rows only)."""
     cat = np.concatenate
-    sizes = [len(r.ids) for r in parts]
+    if rows is None:
+        pick = [slice(None)] * len(parts)
+        sizes = [len(r.ids) for r in parts]
+        ids = tuple(i for r in parts for i in r.ids)
+        keys = tuple(k for r in parts for k in r.prompt_key)
+    else:
+        pick = rows
+        sizes = [int(m.sum()) for m in rows]
+        ids = tuple(i for r, m in zip(parts, rows) for i in compress(r.ids, m))
+        keys = tuple(k for r, m in zip(parts, rows) for k in compress(r.prompt_key, m))
     return RequestBatch(
-        ids=tuple(i for r in parts for i in r.ids),
-        group=cat([r.group for r in parts]), turn=cat([r.turn for r in parts]), step=cat([r.step for r in parts]),
-        generated=cat([r.whole_generated() for r in parts]).astype(np.int64),
-        max_tokens=cat([r.max_tokens for r in parts]), context_tokens=cat([r.context for r in parts]),
-        in_flight_s=cat([r.in_flight_s() for r in parts]), replica=np.repeat(np.asarray(replica_ids, np.int64), sizes),
-        queued=cat([r.queued for r in parts]), prompt_key=tuple(k for r in parts for k in r.prompt_key),
+        ids=ids, group=cat([r.group[m] for r, m in zip(parts, pick)]),
+        turn=cat([r.turn[m] for r, m in zip(parts, pick)]), step=cat([r.step[m] for r, m in zip(parts, pick)]),
+        generated=cat([r.whole_generated()[m] for r, m in zip(parts, pick)]).astype(np.int64),
+        max_tokens=cat([r.max_tokens[m] for r, m in zip(parts, pick)]),
+        context_tokens=cat([r.context[m] for r, m in zip(parts, pick)]),
+        in_flight_s=cat([r.in_flight_s()[m] for r, m in zip(parts, pick)]),
+        replica=np.repeat(np.asarray(replica_ids, np.int64), sizes),
+        queued=cat([r.queued[m] for r, m in zip(parts, pick)]), prompt_key=keys,
     )
 
 
@@ -261,19 +411,24 @@ class _PipelineCache:
         self.rows: dict[int, _ReplicaRows] = {}  # replica -> its rows
         self.history_count = -1
         self.work0 = 0.0  # predicted remaining tokens at the last call
-        self.finished: list = []  # request ids that finished since the last gather
+        self.finished: dict = {}  # replica (None: not said) -> request ids finished since the last gather
+        self.n_finished = 0
+        self.changed_groups: list = []  # group keys with a request finished since last asked
         self.rows_total = 0  # rows held at the last gather
 
 
-def note_finished(caches: dict, pipeline: str, request_id) -> None:
-    """The executor's report that a request's turn ended (carried rows drop it)."""
+def note_finished(caches: dict, pipeline: str, request_id, replica: int | None = None) -> None:
+    """The executor's report that a request's turn ended on ``replica`` (None: not said;
+    then every replica's rows are searched for it): carried rows drop it, and its GRPO
+    group is asked again with the pipeline's next predictor call."""
     entry = caches.get(pipeline)
     if entry is None or not entry[2].rows:
         return  # nothing carried to drop it from
     cache = entry[2]
-    cache.finished.append(request_id)
-    if len(cache.finished) > cache.rows_total:  # not read for long: read again, keep memory flat
-        cache.rows, cache.finished = {}, []
+    cache.finished.setdefault(replica, []).append(request_id)
+    cache.n_finished += 1
+    if cache.n_finished > cache.rows_total:  # not read for long: read again, keep memory flat
+        cache.rows, cache.finished, cache.n_finished, cache.changed_groups = {}, {}, 0, []
 
 
 class _PipelineRequests:
@@ -297,67 +452,155 @@ class _PipelineRequests:
         t0 = self._ex.clock()
         p, t, cache, refresh = self._p, self._t, self._cache, self._refresh
         rows: dict[int, _ReplicaRows] = {}
-        finished, cache.finished = cache.finished, []
+        finished, cache.finished, cache.n_finished = cache.finished, {}, 0
+        unplaced = finished.pop(None, [])  # finished on a replica the executor did not say
+        unplaced_keys = _id_keys(unplaced) if unplaced else None
         for rep in p.replicas:
             obs = self._obs.get(rep.id) or rep.observe(t)
             r = cache.rows.get(rep.id)
+            gone = ()
+            if r is not None:
+                mine = finished.get(rep.id)
+                if mine:
+                    gone = r.rows_of(mine, _id_keys(mine))
+                if unplaced:
+                    more = r.rows_of(unplaced, unplaced_keys)
+                    gone = np.concatenate((gone, more)) if len(gone) else more
+            if len(gone):  # their siblings' evidence changed: asked again with the next call
+                cache.changed_groups.append(r.gkey[gone])
             version = getattr(rep, "version", None)
             if refresh.exact or r is None or version is None or t < r.t:
                 r = self._read(rep, obs, r)
             elif r.version == version:
                 r.advance(obs, t)
-            elif not r.carry(obs, t, version, finished, refresh):
+            elif not r.carry(obs, t, version, gone, refresh):
                 r = self._read(rep, obs, r)
             rows[rep.id] = r
         cache.rows = self._rows = rows
         parts = [r for r in rows.values() if len(r.ids)]
         cache.rows_total = sum(len(r.ids) for r in parts)
-        if parts and (refresh.exact or self._stale(p, cache, parts)):
-            self._predict_all()
-        else:
-            for r in parts:
-                r.extrapolate()
+        if parts:
+            due, unseen = (True, False) if refresh.exact else self._stale(p, cache, parts)
+            if due:
+                self._predict_all()
+            elif unseen:
+                self._predict_groups()
+            for r in self._rows.values():
+                if len(r.ids):
+                    r.outlived()  # its aggregates, here rather than at the policy's first read
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
 
     def _predict_all(self) -> None:
-        """Read carried rows, then one predictor call for the whole pipeline."""
+        """One predictor call for the whole pipeline: every live row, carried rows as they
+        were carried (within ``carry_drift`` of a read)."""
         p, cache = self._p, self._cache
-        for rep in p.replicas:
-            r = self._rows[rep.id]
-            if r.carried:
-                self._rows[rep.id] = self._read(rep, self._obs.get(rep.id) or rep.observe(self._t), r)
-        cache.rows = self._rows
         ids = [i for i, r in self._rows.items() if len(r.ids)]
         parts = [self._rows[i] for i in ids]
         if not parts:
             return
-        pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s)
+        if all(r.alive is None for r in parts):
+            pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s)
+            at = 0
+            for r in parts:
+                k = len(r.ids)
+                r.predicted_now(pred[at:at + k])
+                at += k
+        else:
+            rows = [np.ones(len(r.ids), bool) if r.alive is None else r.alive.copy() for r in parts]
+            pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s)
+            at = 0
+            for r, m in zip(parts, rows):
+                k = int(m.sum())
+                r.predicted_rows(m, pred[at:at + k])
+                at += k
+        cache.changed_groups = []
         cache.history_count = p.history.count
         cache.work0 = float(pred.sum())
+
+    def _predict_groups(self) -> None:
+        """One predictor call for the GRPO groups holding a request it has not seen (a new
+        turn, a migrated request) or one that finished since they were asked, with their
+        live siblings on every replica (the evidence of each other), rows as they are: the
+        rest keep their predictions."""
+        ids = [i for i, r in self._rows.items() if len(r.ids)]
+        parts = [self._rows[i] for i in ids]
+        cache = self._cache
+        dirty = np.unique(np.concatenate([r.unseen_groups() for r in parts if r.unseen] + cache.changed_groups))
+        cache.changed_groups = []
+        picked = []
+        for i, r in zip(ids, parts):
+            rows = np.isin(r.gkey, dirty)
+            if r.alive is not None:
+                rows &= r.alive
+            if rows.any() or r.unseen:
+                picked.append((i, r, rows))
+        asked = [(i, r, m) for i, r, m in picked if m.any()]
+        if not asked:
+            for _, r, rows in picked:
+                r.predicted_rows(rows, _EMPTY)
+            return
+        pred = self._ex.predict_remaining(self._p, _batch([r for _, r, _ in asked], [i for i, _, _ in asked],
+                                                          [m for _, _, m in asked]), self._step_s)
         at = 0
-        for r in parts:
-            k = len(r.ids)
-            r.predicted_now(pred[at:at + k])
+        for _, r, rows in picked:
+            k = int(rows.sum())
+            r.predicted_rows(rows, pred[at:at + k])
             at += k
+        if at == sum(len(r.ids) if r.alive is None else int(r.alive.sum()) for r in parts):
+            # every live row asked: as a whole-pipeline call (a new step)
+            self._cache.history_count = self._p.history.count
+            self._cache.work0 = float(pred.sum())
 
-    def _stale(self, p, cache: _PipelineCache, parts: list) -> bool:
-        decoded = 0.0
+    @staticmethod
+    def _work(parts: list) -> float:
+        """Predicted tokens still to generate by the pipeline's rows (after a read, before
+        predicting new rows: the work of the rows asked before)."""
+        total = 0.0
         for r in parts:
-            if r.unseen:
-                return True  # a request the predictor has not seen
-            if r.outlived():
-                return True
-            decoded += r.decoded
-        if decoded > self._refresh.progress_fraction * max(cache.work0, 1.0):
-            return True
-        count = p.history.count
-        return count >= cache.history_count + max(1, int(cache.history_count * self._refresh.history_fraction))
+            w = r.work_and_left() if not r.unseen else None
+            total += w[0] if w is not None else float(np.nansum(r.pred))
+        return total
 
-    def predicted(self, replica: int) -> np.ndarray:
+    def _stale(self, p, cache: _PipelineCache, parts: list) -> tuple[bool, bool]:
+        """(due: the whole pipeline is asked again, by an outlived row, progress or
+        history, see ``RefreshPolicy``; unseen: a request the predictor has not seen,
+        whose groups alone are asked)."""
+        unseen = any(r.unseen for r in parts)
+        if any(r.outlived() for r in parts):
+            return True, unseen
+        # decoded since asked against the work predicted now: a rollout tail, whose work
+        # shrank since the last whole-pipeline call, is asked again as often as its size says
+        decoded = sum(r.decoded for r in parts)
+        if decoded > self._refresh.progress_fraction * max(min(cache.work0, self._work(parts)), 1.0):
+            return True, unseen
+        count = p.history.count
+        return count >= cache.history_count + max(1, int(cache.history_count * self._refresh.history_fraction)), unseen
+
+    def _replica_rows(self, replica: int) -> "_ReplicaRows | None":
         if self._rows is None:
             self._gather()
         r = self._rows.get(replica)
-        return r.pred if r is not None and len(r.ids) else _EMPTY
+        return r if r is not None and len(r.ids) else None
+
+    def predicted(self, replica: int) -> np.ndarray:
+        r = self._replica_rows(replica)
+        if r is None:
+            return _EMPTY
+        t0 = self._ex.clock()
+        out = r.pred
+        self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
+        return out
+
+    def work_and_left(self, replica: int) -> tuple[float, float]:
+        r = self._replica_rows(replica)
+        if r is None:
+            return 0.0, 0.0
+        out = r.work_and_left()  # a few float operations: counted with the policy's time
+        if out is None:
+            t0 = self._ex.clock()
+            out = r.work_and_left_of()
+            self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
+        return out
 
     def views(self, replica: int) -> tuple:
         if self._rows is None:
@@ -371,10 +614,7 @@ class _PipelineRequests:
             r = self._rows[replica] = self._cache.rows[replica] = \
                 self._read(rep, self._obs.get(replica) or rep.observe(self._t), r)
             if r.unseen:
-                self._predict_all()  # a request the predictor has not seen
-                r = self._rows[replica]
-            else:
-                r.extrapolate()
+                self._predict_groups()  # a request the predictor has not seen
         out = r.views(replica)
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
         return out
@@ -388,6 +628,10 @@ class _ReplicaSource:
 
     def predicted(self) -> np.ndarray:
         return self._reqs.predicted(self._id)
+
+    def work_and_left(self) -> tuple[float, float]:
+        """(predicted tokens still to generate, predicted longest remaining)."""
+        return self._reqs.work_and_left(self._id)
 
     def views(self) -> tuple:
         return self._reqs.views(self._id)

@@ -108,7 +108,8 @@ class ReplicaView:
     step_s: float  # the current decode step time (observed tokens/s of the batch)
     stall_s: float  # prefill or weight load still ahead of decoding
     # the executor's lazy source of this replica's requests and their predictions:
-    # ``views() -> tuple[RequestView]``, ``predicted() -> np.ndarray`` (remaining tokens)
+    # ``views() -> tuple[RequestView]``, ``predicted() -> np.ndarray`` (remaining tokens),
+    # optionally ``work_and_left() -> (sum, max)`` of the latter without building it
     _source: Any = field(repr=False, compare=False, default=None)
 
     @property
@@ -125,16 +126,25 @@ class ReplicaView:
         return tuple(self._source.views()) if self._source is not None else ()
 
     @cached_property
+    def _work_and_left(self) -> tuple[float, float]:
+        # (work, longest): the source keeps both as running sums where it can
+        src = self._source
+        if src is None:
+            return 0.0, 0.0
+        if hasattr(src, "work_and_left"):
+            return src.work_and_left()
+        pred = src.predicted()
+        return (float(pred.sum()), float(pred.max())) if len(pred) else (0.0, 0.0)
+
+    @property
     def predicted_tokens_left(self) -> float:
         """Decode steps until the predicted longest request ends."""
-        pred = self._source.predicted() if self._source is not None else ()
-        return float(pred.max()) if len(pred) else 0.0
+        return self._work_and_left[1]
 
-    @cached_property
+    @property
     def predicted_work_tokens(self) -> float:
         """Predicted tokens still to generate by all of its requests."""
-        pred = self._source.predicted() if self._source is not None else ()
-        return float(pred.sum()) if len(pred) else 0.0
+        return self._work_and_left[0]
 
     def predicted_drain_s(self) -> float:
         """Projected time until it is empty: the longer of its predicted longest request and

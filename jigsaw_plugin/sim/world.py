@@ -365,7 +365,7 @@ class World(ExecutorCore):
     def _turn_done(self, p: PipelineRun, r: Request, rep: Replica) -> None:
         s = p.steps[r.step]
         smp = s.samples
-        self._turn_finished(p, r.id, r.target)
+        self._turn_finished(p, r.id, r.target, rep.id)
         if self.record_requests:
             self._emit("jigsaw_request_finished", pipeline=p.name, step=r.step, request_id=r.rid,
                        turn=r.turn, replica=rep.id, generated_tokens=r.target, t=self.t)
