@@ -425,7 +425,7 @@ def _what_would_pay(data: dict, agent: str) -> list[str]:
     out = [f"**Where `{agent}`'s time went under jigsaw.** Its mean step took {step_c:.1f} s: gen "
            f"{cand.get('gen', 0):.1f} s (verl-sync {base.get('gen', 0):.1f} s), training stages {train_c:.1f} s "
            f"(verl-sync on one core {train_b:.1f} s). "
-           + (f"Its rollout ran on {n_rollout} devices (rollout seconds per device: "
+           + (f"Its rollout ran on {n_rollout} device{'s' if n_rollout != 1 else ''} (rollout seconds per device: "
               + ", ".join(f"{d}: {v:.1f}" for d, v in second.items()) + "). " if dev else "")
            + f"Each step's slowest trajectory waits {waits} on its tool calls and its sandboxed "
            f"reward (the workload's own draws, the same for every policy) and decodes {tokens:.0f} tokens (mean) "
@@ -434,6 +434,12 @@ def _what_would_pay(data: dict, agent: str) -> list[str]:
     if dev:
         out[-1] += (" Devices left idle under jigsaw (seconds of the makespan): "
                     + ", ".join(f"{d}: {v:.1f}" for d, v in idle.items()) + ".")
+    others = [n for n in r["stage_s"]["baseline"] if n != agent]
+    if others:  # what lending the second core cost the other pipeline
+        out[-1] += (" The other pipeline's mean step, verl-sync / jigsaw: "
+                    + ", ".join(f"`{n}` {sum(v for v in r['stage_s']['baseline'][n].values() if v):.1f} s / "
+                                f"{sum(v for v in r['stage_s']['candidate'][n].values() if v):.1f} s" for n in others)
+                    + ".")
     speedup = train_b / train_c if train_c else 0.0
     wide = sum(1 for row in dev.values() if row.get(f"{agent} train", 0.0) > 0) > 1 if dev else train_c < train_b
     out += ["", f"**What would pay.** Training: jigsaw "
