@@ -72,7 +72,12 @@ def _row(r) -> dict:
     }
 
 
-async def _measure(args, seed: int, log=print) -> list:
+def _save(runs: list, pred: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"runs": runs, "prediction": pred}, indent=1))
+
+
+async def _measure(args, seed: int, log=print, saved=()) -> list:
     import ray
 
     from jigsaw_plugin.runtime.preemption_run import make_pool, run_case
@@ -89,6 +94,7 @@ async def _measure(args, seed: int, log=print) -> list:
             r = await run_case(case, pool, model, workdir=Path(args.workdir) / f"seed{seed}" / case.label.replace(" ", "-"))
             row = dict(_row(r), load_before=load, load_after=os.getloadavg(), utc=time.strftime("%H:%M", time.gmtime()))
             rows.append(row)
+            _save(list(saved) + rows, {})  # a run cut short keeps the cases it finished
             log(f"{case.label:>18}: {r.samples_per_s:.3f} samples/s, {r.wall_s:.1f} s, "
                 f"{len(r.preemptions)} preemptions {[p.hit for p in r.preemptions]}, "
                 f"{len(r.migrated)} resumed (tokens kept {sum(r.migrated)}), {len(r.restarted)} restarted "
@@ -216,10 +222,9 @@ def main(argv=None) -> int:
     runs = list(old)
     if not args.render:
         seed = args.seed if args.seed is not None else (max((r["seed"] for r in old), default=-1) + 1)
-        runs += asyncio.run(_measure(args, seed))
+        runs += asyncio.run(_measure(args, seed, saved=old))
     pred = predict(runs)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": runs, "prediction": pred}, indent=1))
+    _save(runs, pred)
     command = "flock /tmp/jigsaw-real.lock .venv-cpu/bin/python benchmarks/preemption_ray.py [--append]"
     text = render(runs, pred, command)
     print(text)
