@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress
 from operator import attrgetter
 
 import numpy as np
@@ -384,13 +384,13 @@ def _batch(parts: list, replica_ids: list, rows: list | None = None) -> RequestB
     if rows is None:
         pick = [slice(None)] * len(parts)
         sizes = [len(r.ids) for r in parts]
-        ids = tuple(i for r in parts for i in r.ids)
-        keys = tuple(k for r in parts for k in r.prompt_key)
+        ids = tuple(chain.from_iterable(r.ids for r in parts))
+        keys = tuple(chain.from_iterable(r.prompt_key for r in parts))
     else:
         pick = rows
         sizes = [int(m.sum()) for m in rows]
-        ids = tuple(i for r, m in zip(parts, rows) for i in compress(r.ids, m))
-        keys = tuple(k for r, m in zip(parts, rows) for k in compress(r.prompt_key, m))
+        ids = tuple(chain.from_iterable(compress(r.ids, m) for r, m in zip(parts, rows)))
+        keys = tuple(chain.from_iterable(compress(r.prompt_key, m) for r, m in zip(parts, rows)))
     return RequestBatch(
         ids=ids, group=cat([r.group[m] for r, m in zip(parts, pick)]),
         turn=cat([r.turn[m] for r, m in zip(parts, pick)]), step=cat([r.step[m] for r, m in zip(parts, pick)]),

@@ -65,7 +65,7 @@ class RequestBatch:
             return cls(np.asarray(requests.step, np.int64), np.asarray(requests.group, np.int64),
                        np.asarray(requests.turn, np.int64), np.asarray(requests.generated, np.float64),
                        np.asarray(requests.max_tokens, np.float64),
-                       keys if any(k is not None for k in keys) else None)
+                       keys if keys.count(None) < len(keys) else None)  # C-level: thousands a call
         n = len(requests)
         ids = list(map(_ID, requests))
         step = np.fromiter(map(_STEP, ids), np.int64, n)
