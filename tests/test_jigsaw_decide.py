@@ -229,3 +229,30 @@ def test_a_large_rollout_borrows_replicas_beyond_its_home():
     out = get_policy("jigsaw", migration=False, borrow=False).decide(st)
     devs = {d for x in out if isinstance(x, LaunchReplica) and x.pipeline == "p0" for d in x.devices}
     assert devs and not devs & {4, 5, 6, 7}
+
+
+def test_apportion_and_assign_move_devices_to_the_pipeline_with_more_work_left():
+    from jigsaw_plugin.scheduler.jigsaw import apportion, assign_devices
+
+    counts = apportion({"a": 300.0, "b": 100.0}, {"a": 2, "b": 2}, 8)
+    assert counts == {"a": 6, "b": 2}
+    shares = assign_devices({"a": (0, 1, 2, 3), "b": (4, 5, 6, 7)}, counts, [0] * 8)
+    assert shares == {"a": (0, 1, 2, 3, 6, 7), "b": (4, 5)}
+    # a finished pipeline (no work, no floor) gives up everything
+    assert apportion({"a": 5.0, "b": 0.0}, {"a": 2, "b": 0}, 8) == {"a": 8, "b": 0}
+
+
+def test_balance_gives_a_ready_stage_the_devices_of_a_pipeline_near_its_end():
+    # p1 is on its last step, in a short predicted tail on device 4 (so without balance its
+    # free devices are not lent: it wants them back for its training soon); p0 has its whole
+    # run ahead: with makespan-aware shares some of p1's devices become p0's home
+    last = SPECS[1].steps - 1
+    tail = [replica("p1", 5, (4,), generated=[300], predicted=[5])]
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=last + 1, train_next=last, generating=True,
+                  steps={last: step(last, done=31)})
+    st = state([p0, p1], busy=_busy_with_replicas([p1]))
+    off = [d for d in get_policy("jigsaw", migration=False, balance=False).decide(st) if isinstance(d, RunStage)]
+    on = [d for d in get_policy("jigsaw", migration=False, balance=True, min_share=0.5).decide(st) if isinstance(d, RunStage)]
+    assert off and set(off[0].devices) == {0, 1, 2, 3}
+    assert on and {0, 1, 2, 3} < set(on[0].devices) and 4 not in on[0].devices

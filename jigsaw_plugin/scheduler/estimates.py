@@ -12,7 +12,7 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "train_estimate_s",
+__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "train_estimate_s",
            "balanced_split"]
 
 
@@ -57,6 +57,13 @@ def observed_stats(pipeline) -> dict:
 
 def gen_estimate_s(pipeline, cost, devices: int, stats: dict | None = None) -> float:
     """Generation time of one step on ``devices``: batched bulk plus the longest response."""
+    bulk, tail = gen_parts_s(pipeline, cost, devices, stats)
+    return max(bulk, tail) + 0.3 * min(bulk, tail)
+
+
+def gen_parts_s(pipeline, cost, devices: int, stats: dict | None = None) -> tuple[float, float]:
+    """One step's generation on ``devices`` as (bulk, tail) seconds: the batched bulk, which
+    shrinks with more replicas, and the longest response decoded alone, which does not."""
     spec, model = pipeline.spec, pipeline.model
     st = stats or length_stats(spec)
     tp = rollout_tp(pipeline, cost)
@@ -67,7 +74,7 @@ def gen_estimate_s(pipeline, cost, devices: int, stats: dict | None = None) -> f
     step = cost.decode_step_s(model, tp, int(batch), batch * st["context"] / 2)
     bulk = n * st["response"] / replicas / batch * step
     tail = st["p999"] * cost.decode_step_s(model, tp, 1, st["context"])
-    return max(bulk, tail) + 0.3 * min(bulk, tail)
+    return bulk, tail
 
 
 def train_estimate_s(pipeline, cost, devices: int, stats: dict | None = None) -> float:

@@ -26,6 +26,13 @@ runs much slower than on its static share; every device its owner is not using i
   sibling's slowdown, and its pipeline's projected completion allows the stretch;
   a tail is re-sharded onto a wider replica, on any node with free devices, only when its
   pipeline is on the job set's critical path;
+- makespan-aware shares (``balance``, off by default): each round the homes are
+  re-apportioned so the unfinished pipelines are projected to finish together (work that
+  spreads over devices plus each step's longest response, which does not), so freed
+  devices go to the pipeline whose completion is furthest out;
+- heterogeneous pools (``cost_aware``): rollout replicas on the cheapest devices per
+  token that keep the learner fed within the staleness bound, training on the trainer's
+  site (scheduler/activation.py);
 - look-ahead: a ready stage weighs ``width`` candidate plans (start now and grow at
   micro-batch boundaries as home devices free, or wait for the i-th) by projected end.
 """
@@ -36,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES
+from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import (
     LaunchReplica,
@@ -48,6 +56,7 @@ from jigsaw_plugin.scheduler.decisions import (
 from jigsaw_plugin.scheduler.estimates import (
     balanced_split,
     gen_estimate_s,
+    gen_parts_s,
     observed_stats,
     rollout_tp,
     train_estimate_s,
@@ -73,6 +82,14 @@ class JigsawConfig:
     # running stages grow onto lent devices at micro-batch boundaries; owners reclaim. Off by
     # default: on the bundled workloads it gained 1% on (a), lost 1.5% on (d) and 15% on (c)
     loans: bool = False
+    # makespan-aware shares: each round, the pool is re-apportioned among the unfinished
+    # pipelines so that they are projected to finish together (their remaining work that
+    # spreads over devices, plus each step's longest response that does not), never below
+    # ``min_share`` of a static share: devices go to the pipeline whose completion is
+    # furthest out. Off by default: measured +1.8% on (a) and +2.7% on (d), -1.6% on (c)
+    # and -2.1% on (e) (docs/benchmarks.md, "with balance")
+    balance: bool = False
+    min_share: float = 0.8
     priority: bool = False  # serve the pipeline furthest from whole-run completion first (off: furthest in its step; on measured 2-5% slower on (a), so off by default)
     horizon_s: float = 600.0  # how far ahead the look-ahead projects
     width: int = 4  # candidate plans per ready stage (start now, or wait for 1..width-1 more devices)
@@ -85,6 +102,9 @@ class JigsawConfig:
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
+    # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
+    # learner fed within the staleness bound, training on the trainer's site; no-op on one class
+    cost_aware: bool = True
 
 
 @dataclass(frozen=True)
@@ -95,13 +115,76 @@ class JigsawMemo:
     owner: dict  # device -> the pipeline whose static share holds it
 
 
+def apportion(work: dict, floor: dict, total: int) -> dict:
+    """Device counts summing to ``total`` (when the floors allow): each name gets its
+    ``floor``, the rest in proportion to ``work`` above it (largest remainders; ties by
+    order). Names with no work and no floor get none."""
+    counts = dict(floor)
+    left = total - sum(counts.values())
+    want = {k: w for k, w in work.items() if w > 0}
+    if left <= 0 or not want:
+        return counts
+    whole = sum(want.values())
+    ideal = {k: total * w / whole for k, w in want.items()}
+    excess = {k: max(0.0, ideal[k] - counts[k]) for k in want}
+    ex = sum(excess.values()) or 1.0
+    share = {k: left * e / ex for k, e in excess.items()}
+    for k, v in share.items():
+        counts[k] += int(v)
+    rest = total - sum(counts.values())
+    for k in sorted(share, key=lambda k: -(share[k] - int(share[k])))[:max(0, rest)]:
+        counts[k] += 1
+    return counts
+
+
+def finish_together(left: dict, total: int) -> dict:
+    """Devices per name so that all finish at one time ``T``: a name with ``work``
+    device-seconds that spread and ``fixed`` seconds that do not finishes at
+    ``fixed + work / n`` on ``n`` devices; ``T`` is found by bisection so the counts (real
+    numbers) sum to ``total``."""
+    busy = {k: (w, f) for k, (w, f) in left.items() if w > 0}
+    if not busy:
+        return {k: 0.0 for k in left}
+    need = lambda t: sum(w / (t - f) if t > f else _INF for w, f in busy.values())
+    lo = max(f for _, f in busy.values())
+    hi = lo + sum(w for w, _ in busy.values()) / max(1, total) * 2 + 1.0
+    while need(hi) > total:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if need(mid) > total else (lo, mid)
+    return {k: (busy[k][0] / (hi - busy[k][1]) if k in busy else 0.0) for k in left}
+
+
+def assign_devices(static: dict, counts: dict, node_of: list) -> dict:
+    """Device tuples of the given ``counts``, moving as few devices from their static
+    share as possible: a pipeline over its count gives up its last static devices, one
+    under it takes free ones on the nodes it already holds first."""
+    keep = {k: list(devs[:counts.get(k, 0)]) for k, devs in static.items()}
+    taken = {d for devs in keep.values() for d in devs}
+    pool = [d for devs in static.values() for d in devs if d not in taken]
+    for k in sorted(static, key=lambda k: -(counts.get(k, 0) - len(keep[k]))):
+        need = counts.get(k, 0) - len(keep[k])
+        if need <= 0:
+            continue
+        nodes = {node_of[d] for d in keep[k]}
+        pool.sort(key=lambda d: (node_of[d] not in nodes, d))
+        keep[k] += pool[:need]
+        pool = pool[need:]
+    return {k: tuple(v) for k, v in keep.items()}
+
+
 class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
-    __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone")
+    __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
+                 "share")
 
-    def __init__(self, state):
+    def __init__(self, state, home: dict, owner: dict):
         self.state = state
+        self.home = home  # pipeline -> (rollout home, training home) this round
+        self.owner = owner  # device -> the pipeline whose home holds it this round
+        self.share = {p: tuple(dict.fromkeys(r + t)) for p, (r, t) in home.items()}  # pipeline -> its home devices
         self.free = set(state.free)
         self.need: dict[str, float] = {}  # owner -> seconds until it wants its home back
         self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
@@ -153,7 +236,8 @@ class Jigsaw(Policy):
     # ---- decisions --------------------------------------------------------------------
     def decide(self, state) -> list:
         cfg = self.config
-        rnd = _Round(state)
+        home, owner = self._homes(state)
+        rnd = _Round(state, home, owner)
         out: list = []
         self._retire_drained(rnd, out)
         if cfg.multiplex and cfg.loans and cfg.resize:
@@ -189,6 +273,38 @@ class Jigsaw(Policy):
         if cfg.multiplex and cfg.loans and cfg.resize:
             self._grow_stages(rnd, out)
         return out
+
+    # ---- makespan-aware shares ------------------------------------------------------------
+    def _homes(self, state) -> tuple[dict, dict]:
+        """This round's homes: the static shares, or (``balance``) the pool apportioned so
+        that the unfinished pipelines are projected to finish together."""
+        memo = state.memo
+        cfg = self.config
+        if not (cfg.balance and cfg.multiplex and cfg.lookahead) or cfg.split_async:
+            return memo.home, memo.owner
+        left = {p.name: self._work_left(state, p) for p in state.order}
+        floor = {p.name: 0 if p.done else max(rollout_tp(p, state.cost), math.ceil(cfg.min_share * len(p.static_devices)))
+                 for p in state.order}
+        counts = apportion(finish_together(left, state.gpus), floor, state.gpus)
+        shares = assign_devices({p.name: p.static_devices for p in state.order}, counts,
+                                [d.node for d in state.devices])
+        home = {name: (devs, devs) for name, devs in shares.items()}
+        owner = {d: name for name, devs in shares.items() for d in devs}
+        return home, owner
+
+    def _work_left(self, state, p) -> tuple[float, float]:
+        """The rest of ``p``'s run as (device-seconds that spread over devices, seconds that
+        do not), from what it has observed on its static share: training and the batched
+        bulk of generation scale with devices; each step's longest response does not. The
+        current step counts whole, so shares move at step ends, not with every request."""
+        if p.done:
+            return 0.0, 0.0
+        share = max(1, len(p.static_devices))
+        stats = observed_stats(p)
+        bulk, tail = gen_parts_s(p, state.cost, share, stats)
+        train = train_estimate_s(p, state.cost, share, stats)
+        steps = p.total_steps - p.train_next
+        return steps * (bulk + train) * share, steps * tail
 
     def _may_start_gen(self, p) -> bool:
         k = p.gen_next
@@ -339,12 +455,12 @@ class Jigsaw(Policy):
         if not self.config.multiplex:
             return []
         state = rnd.state
-        mine = set(p.static_devices)
+        mine = set(rnd.share[p.name])
         out = []
         for d in sorted(rnd.free):
             if d in mine:
                 continue
-            owner = state.memo.owner.get(d)
+            owner = rnd.owner.get(d)
             if owner is None:
                 out.append(d)
             elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
@@ -361,7 +477,7 @@ class Jigsaw(Policy):
         for o in state.order:
             if o.done or not self._wants_home_now(rnd, o):
                 continue
-            for d in o.static_devices:
+            for d in rnd.share[o.name]:
                 task = state.devices[d].task
                 if task is None or task.pipeline == o.name:
                     continue
@@ -415,7 +531,7 @@ class Jigsaw(Policy):
             base = rnd.stage_devices(p)
             if not base:
                 continue  # paused: served as a "resume" demand
-            home = set(p.static_devices)
+            home = set(rnd.share[p.name])
             own = [d for d in sorted(rnd.free) if d in home]
             g0 = len(base)
             lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1))
@@ -428,14 +544,14 @@ class Jigsaw(Policy):
             grown = switch + left * self._stage_s(state, p, rs.stage, g0 + len(add)) / rs.micro_batches
             if now - grown <= switch:
                 continue
-            rnd.resize(out, p, tuple(base) + tuple(self._affinity(state, p, add, "train")))
+            rnd.resize(out, p, tuple(base) + tuple(self._affinity(rnd, p, add, "train")))
             rnd.free.difference_update(add)
 
     def _resume_devices(self, rnd, p) -> tuple:
         rs = p.running_stage
-        own = [d for d in sorted(rnd.free) if d in set(p.static_devices)]
+        own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
         lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
-        return tuple(self._affinity(rnd.state, p, own + [d for d in lend if d not in own], "train"))
+        return tuple(self._affinity(rnd, p, own + [d for d in lend if d not in own], "train"))
 
     # ---- migration --------------------------------------------------------------------
     def _consolidate_tails(self, rnd, out) -> None:
@@ -524,13 +640,13 @@ class Jigsaw(Policy):
             ctx = sum(r.kv_tokens for rep in live for r in rep.requests)
             left = max(rep.predicted_tokens_left for rep in live)
             now_end = max(r.predicted_drain_s() for r in live)
-            pool = [d for d in state.memo.home[p.name][0] if d in rnd.free]
+            pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
                 pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
             best = None
             w = 2 * width
             while w <= min(state.gpus_per_node, self.config.max_widen):
-                devs = self._node_group(state, p, pool, w)
+                devs = self._node_group(rnd, p, pool, w)
                 if not devs:
                     break
                 switch = cost.context_switch_s(p.model, w, train_state=False)
@@ -549,8 +665,9 @@ class Jigsaw(Policy):
                 rnd.free.update(r.devices)
 
     # ---- placement --------------------------------------------------------------------
-    def _affinity(self, state, p, devices, kind) -> list:
-        home = set(state.memo.home[p.name][0 if kind == "rollout" else 1])
+    def _affinity(self, rnd, p, devices, kind) -> list:
+        state = rnd.state
+        home = set(rnd.home[p.name][0 if kind == "rollout" else 1])
 
         def key(d):
             dev = state.devices[d]
@@ -559,11 +676,12 @@ class Jigsaw(Policy):
 
         return sorted(devices, key=key)
 
-    def _node_group(self, state, p, devices, w) -> tuple:
+    def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
         preferring the pipeline's home and resident devices; () when no node has ``w``."""
         by_node: dict[int, list] = {}
-        for d in self._affinity(state, p, devices, "rollout"):
+        state = rnd.state
+        for d in self._affinity(rnd, p, devices, "rollout"):
             by_node.setdefault(state.devices[d].node, []).append(d)
         for node in sorted(by_node, key=lambda n: -len(by_node[n])):
             if len(by_node[node]) >= w:
@@ -579,11 +697,11 @@ class Jigsaw(Policy):
     def _gang(self, rnd, p) -> tuple:
         state, free = rnd.state, rnd.free
         stage = p.next_stage
-        home = state.memo.home[p.name][1]
+        home = rnd.home[p.name][1]
         home_free = [d for d in home if d in free]
         if stage == "weight_sync":
             devs = home_free or self._lendable(rnd, p, 5.0)
-            return tuple(self._affinity(state, p, devs, "train")[:1])
+            return tuple(self._affinity(rnd, p, devs, "train")[:1])
         if not self.config.resize:
             return tuple(home) if len(home_free) == len(home) else ()
         loans = self.config.loans
@@ -592,6 +710,10 @@ class Jigsaw(Policy):
         g_est = max(1, len(home))
         duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
         lent = self._lendable(rnd, p, duration)
+        if self.config.cost_aware and len(state.classes) > 1:  # training stays on the trainer's site
+            site = trainer_site(state)
+            home, lent = [d for d in home if d in site], [d for d in lent if d in site]
+            home_free = [d for d in home_free if d in site]
         now = home_free + [d for d in lent if d not in home_free]
         if not self.config.lookahead:
             return tuple(now)
@@ -618,7 +740,7 @@ class Jigsaw(Policy):
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
-        return tuple(self._affinity(state, p, now, "train"))
+        return tuple(self._affinity(rnd, p, now, "train"))
 
     def _spread_batch(self, state, p, tp: int, context: float) -> int:
         """The smallest batch at which a decoded token costs at most ``spread_cost`` x its
@@ -633,7 +755,7 @@ class Jigsaw(Policy):
     def _wanted_replicas(self, rnd, p) -> int:
         state = rnd.state
         tp = rollout_tp(p, state.cost)
-        home = state.memo.home[p.name][0]
+        home = rnd.home[p.name][0]
         if not self.config.resize:
             return max(1, len(home) // tp)
         ctx = max(1.0, p.lengths.context_tokens)
@@ -659,10 +781,12 @@ class Jigsaw(Policy):
             return []
         state, free = rnd.state, rnd.free
         tp = rollout_tp(p, state.cost)
-        home = state.memo.home[p.name][0]
+        home = rnd.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
-            home = self._affinity(state, p, p.static_devices, "rollout")
+            home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
         avail = [d for d in home if d in free]
+        if self.config.cost_aware and len(state.classes) > 1:
+            avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
             return []
         groups = [tuple(avail[i:i + tp]) for i in range(0, len(avail) - tp + 1, tp)][:want]
@@ -674,8 +798,10 @@ class Jigsaw(Policy):
                 duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
             taken = {d for g in groups for d in g}
             pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
+            if self.config.cost_aware and len(state.classes) > 1:
+                pool = [d for d in activate(state, p, [*taken, *pool], tp).devices if d not in taken]
             while len(groups) < want:
-                g = self._node_group(state, p, pool, tp)
+                g = self._node_group(rnd, p, pool, tp)
                 if not g:
                     break
                 groups.append(g)
