@@ -242,6 +242,14 @@ class ReferenceTrainer:
         ``optimizer_step`` consumes them otherwise."""
         return self._grads.pop(int(index))
 
+    def put_gradient(self, index: int, grads) -> None:
+        """Keep a micro-batch gradient computed elsewhere (another process holding the same
+        weights: ``take_gradient`` there) under ``index``, for ``optimizer_step``."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if len(grads) != len(params):
+            raise ValueError(f"put_gradient({index}): {len(grads)} tensors for {len(params)} trainable parameters")
+        self._grads[int(index)] = tuple(grads)
+
     def optimizer_step(self, indices) -> float:
         """Sum the kept gradients of micro-batches ``indices`` in index order (not in the
         order they finished), clip, one optimizer step; returns the norm before clipping."""
