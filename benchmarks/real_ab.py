@@ -445,15 +445,30 @@ def _what_would_pay(data: dict, agent: str) -> list[str]:
     out += ["", f"**What would pay.** Training: jigsaw "
             + (f"gave `{agent}`'s training stages the second core, which made them {speedup:.2f}x as fast"
                if wide else f"ran `{agent}`'s training stages on one core ({speedup:.2f}x the verl-sync time)")
-            + f" (the simulator prices a 2-device stage at about 2x); one trainer "
-            f"process running two torch threads gains little on this 0.8M-parameter model, whose forward and "
-            f"backward passes are many small kernels. A data-parallel trainer (one process per core, gradients "
-            f"summed in micro-batch order, as runtime/reference/micro_stage.py already does within a process) "
-            f"would be the lever there. Rollout: with the tool chain above as its floor, a second replica "
+            + " (the simulator prices a 2-device stage at about 2x). " + _data_parallel_sentence()
+            + "Rollout: with the tool chain above as its floor, a second replica "
             f"saves only decode time of the slowest trajectories. Beyond that, only overlapping a step's rollout "
             f"with the previous step's training (staleness 1: `mode: async`) would shorten the agentic "
             f"pipeline's steps, which the workload's `mode: sync` rules out."]
     return out
+
+
+DATA_PARALLEL = ROOT / "benchmarks" / "results" / "data_parallel_update.json"
+
+
+def _data_parallel_sentence() -> str:
+    """The trainer alone at width 1 and 2 (``python -m jigsaw_plugin.runtime.reference.bench_data_parallel
+    --json benchmarks/results/data_parallel_update.json``), where that measurement exists."""
+    if not DATA_PARALLEL.exists():
+        return ""
+    d = json.loads(DATA_PARALLEL.read_text())
+    t = d["update_actor_s"]
+    return (f"Measured alone (docs/reference_pipeline.md, `bench_data_parallel`), `update_actor` of {d['samples']} x "
+            f"{d['response_len']} tokens took {t['1 process, 1 thread']:.1f} s on one torch thread, "
+            f"{t['1 process, 2 threads']:.1f} s on two and {t['2 processes']:.1f} s on two processes (data parallel, "
+            f"{'the same result bit for bit' if d['dp_equal_to_serial'] else 'NOT equal to serial'}) at load "
+            f"{min(d['load_1m']):.0f}-{max(d['load_1m']):.0f}: with other users' processes runnable on both cores, a "
+            f"second core is a second share of the same two. ")
 
 
 def _train_s(r: dict, side: str, name: str) -> float:
