@@ -53,14 +53,14 @@ class PullCheck:
     pipeline: str
     device: int
     version: int
-    latest_version: int
+    latest_version: int  # the newest published when the pull started
     loaded_checksum: str
     published_checksum: str
     params_digest: str
 
     @property
     def ok(self) -> bool:
-        return self.version == self.latest_version and self.loaded_checksum == self.published_checksum
+        return self.version >= self.latest_version and self.loaded_checksum == self.published_checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,15 +269,21 @@ class RayPreemptionTarget:
         for name in self.pipelines:
             key = (name, int(device))
             if key in self.pool.state and key not in self.pool.engines:
-                version = await self.pool.replace(name, device, lambda e, n=name: self.weights.pull(n, e))
-                await self._check(name, int(device), version)
+                latest: dict = {}
+
+                async def pull(engine, n=name):
+                    latest[n] = self.weights.published.get(n, -1)  # the newest when the pull starts
+                    return await self.weights.pull(n, engine)
+
+                version = await self.pool.replace(name, device, pull)
+                await self._check(name, int(device), version, latest[name])
                 weights.append((name, version))
         self.ex.bring_up(device)
         return weights, trainers
 
-    async def _check(self, name: str, device: int, version: int) -> None:
+    async def _check(self, name: str, device: int, version: int, latest: int) -> None:
         pids = await self.pool.engines[(name, device)].handle.pids.remote()
         rows = read_digests(pids)
         last = rows[-1] if rows else {"loaded": "", "params": ""}
-        self.pulls.append(PullCheck(name, device, version, self.weights.published.get(name, -1), last["loaded"],
+        self.pulls.append(PullCheck(name, device, version, latest, last["loaded"],
                                     self.weights.checksums.get((name, version), "?"), last["params"]))
