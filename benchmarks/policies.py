@@ -21,9 +21,9 @@ RESULTS = ROOT / "benchmarks" / "results" / "policies.json"
 WORKLOADS = {w.key: (w.file, w.title) for w in BUNDLED_WORKLOADS if w.key in "abcd"}
 BASELINES = ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux")
 ASYNC_BASELINES = ("one-step-off", "streamrl", "areal")
-ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "loans", "priority")
+ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "loans", "priority", "balance")
 # mechanisms that are off by default: their column switches them on
-OFF_BY_DEFAULT = ("loans", "priority")
+OFF_BY_DEFAULT = ("loans", "priority", "balance")
 SHOWN_ABLATIONS = ABLATIONS
 
 
@@ -81,9 +81,23 @@ def _rerun_jigsaw(all_jobs: list) -> list:
     return [next(fresh) if _is_jigsaw(j) else next(kept) for j in all_jobs]
 
 
-def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
+def _add_ablation(all_jobs: list, name: str) -> list:
+    """Run only the jobs of a newly added ablation ``name``; every other run is the saved
+    one (the saved file holds the job list without it, in the same order)."""
+    import json
+
+    saved = json.loads(RESULTS.read_text())
+    new = [j for j in all_jobs if _is_jigsaw(j) and j[2] is not None and set(j[2]) == {name}]
+    if len(saved) + len(new) != len(all_jobs):
+        raise SystemExit(f"{RESULTS}: {len(saved)} saved runs + {len(new)} new != {len(all_jobs)} jobs")
+    fresh, kept = iter(run_many(new)), iter(saved)
+    return [next(fresh) if j in new else next(kept) for j in all_jobs]
+
+
+def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None = None) -> tuple[str, dict]:
     """``reuse``: render the runs saved by the last call (benchmarks/results/policies.json);
-    ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file."""
+    ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
+    ``add_ablation``: run only a newly added ablation's jobs, the rest from the saved file."""
     all_jobs, spans = [], {}
     for key, (fname, _) in WORKLOADS.items():
         jobs = jobs_for(fname)
@@ -95,6 +109,9 @@ def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
         results = json.loads(RESULTS.read_text())
     elif jigsaw_only:
         results = _rerun_jigsaw(all_jobs)
+        dump(results, RESULTS)
+    elif add_ablation:
+        results = _add_ablation(all_jobs, add_ablation)
         dump(results, RESULTS)
     else:
         results = run_many(all_jobs)
@@ -195,6 +212,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False) -> tuple[str, dict]:
 if __name__ == "__main__":
     import sys
 
-    text, summary = run(jigsaw_only="--jigsaw-only" in sys.argv)
+    add = sys.argv[sys.argv.index("--add-ablation") + 1] if "--add-ablation" in sys.argv else None
+    text, summary = run(jigsaw_only="--jigsaw-only" in sys.argv, add_ablation=add)
     print(text)
     print(summary)

@@ -34,6 +34,9 @@ MEASURED_BLOCKS = {
     "real-ab-agentic": "benchmarks/real_ab.py --agentic 3",
     "real-ab-hosts": "benchmarks/real_ab_hosts.py",
     "soak": "benchmarks/soak.py",
+    "real-ab-mixed": "benchmarks/real_ab_mixed.py",
+    "heterogeneous": "benchmarks/heterogeneous.py",
+    "preemption-ray": "benchmarks/preemption_ray.py",
 }
 
 
@@ -143,8 +146,10 @@ lengths" column shows what exact lengths would add. The bound table says how far
 policy could go on the cost model. Ablation columns: "no borrow" switches off rollout
 replicas on other pipelines' spare devices; "with loans" switches on micro-batch loans
 (running stages growing onto lent devices at micro-batch boundaries, owners reclaiming),
-"with priority" whole-run completion priority. Both are built, unit-tested and off by
-default because these runs measured them slower (docs/simulator.md).
+"with priority" whole-run completion priority, "with balance" makespan-aware shares (each
+round the pool re-apportioned so the pipelines are projected to finish together). All three
+are built, unit-tested and off by default because these runs measured them slower or mixed
+across the workloads (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)
 
