@@ -1,14 +1,20 @@
 """Real A/B on hosts: two verl ``main_ppo`` jobs on one CPU pool, the coordinator's policy
 ``jigsaw`` against static halves (``verl-sync``: each job on its own device).
 
-    .venv-verl/bin/python benchmarks/real_ab_hosts.py [--repeats 1] [--steps 2]
-    .venv-verl/bin/python benchmarks/real_ab_hosts.py --render   # the docs block from the JSON
+    .venv-verl/bin/python benchmarks/real_ab_hosts.py [--repeats 1] [--steps 4]   # a fresh JSON
+    .venv-verl/bin/python benchmarks/real_ab_hosts.py --append    # one more repeat into the JSON
+    .venv-verl/bin/python benchmarks/real_ab_hosts.py --render    # the docs block from the JSON
 
-Each repeat runs both arms (static first, then jigsaw) one after the other, each arm two
-jobs at the same time (``adapters/verl/cpu_two_jobs.run_concurrent``). Per arm: wall time,
-exit codes, the peak of the summed RSS, the machine's CPU busy fraction over the arm
-(``psutil.cpu_times``), each job's time inside its stages (its own hook reports) and
-waiting on grants, the grants the policy made and any refusals. Next to it, the
+Each repeat runs both arms one after the other, the order alternating between repeats
+(static first in repeats 0, 2, ...), each arm two jobs at the same time
+(``adapters/verl/cpu_two_jobs.run_concurrent``). ``--append`` exists so that each repeat
+can run as its own command under the machine's real-run lock. Per arm: wall time (launch to
+both exits: start-up included), the steps' span (the coordinator's clock, first grant to
+the last granted stage's end), exit codes, the peak PSS sum of every process of the run,
+the machine's CPU busy fraction and load, each job's time per stage (its own hook
+reports) and between stages (driver-side work and waits on grants), the devices each job's
+stages ran on, the grants, refusals, and the checks of integration_tests/verl/
+test_host_policy.py (``grant_problems``, ``verl_log_problems``). Next to it, the
 simulator's prediction for the same pipelines (the ``HostPipeline``s the sessions declare,
 on the ``cpu`` profile). Results: benchmarks/results/real_ab_hosts.json; the block
 ``real-ab-hosts`` of docs/benchmarks.md.
@@ -25,10 +31,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import write_doc_block  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "real_ab_hosts.json"
-DOC = ROOT / "docs" / "benchmarks.md"
 BLOCK = "real-ab-hosts"
 ARMS = ("verl-sync", "jigsaw")
+STAGES = ("gen", "old_log_prob", "update_actor", "weight_sync")
 
 
 def declared_hosts(steps: int):
@@ -51,159 +60,252 @@ def predict(steps: int) -> dict:
     return out
 
 
-def stage_time(events: list[dict]) -> dict:
-    """Per pipeline: seconds inside its stages (its own stage_start/end) and the run's span."""
-    out = {}
-    for name in sorted({e["pipeline"] for e in events if e.get("hook") == "jigsaw_stage_start"}):
-        mine = [e for e in events if e.get("pipeline") == name and e["hook"] in ("jigsaw_stage_start",
-                                                                                  "jigsaw_stage_end")]
-        open_, inside = {}, 0.0
-        for e in mine:
-            key = (e["step"], e["stage"])
-            if e["hook"] == "jigsaw_stage_start":
-                open_[key] = e["t"]
-            elif key in open_:
-                inside += e["t"] - open_.pop(key)
-        span = (max(e["t"] for e in mine) - min(e["t"] for e in mine)) if mine else 0.0
-        out[name] = {"in_stages_s": round(inside, 1), "span_s": round(span, 1)}
-    return out
+def job_time(events_path: str) -> dict:
+    """One job's time from its own event file (one clock): per stage the mean seconds of the
+    steps after the first (step 0 carries the warm-up), the first and later steps' spans, the
+    time between stages in the later steps (driver-side work and grant waits), and the
+    devices its granted stages ran on."""
+    p = Path(events_path)
+    events = [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+    starts = {(e["step"], e["stage"]): e for e in events if e["hook"] == "jigsaw_stage_start"}
+    ends = {(e["step"], e["stage"]): e for e in events if e["hook"] == "jigsaw_stage_end"}
+    steps = sorted({k for k, _ in starts})
+    if not steps:
+        return {}
+    later = steps[1:] or steps  # step 0 carries the warm-up (first vLLM batch, first FSDP pass)
+    per_stage = {st: round(statistics.mean(ends[(k, st)]["t"] - starts[(k, st)]["t"] for k in later
+                                           if (k, st) in ends and (k, st) in starts), 3)
+                 for st in STAGES if any((k, st) in ends for k in later)}
+    step_start = {e["step"]: e["t"] for e in events if e["hook"] == "jigsaw_step_start"}
+    step_end = {e["step"]: e["t"] for e in events if e["hook"] == "jigsaw_step_end"}
+    spans = [step_end[k] - step_start[k] for k in steps if k in step_start and k in step_end]
+    inside = [sum(ends[(k, st)]["t"] - starts[(k, st)]["t"] for (kk, st) in starts if kk == k and (k, st) in ends)
+              for k in steps]
+    devices = sorted({d for e in starts.values() for d in e.get("devices", [])})
+    return {"stage_s": per_stage, "step_s": round(statistics.mean(spans), 3) if spans else None,
+            "between_stages_s": round(statistics.mean(s - i for s, i in list(zip(spans, inside))[1:]
+                                                      or zip(spans, inside)), 3) if spans else None,
+            "first_step_s": round(spans[0], 3) if spans else None,
+            "later_steps_s": round(statistics.mean(spans[1:]), 3) if len(spans) > 1 else None,
+            "devices": devices}
+
+
+def steps_span(report: dict) -> tuple[float, dict]:
+    """From the coordinator's device trace: the steps' span (first grant to last end) and
+    each device's busy fraction of it."""
+    trace = [x for x in report.get("trace", []) if x[2]]
+    if not trace:
+        return 0.0, {}
+    t0, t1 = min(x[3] for x in trace), max(x[4] for x in trace)
+    busy: dict = {}
+    for _, _, devices, start, end in trace:
+        for d in devices:
+            busy[d] = busy.get(d, 0.0) + (end - start)
+    span = t1 - t0
+    return round(span, 2), {str(d): round(b / span, 3) if span else None for d, b in sorted(busy.items())}
 
 
 def run_arm(policy: str, steps: int, workdir: Path) -> dict:
     import psutil
 
-    from jigsaw_plugin.adapters.verl.cpu_two_jobs import grant_problems, run_concurrent
+    from jigsaw_plugin.adapters.verl.cpu_two_jobs import grant_problems, run_concurrent, verl_log_problems
 
     cpu0 = psutil.cpu_times()
     load0 = os.getloadavg()
+    mem0 = psutil.virtual_memory()
     r = run_concurrent(workdir / policy, steps=steps, policy=policy, pool_devices=2)
     cpu1 = psutil.cpu_times()
     busy = lambda c: sum(c) - c.idle - getattr(c, "iowait", 0.0)  # noqa: E731
     total = sum(cpu1) - sum(cpu0)
     grants = [e for e in r.events if e.get("hook") == "jigsaw_stage_granted"]
     refused = [e for e in r.events if e.get("hook") == "jigsaw_decision_refused"]
+    span, device_busy = steps_span(r.scheduler)
     return {
-        "policy": policy, "wall_s": r.wall_s, "returncodes": [x.returncode for x in r.runs],
-        "peak_rss_gib": r.peak_rss_gib,
+        "policy": policy, "wall_s": r.wall_s, "steps_span_s": span, "device_busy_fraction": device_busy,
+        "returncodes": [x.returncode for x in r.runs],
+        "peak_pss_gib": r.peak_pss_gib,
         "cpu_busy_fraction": round((busy(cpu1) - busy(cpu0)) / total, 3) if total else None,
         "load_avg_start": [round(x, 2) for x in load0], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "available_gib_start": round(mem0.available / 2**30, 1),
         "grants": len(grants), "refusals": len(refused), "adapted": len(r.scheduler.get("adapted", [])),
-        "device_busy_s": round(r.scheduler.get("busy_device_s", 0.0), 1),
-        "stage_time": stage_time(r.events),
+        "adapted_decisions": [f"{x['decision']} -> {x['carried_out']}" for x in r.scheduler.get("adapted", [])],
+        # the policy's own time in the coordinator (its decide rounds), CPU taken from the jobs
+        "decisions": r.scheduler.get("decisions"), "decision_s": r.scheduler.get("decision_s"),
+        "jobs": {name: job_time(x.events_path) for name, x in zip(("verl-a", "verl-b"), r.runs)},
         "logs": [x.log_path for x in r.runs],
         # integration_tests/verl/test_host_policy.py's checks on this arm's run
         "grant_problems": grant_problems(r, steps),
+        "verl_log_problems": verl_log_problems(r, steps),
     }
 
 
+def _ok(data: dict) -> bool:
+    return all(rc == 0 for rep in data["repeats"] for r in rep.values() for rc in r["returncodes"])
+
+
+def _later_step(arm: dict) -> float:
+    """The mean step after the first (step 0 carries the warm-up), over both jobs."""
+    return statistics.mean(j["later_steps_s"] for j in arm["jobs"].values() if j and j.get("later_steps_s"))
+
+
+def _median(data: dict, arm: str, key: str) -> float:
+    return statistics.median(rep[arm][key] for rep in data["repeats"])
+
+
 def render(data: dict) -> str:
+    reps = data["repeats"]
+    n = len(reps)
     rows = []
     for arm in ARMS:
-        walls = [rep[arm]["wall_s"] for rep in data["repeats"]]
-        last = data["repeats"][-1][arm]
-        inside = ", ".join(f"{k} {v['in_stages_s']:.0f}/{v['span_s']:.0f} s" for k, v in last["stage_time"].items())
-        rows.append(f"| {arm} | {statistics.median(walls):.1f} ({', '.join(f'{w:.1f}' for w in walls)}) | "
-                    f"{' '.join(str(rc) for rc in last['returncodes'])} | "
-                    f"{last['cpu_busy_fraction']:.2f} | {inside} | {last['grants']} / {last['refusals']} / "
-                    f"{last['adapted']} | {last['peak_rss_gib']:.1f} | {len(last.get('grant_problems', []))} |")
-    med = {arm: statistics.median(rep[arm]["wall_s"] for rep in data["repeats"]) for arm in ARMS}
-    ratio = med["verl-sync"] / med["jigsaw"]
+        walls = [rep[arm]["wall_s"] for rep in reps]
+        spans = [rep[arm]["steps_span_s"] for rep in reps]
+        held = reps[-1][arm]["device_busy_fraction"]
+        rows.append(
+            f"| {arm} | {statistics.median(walls):.1f} ({', '.join(f'{w:.1f}' for w in walls)}) | "
+            f"{statistics.median(spans):.1f} ({', '.join(f'{s:.1f}' for s in spans)}) | "
+            f"{statistics.median(_later_step(rep[arm]) for rep in reps):.2f} | "
+            f"{' / '.join(f'{held[d]:.2f}' for d in sorted(held))} | "
+            f"{' / '.join(' '.join(str(c) for c in rep[arm]['returncodes']) for rep in reps)} | "
+            f"{max(rep[arm]['peak_pss_gib'] for rep in reps):.1f} | "
+            f"{statistics.median(rep[arm]['cpu_busy_fraction'] for rep in reps):.2f} | "
+            f"{sum(rep[arm]['grants'] for rep in reps)} / {sum(rep[arm]['refusals'] for rep in reps)} | "
+            f"{sum(len(rep[arm]['grant_problems']) + len(rep[arm]['verl_log_problems']) for rep in reps)} |")
     pred = data["predicted"]
-    n = len(data["repeats"])
-    ok = all(rc == 0 for rep in data["repeats"] for r in rep.values() for rc in r["returncodes"])
-    measured = (f"Measured: jigsaw {ratio:.2f}x the static halves' throughput (median of {n})" if ok else
-                "Measured: no ratio (a job of the table did not finish: see its exit code)")
+    loads = [x for rep in reps for r in rep.values() for x in (r["load_avg_start"][0], r["load_avg_end"][0])]
     lines = [
-        f"<!-- {BLOCK}:start -->",
-        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO advantages without a reference model, {data['steps']} steps, 1 pretend device each) at the same time "
-        f"on one coordinator with a pool of 2 devices, on this 2-core machine "
-        f"(`.venv-verl/bin/python benchmarks/real_ab_hosts.py --repeats {n}`, {data['date']}, "
-        f"load average at the start {data['repeats'][0]['verl-sync']['load_avg_start'][0]:.2f}). "
-        f"Each stage of each job waits for the coordinator's grant; the policy decides every grant.",
+        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO advantages without a reference model, {data['steps']} steps, "
+        f"1 pretend device each) at the same time on one coordinator with a pool of 2 devices, on this 2-core "
+        f"machine; each stage of each job waits for the coordinator's grant and the policy decides every grant. "
+        f"{n} repeat(s), the arms' order alternating (`.venv-verl/bin/python benchmarks/real_ab_hosts.py`, then "
+        f"`--append` per further repeat, each under the real-run lock; {data['date']}). Load average (1 min) "
+        f"{min(loads):.1f}-{max(loads):.1f} at the arms' starts and ends; memory available at the arms' starts "
+        f"{min(r['available_gib_start'] for rep in reps for r in rep.values()):.1f}-"
+        f"{max(r['available_gib_start'] for rep in reps for r in rep.values()):.1f} GiB of 23.5.",
         "",
-        "| coordinator policy | wall s, median (each) | exit codes | CPU busy | per job: in stages / span | grants / refusals / "
-        "adapted | peak RSS GiB | failed checks |",
-        "|---|---|---|---|---|---|---|---|",
+        "| coordinator policy | wall s, median (each) | steps' span s, median (each) | later step s (median) "
+        "| devices 0 / 1 held by grants (last repeat) | exit codes | peak PSS GiB | CPU busy | grants / refusals "
+        "| failed checks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"{measured}; the simulator predicts "
-        f"{pred['ratio']:.2f}x for the same declared pipelines (makespan {pred['verl-sync']:.1f} s vs "
-        f"{pred['jigsaw']:.1f} s on the `cpu` profile).",
-        "",
-        why(data, ok),
-        "",
-        "Peak RSS is the summed resident memory of every process of this user (all engineers on this "
-        "machine run as one user), less its value at the arm's start: an upper bound, not the jobs' own.",
-        f"<!-- {BLOCK}:end -->",
     ]
+    if _ok(data):
+        wall = _median(data, "verl-sync", "wall_s") / _median(data, "jigsaw", "wall_s")
+        span = _median(data, "verl-sync", "steps_span_s") / _median(data, "jigsaw", "steps_span_s")
+        per = ", ".join(f"{rep['verl-sync']['steps_span_s'] / rep['jigsaw']['steps_span_s']:.2f}" for rep in reps)
+        later = (statistics.median(_later_step(rep["verl-sync"]) for rep in reps)
+                 / statistics.median(_later_step(rep["jigsaw"]) for rep in reps))
+        off = abs(span - pred["ratio"]) / pred["ratio"] if pred["ratio"] else None
+        lines.append(
+            f"Measured (median of {n}): jigsaw {span:.2f}x the static halves' throughput over the steps' span "
+            f"(per repeat {per}), {later:.2f}x in the later steps' time, {wall:.2f}x over the whole wall time "
+            f"(start-up included). The simulator predicts {pred['ratio']:.2f}x for the same declared pipelines "
+            f"(makespan {pred['verl-sync']:.1f} s vs {pred['jigsaw']:.1f} s on the `cpu` profile): the steps' span "
+            f"ratio is {off:.0%} off it. Its absolute makespan is not comparable (below).")
+    else:
+        lines.append("Measured: no ratio (a job did not finish: see the exit codes and the JSON's logs).")
+    lines += ["", "Where the time went (last repeat; per job, seconds, from the job's own event file; stages and "
+              "'between stages' are means over the steps after the first, which carries the warm-up):", "",
+              "| policy | job | devices its stages ran on | step (first / later) | gen | old_log_prob | update_actor "
+              "| weight_sync | between stages |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    last = reps[-1]
+    for arm in ARMS:
+        for name, j in last[arm]["jobs"].items():
+            if not j:
+                continue
+            st = j["stage_s"]
+            lines.append(f"| {arm} | {name} | {j['devices']} | {j['first_step_s']:.2f} / {j['later_steps_s'] or 0:.2f} | "
+                         f"{st.get('gen', 0):.2f} | {st.get('old_log_prob', 0):.2f} | {st.get('update_actor', 0):.2f} | "
+                         f"{st.get('weight_sync', 0):.2f} | {j['between_stages_s']:.2f} |")
+    lines += ["", why(data), "",
+              "Peak PSS: the summed proportional set size of the benchmark process and all its descendants (the Ray "
+              "head, its workers, both main_ppo drivers, their vLLM engines), sampled every 2 s."]
     return "\n".join(lines)
 
 
-def why(data: dict, ok: bool) -> str:
-    """The reading of the table: what limited this run, from what was measured."""
-    if not ok:
-        never = all(r["grants"] == 0 for rep in data["repeats"] for r in rep.values())
-        load = max(x for rep in data["repeats"] for r in rep.values() for x in r["load_avg_end"])
-        return ("What happened: the jobs were killed by Ray's memory monitor (the node above 95% of its "
-                "23.5 GiB, shared with the other engineers' runs; load average up to "
-                f"{load:.0f} on 2 cores){' before their first stage: no grant was made' if never else ''}. "
-                "No A/B is measured; `make real-ab-hosts` on an idle machine is the run to do. A single "
-                "verl job under the jigsaw policy (pool of 1) was killed the same way twice. What is shown "
-                "instead: the policy's grants through the real coordinator actor for two drivers "
-                "(tests/test_host_scheduler_ray.py) and the verl session's per-stage grants "
-                "(tests/test_verl_session_grants.py); integration_tests/verl/test_host_policy.py (a real "
-                "two-job verl run) is written but has not passed on this machine yet.")
-    return ("Why there is little to gain here: both jobs hold their own device under either policy, verl's "
-            "FSDP gangs are fixed (training width not resizable: jigsaw can only time-share, not widen), and "
-            "the CPU busy fraction shows the two cores already saturated by two jobs. A verl job and an "
-            "OpenRLHF job on one coordinator under the policy is not measured (the OpenRLHF adapter still "
-            "takes plain leases).")
-
-
-def write_block(text: str) -> None:
-    doc = DOC.read_text()
-    start, end = f"<!-- {BLOCK}:start -->", f"<!-- {BLOCK}:end -->"
-    if start in doc and end in doc:
-        doc = doc[:doc.index(start)] + text + doc[doc.index(end) + len(end):]
-    else:
-        anchor = "## Figures of the bundled workloads"
-        i = doc.index(anchor) if anchor in doc else len(doc)
-        doc = doc[:i] + text + "\n\n" + doc[i:]
-    DOC.write_text(doc)
+def why(data: dict) -> str:
+    """The reading of the table: what limits the pair, from what was measured."""
+    if not _ok(data):
+        return ("What happened: see the exit codes; a job killed by Ray's memory monitor shows it in its log "
+                "(the JSON lists the logs).")
+    last = data["repeats"][-1]
+    j = last["jigsaw"]["jobs"]
+    between = statistics.mean(x["between_stages_s"] for x in j.values())
+    later = statistics.mean(x["later_steps_s"] or 0 for x in j.values())
+    wall_minus_span = _median(data, "jigsaw", "wall_s") - _median(data, "jigsaw", "steps_span_s")
+    timed = [(rep[arm]["decision_s"], rep[arm]["decisions"]) for rep in data["repeats"] for arm in ("jigsaw",)
+             if rep[arm].get("decision_s") is not None]
+    decide = (f"jigsaw's decide rounds took {statistics.median(t for t, _ in timed):.2f} s of CPU over "
+              f"{statistics.median(k for _, k in timed):.0f} rounds per arm, median of {len(timed)}" if timed else
+              "the decide time was not recorded in these repeats")
+    first = {arm: statistics.median(x["first_step_s"] for rep in data["repeats"] for x in rep[arm]["jobs"].values())
+             for arm in ARMS}
+    adapted = sum(r["adapted"] for rep in data["repeats"] for r in rep.values())
+    pred = data["predicted"]["ratio"]
+    return (
+        "**Why the pair cannot gain here.** Under both policies each job's stages ran on one device at a time, "
+        "its own share (the devices column lists which; a job that outlives the other gets the whole pool as its "
+        "share and may move to the other device, still one at a time). What verl can carry out leaves the policy "
+        "nothing to move: its FSDP gang is fixed at one device when verl builds its worker groups "
+        "(`training_resizable=false`: a wider `RunStage` is narrowed to the gang's width; "
+        f"{adapted} were), it has one "
+          "rollout server and cannot add one (`replicas_elastic=false`: the policy cannot put a job's rollout on the "
+          "other job's idle device), and the coordinator does not see its requests (`migration=false`). So jigsaw can "
+          "only decide *when* each stage runs on the job's own device. The devices-held column shows how much of "
+          "each device was held by grants over the steps' span (a rollout grant counts from the policy's launch of "
+          "the job's server, which may precede the job's ask): little is left that the policy could lend, and "
+          f"verl has no way to use a lent device. {between:.1f} s of a {later:.1f} s later step is outside the granted "
+          "stages (verl's driver work, the agent loop's hand-offs, grant round trips). On CPU a pretend device is not a core: both "
+          "jobs' processes share the 2 cores whatever the grants say (CPU busy column), so lending a device would "
+          f"not lend compute. The wall time is dominated by what lies outside the steps' span ({wall_minus_span:.0f} s "
+          "of it: Ray, TransferQueue, FSDP and vLLM start-up before the first grant, shut-down after the last), which "
+          "no scheduler changes. The steps' span is mostly the first step (warm-up: the first vLLM batch, FSDP's first "
+          f"pass; median {first['verl-sync']:.1f} s under verl-sync, {first['jigsaw']:.1f} s under jigsaw): the arms "
+          "differ mostly there, in the time to the first rollout's start (verl's data loading and agent-loop "
+          "start-up, then its ask for the rollout grant; in both arms the policy launched the job's server at "
+          "registration) and in the first rollout itself, while a later step's grants follow their asks within "
+          "its 'between stages' time. Not established: whether that is the shared machine's noise or the coordinator's decide rounds taking CPU "
+          f"from the jobs ({decide}). The simulator predicts "
+          f"{pred:.2f}x; its absolute step times are those of its `cpu` profile for this model (a few hundred ms "
+          "a step), not of verl's Python overheads, so only the ratio is compared. What would pay: verl rollout "
+          "servers the coordinator can add and remove across jobs (`CheckpointEngineManager` + the balancer's "
+          "server set, `replicas_elastic`), and on real accelerators, where a device idle between one job's "
+          "stages is compute another job can use.")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--workdir", default="build/real-ab-hosts")
     p.add_argument("--render", action="store_true")
-    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
-                   help="run only these arms and replace them in the last repeat of the saved JSON "
-                        "(an arm that failed for reasons outside the run, e.g. the machine's memory)")
+    p.add_argument("--append", action="store_true", help="one more repeat into the saved JSON (its steps)")
     a = p.parse_args(argv)
     if a.render:  # re-rendered with the simulator's prediction as the cost model is now
         data = json.loads(RESULTS.read_text())
         data["predicted"] = predict(data["steps"])
-    elif set(a.arms) != set(ARMS):
-        data = json.loads(RESULTS.read_text())
-        i = len(data["repeats"]) - 1
-        for arm in a.arms:
-            data["repeats"][i][arm] = run_arm(arm, data["steps"], Path(a.workdir) / f"r{i}-again")
-        data.setdefault("rerun", []).append({"arms": a.arms, "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                    time.gmtime())})
-        RESULTS.write_text(json.dumps(data, indent=1))
     else:
-        data = {"steps": a.steps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "predicted": predict(a.steps), "repeats": []}
-        for i in range(a.repeats):
-            data["repeats"].append({arm: run_arm(arm, a.steps, Path(a.workdir) / f"r{i}") for arm in ARMS})
+        if a.append:
+            data = json.loads(RESULTS.read_text())
+            repeats = 1
+        else:
+            data = {"steps": a.steps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "predicted": predict(a.steps), "repeats": []}
+            repeats = a.repeats
+        for _ in range(repeats):
+            i = len(data["repeats"])
+            order = ARMS if i % 2 == 0 else ARMS[::-1]
+            rep = {arm: run_arm(arm, data["steps"], Path(a.workdir) / f"r{i}") for arm in order}
+            for position, arm in enumerate(order):
+                rep[arm]["ran"] = "first" if position == 0 else "second"
+            data["repeats"].append({arm: rep[arm] for arm in ARMS})
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(data, indent=1))
-            print(json.dumps(data["repeats"][-1]), flush=True)
-    write_block(render(data))
-    bad = [r for rep in data["repeats"] for r in rep.values() if any(rc != 0 for rc in r["returncodes"])]
-    return 1 if bad else 0
+            print(json.dumps({arm: {k: v for k, v in r.items() if k != "jobs"} for arm, r in rep.items()}),
+                  flush=True)
+    write_doc_block(BLOCK, render(data))
+    return 0 if _ok(data) else 1
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ verl-e2e: venv-verl
 	done
 
 # The same runs as tests (assertions on exit code, hooks, graph, grad norm, KL), plus the
-# two-job run on one coordinator, the two jobs at once under the jigsaw policy's grants
-# (test_host_policy.py) and the error without VERL_PLATFORM.
+# two-job run on one coordinator, the two jobs at once under the jigsaw policy's grants and
+# under a policy asking one of them for a migration verl refuses (test_host_policy.py), and
+# the error without VERL_PLATFORM. On a shared machine: under its real-run lock.
 integration-verl-e2e: venv-verl
 	nice -n 10 $(VENV_VERL)/bin/python -m pytest -q -p no:cacheprovider integration_tests/verl/test_main_ppo_cpu.py \
 		integration_tests/verl/test_host_policy.py
@@ -58,9 +59,10 @@ verl-e2e-two-jobs: venv-verl
 	nice -n 10 $(VENV_VERL)/bin/python -m jigsaw_plugin.adapters.verl.cpu_two_jobs --workdir build/verl-e2e/two-jobs
 
 # Two verl jobs at once on one coordinator: the jigsaw policy's grants against static halves
-# (verl-sync), with the simulator's prediction beside; writes docs/benchmarks.md's
-# real-ab-hosts block. About 10-20 minutes per repeat here.
-REAL_AB_HOSTS_REPEATS ?= 1
+# (verl-sync), the arms' order alternating between repeats, with the simulator's prediction
+# beside; writes docs/benchmarks.md's real-ab-hosts block. About 10 minutes per repeat here
+# (both arms); `benchmarks/real_ab_hosts.py --append` adds one repeat to the saved JSON.
+REAL_AB_HOSTS_REPEATS ?= 3
 .PHONY: real-ab-hosts
 real-ab-hosts: venv-verl
 	nice -n 10 $(VENV_VERL)/bin/python benchmarks/real_ab_hosts.py --repeats $(REAL_AB_HOSTS_REPEATS)

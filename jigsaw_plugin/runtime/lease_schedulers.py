@@ -355,7 +355,8 @@ class PolicyScheduler:
         if self.ex is None:
             return {"policy": self.name}
         return {"policy": self.name, "refusals": list(self.ex.refusals), "adapted": list(self.ex.adapted),
-                "decisions": len(self.ex.decision_us), "trace": [list(x) for x in self.ex.trace],
+                "decisions": len(self.ex.decision_us), "decision_s": round(sum(self.ex.decision_us) / 1e6, 3),
+                "trace": [list(x) for x in self.ex.trace],
                 "busy_device_s": self.ex.busy_s}
 
 
