@@ -141,3 +141,13 @@ def test_numbers_that_are_not_counts_are_refused_by_name(bad):
     data["pipelines"][0]["prompts_per_step"] = bad
     with pytest.raises(SpecError, match=r"pipelines\[0\]\.prompts_per_step"):
         parse_workload(data, base_dir=EXAMPLES)
+
+
+def test_an_empty_key_is_named_in_the_error():
+    # found by the fuzzer: an empty top-level key gave "x.yaml: : got ''", naming no field
+    try:
+        parse_workload({"": None}, where="x.yaml")
+    except SpecError as e:
+        assert _is_one_paragraph_error(e) and "''" in e.field
+    else:
+        raise AssertionError("an empty key must be refused")

@@ -74,7 +74,8 @@ def _check_keys(d: dict, allowed: tuple[str, ...], field: str, where: str | None
         if key not in allowed:
             hint = difflib.get_close_matches(str(key), allowed, n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            path = f"{field}.{key}" if field else str(key)
+            name = str(key) if str(key).strip() else repr(key)  # an empty or blank key is still named
+            path = f"{field}.{name}" if field else name
             raise SpecError(path, key, f"known keys: {', '.join(allowed)}{extra}", where)
 
 
