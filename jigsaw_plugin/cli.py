@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default="sim", help="sim (simulator, default) or ray (real engines and trainers)")
     b.add_argument("--repeats", type=int, default=3, help="ray backend: side-by-side runs per policy (median)")
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
-                   help="switch one jigsaw mechanism off: migration, resize, lookahead, multiplex, borrow")
+                   help="flip one jigsaw mechanism from its default: switch off migration, resize, lookahead, "
+                        "multiplex or borrow; switch on loans, priority or balance")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--predictor", default="history", choices=("history", "oracle"),
                    help="the candidate's remaining-length predictor (oracle: an ablation reading true lengths)")

@@ -250,3 +250,20 @@ def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_
     assert "| bound: critical_path_s | 240.25 | 240.25 |" in report
     assert "gap_recovered: **0.625**" in report
     assert (run / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_ablate_flips_each_mechanism_from_its_default():
+    from jigsaw_plugin.bench.ab import ablation_options
+    from jigsaw_plugin.errors import SpecError
+    from jigsaw_plugin.scheduler.jigsaw import JigsawConfig
+
+    opts = ablation_options("jigsaw", ["migration", "balance", "loans"])
+    assert opts == {"migration": False, "balance": True, "loans": True}
+    assert all(getattr(JigsawConfig(), k) != v for k, v in opts.items())
+    for bad, name in ((["nope"], "jigsaw"), (["balance"], "verl-sync")):
+        try:
+            ablation_options(name, bad)
+        except SpecError as e:
+            assert e.field == "--ablate"
+        else:
+            raise AssertionError(f"{bad} with {name} must be refused")

@@ -13,21 +13,29 @@ from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
 
-ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow")  # switched off by --ablate
+# --ablate flips one jigsaw mechanism from its default: these are on by default (switched off) ...
+ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow")
+# ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
+OFF_BY_DEFAULT = ("loans", "priority", "balance")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
+
+
+def ablation_options(name: str, ablate: list[str] | None) -> dict:
+    """The candidate's options for ``--ablate``: each named mechanism flipped from its default."""
+    opts = {}
+    for a in ablate or []:
+        if a not in ABLATIONS + OFF_BY_DEFAULT:
+            raise SpecError("--ablate", a, ", ".join(ABLATIONS + OFF_BY_DEFAULT))
+        if name != "jigsaw":
+            raise SpecError("--ablate", a, f"only with the jigsaw candidate (got {name})")
+        opts[a] = a in OFF_BY_DEFAULT
+    return opts
 
 
 def _policy(name: str, ablate: list[str], options: dict | None = None):
     from jigsaw_plugin.scheduler import get_policy
 
-    opts = dict(options or {})
-    for a in ablate or []:
-        if a not in ABLATIONS:
-            raise SpecError("--ablate", a, ", ".join(ABLATIONS))
-        if name != "jigsaw":
-            raise SpecError("--ablate", a, f"only with the jigsaw candidate (got {name})")
-        opts[a] = False
-    return get_policy(name, **opts)
+    return get_policy(name, **{**(options or {}), **ablation_options(name, ablate)})
 
 
 def ray_backend_available() -> bool:
@@ -110,7 +118,7 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
         _policy(candidate, ablate or [])  # validates the ablations (run_ab_ray checks the workload)
         # the hook events of the median runs go to --out (events_*.jsonl: `jigsaw graph --from-events`)
         ab = run_ab_ray(workload_path, baseline, candidate, repeats=repeats, seed=seed,
-                        baseline_options=baseline_options, candidate_options={a: False for a in ablate or []},
+                        baseline_options=baseline_options, candidate_options=ablation_options(candidate, ablate),
                         record_events=True, log=log, predict=simulate)
         if ablate:
             ab["candidate"]["ablate"] = list(ablate)
