@@ -6,7 +6,8 @@ Ray with real buffers, beside the cost model's closed forms.
     .venv-cpu/bin/python benchmarks/dissemination.py --resume   # go on after an interrupted run
     .venv-cpu/bin/python benchmarks/dissemination.py --render   # re-render the saved JSON
     .venv-cpu/bin/python benchmarks/dissemination.py --large [--sizes 1024,2048] [--resume]
-        # add the 1-2 GB rows to the saved JSON (about 10 min per size; under the real-run lock)
+        # add the 1-2 GB rows to the saved JSON (about 10 min per size; under the real-run lock);
+        # --counts 4 measures only those replica counts
 
 Every cell is the median of 3 runs, the strategies interleaved run by run so they share
 the machine's load. The per-message constants of the prediction are fitted in the same
@@ -57,8 +58,8 @@ GIB = 1024**3
 LARGE_MARGIN = 4 * GIB
 
 
-def large_grid(sizes_mb) -> list:
-    return [(mb, LARGE_COUNTS, wan) for mb in sizes_mb for wan in (False, True)]
+def large_grid(sizes_mb, counts=LARGE_COUNTS) -> list:
+    return [(mb, tuple(counts), wan) for mb in sizes_mb for wan in (False, True)]
 
 
 def row_extra_bytes(size: int, replicas: int) -> int:
@@ -123,7 +124,8 @@ def measure(grid: list, partial: Path, large: bool = False) -> dict:
             group.set_state(SyntheticSource(size, seed=size_mb, backend=backend))
             link = WAN if wan else None
             for n in counts:
-                # conservative: replicas that already hold this state count again
+                if large:  # the earlier rows' copies go first: available memory is then the row's
+                    group.drop_replicas()
                 need, free = row_extra_bytes(size, n), available_bytes()
                 if large and need + LARGE_MARGIN > free:
                     skipped.append({"size_bytes": size, "replicas": n, "wan": wan, "need_bytes": need,
@@ -229,9 +231,12 @@ def _large_sessions(data: dict) -> list[str]:
     for s in data.get("large_sessions", []):
         skipped = "; ".join(f"{x['size_bytes'] / MB:.0f} MB x{x['replicas']}{' WAN' if x['wan'] else ''} "
                             f"(needs ~{x['need_bytes'] / GIB:.1f} GiB + {LARGE_MARGIN / GIB:.0f} GiB margin, "
-                            f"{x['available_bytes'] / GIB:.1f} GiB available)" for x in s.get("skipped", []))
+                            f"{x['available_bytes'] / GIB:.1f} GiB available"
+                            + ("; measured in a later session" if x.get("measured_later") else "") + ")"
+                            for x in s.get("skipped", []))
+        counts = f" --counts {','.join(map(str, s['counts']))}" if s.get("counts") else ""
         out += [f"GB-sized states ({', '.join(f'{mb / 1024:g} GB' for mb in s['sizes_mb'])}; "
-                f"`--large --sizes {','.join(str(mb) for mb in s['sizes_mb'])}`, under the real-run lock), a later session "
+                f"`--large --sizes {','.join(str(mb) for mb in s['sizes_mb'])}{counts}`, under the real-run lock), a later session "
                 f"with the same fitted constants (every cell a prediction): load average {s['load_start']} at the "
                 f"start, {s['load_end']} at the end; `free -g` (total used free shared buff/cache available) "
                 f"{s['free_g_start']} at the start, {s['free_g_end']} at the end; {s['wall_s']:.0f} s of measuring. "
@@ -242,15 +247,19 @@ def _large_sessions(data: dict) -> list[str]:
     return out
 
 
-def measure_large(sizes_mb) -> dict:
+def measure_large(sizes_mb, counts=LARGE_COUNTS) -> dict:
     """The saved results with the GB-sized rows added (replacing earlier ones of the same
     size, count and link); the session's load, memory and skipped rows under ``large``."""
     data = json.loads(RESULTS.read_text())
-    session = measure(large_grid(sizes_mb), PARTIAL_LARGE, large=True)
+    session = measure(large_grid(sizes_mb, counts), PARTIAL_LARGE, large=True)
     new = {(r["size_bytes"], r["replicas"], r["wan"]) for r in session["rows"]}
+    for earlier in data.get("large_sessions", []):  # a row skipped then and measured now says so
+        for x in earlier.get("skipped", []):
+            x["measured_later"] = x.get("measured_later") or (x["size_bytes"], x["replicas"], x["wan"]) in new
     data["rows"] = [r for r in data["rows"] if (r["size_bytes"], r["replicas"], r["wan"]) not in new] + session["rows"]
     data.setdefault("large_sessions", []).append(
-        {"sizes_mb": list(sizes_mb), **{k: v for k, v in session.items()
+        {"sizes_mb": list(sizes_mb), **({"counts": list(counts)} if tuple(counts) != LARGE_COUNTS else {}),
+         **{k: v for k, v in session.items()
                                         if k not in ("rows", "tiny_qwen2", "link", "cpu", "backend")}})
     return data
 
@@ -262,7 +271,10 @@ def main() -> None:
         sizes = LARGE_SIZES_MB
         if "--sizes" in sys.argv:
             sizes = tuple(int(x) for x in sys.argv[sys.argv.index("--sizes") + 1].split(","))
-        data = measure_large(sizes)
+        counts = LARGE_COUNTS
+        if "--counts" in sys.argv:
+            counts = tuple(int(x) for x in sys.argv[sys.argv.index("--counts") + 1].split(","))
+        data = measure_large(sizes, counts)
         RESULTS.write_text(json.dumps(data, indent=1))
         PARTIAL_LARGE.unlink(missing_ok=True)
     else:

@@ -68,7 +68,7 @@ class DisseminationGroup:
         """Give the trainer a new version: a ``SyntheticSource`` or a name -> tensor dict.
         Replicas drop the copies they hold and the registry its published version first
         (they are stale now; it bounds memory)."""
-        self._ray.get([r.drop.remote() for r in self.replicas], timeout=self._timeout_s)
+        self.drop_replicas()
         self.free_published()
         self._source = self._ray.get(self.trainer.set_state.remote(source), timeout=self._timeout_s)
         return self._source
@@ -81,6 +81,11 @@ class DisseminationGroup:
             self._registry = self._actors.VersionRegistryActor.remote(link)
             self._registry_link = link
         return self._registry
+
+    def drop_replicas(self) -> None:
+        """Every replica forgets the weights it holds (each run fills them again): a
+        benchmark frees them before a row so its memory check sees what the row needs."""
+        self._ray.get([r.drop.remote() for r in self.replicas], timeout=self._timeout_s)
 
     def free_published(self) -> None:
         """The registry forgets its latest version (``pull``): Ray frees it once no replica
