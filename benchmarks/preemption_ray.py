@@ -141,6 +141,12 @@ def predict(runs: list) -> dict:
 
 
 # ---- the doc block ------------------------------------------------------------------------------
+def _all_checks_pass(runs: list) -> bool:
+    return all(r["lost"] == r["duplicated"] == r["wrong_length"] == 0 and r["trainer_version"] == r["steps"]
+               and all(int(k) <= r["staleness_bound"] for k in r["staleness"]) and r["pulls_ok"] == r["pulls"]
+               for r in runs)
+
+
 def render(runs: list, pred: dict, command: str) -> str:
     labels = sorted({r["label"] for r in runs}, key=lambda s: (float(s.split()[1]), s))
     by = {lab: [r for r in runs if r["label"] == lab] for lab in labels}
@@ -184,13 +190,21 @@ def render(runs: list, pred: dict, command: str) -> str:
                   "preemptions (replica / stage / idle)", "requests resumed", "tokens kept / dropped",
                   "down s (median)", "pulls bit-identical", "trainer restores", "lost / dup / wrong length",
                   "max staleness", "simulator: samples/s (vs rate 0)"], rows), "",
-        "Every run: each sample of every step trained once at its full length (the trainer's checkpoint ledger against "
-        "the workload sampler), the trainer's version equal to the step count, every sample generated on the current "
-        "weights (staleness 0, the sync bound), and every replacement engine holding the parameter server's latest version "
-        "(the sha256 of the tensors its vLLM worker loaded equal to the published version's). `down s`: from the "
+        ("Every run: " if _all_checks_pass(runs) else "**Not every run passed these checks (see the table):** ")
+        + "each sample of every step trained once at its full length (the trainer's checkpoint ledger against "
+        "the workload sampler), the trainer's version equal to the step count, every sample generated within the "
+        "staleness bound (0: sync), and every replacement engine holding the parameter server's newest version as of its "
+        "pull (the sha256 of the tensors its vLLM worker loaded equal to the published version's). `down s`: from the "
         "preemption to the replacement joining (the scaled delay plus the fresh engine's start and weight pull on this "
         "machine).",
     ]
+    text += ["", "Each run (label, seed: wall seconds of the executor's run; each preemption as what it hit @ wall "
+                 "seconds into the run, then how long the device was down):", ""]
+    for r in runs:
+        pre = ", ".join(f"{p['hit']} @ {p['at_s']:.0f} s" + (f" (down {x['down_s']:.0f} s)" if x else "")
+                        for p, x in zip(r["preemptions"], r["replacements"] + [None] * len(r["preemptions"])))
+        text.append(f"- {r['label']}, seed {r['seed']}: {r['wall_s']:.1f} s, load {r['load_before'][0]:.1f}; "
+                    f"{len(r['preemptions'])} preemption(s){': ' + pre if pre else ''}")
     if pred:
         text += ["", f"Simulator: the same workload and policy in `Simulation`, its clock matched to this machine's "
                      f"(k = {pred['k']:.2f} wall seconds per simulated second, from the rate-0 runs), rates times k, "
