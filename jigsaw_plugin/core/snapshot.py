@@ -151,7 +151,7 @@ class _ReplicaRows:
     __slots__ = ("version", "t", "t_read", "kv", "running", "ids", "key", "_order", "prompt_key", "group", "gkey", "turn",
                  "step", "context", "max_tokens", "queued", "running_mask", "_gen", "_shift", "_decoded_run",
                  "in_flight_read", "g0", "final", "final_eff", "_pred", "_agg", "alive", "carried", "drift",
-                 "unseen", "decoded", "n_decoding", "_index")
+                 "unseen", "fresh", "decoded", "n_decoding", "_index")
 
     def __init__(self, rep, obs: ReplicaObs, t: float, old: "_ReplicaRows | None"):
         rows = rep.request_rows(t)
@@ -196,7 +196,8 @@ class _ReplicaRows:
             self.g0[hit] = old.g0[idx[hit]]
             self.final[hit] = old.final[idx[hit]]
         self.unseen = bool(np.isnan(self.final).any())
-        self.decoded = float(np.nansum(self._gen - self.g0)) if n else 0.0  # rows asked before
+        self.fresh = self.unseen and bool(np.isnan(self.final).all())  # no row asked before
+        self.decoded = float(np.nansum(self._gen - self.g0)) if n and not self.fresh else 0.0
         self._final_changed()
 
     def order(self) -> np.ndarray:
@@ -223,7 +224,7 @@ class _ReplicaRows:
         """The predictor answered for these rows as they are now."""
         self.g0 = self.generated.copy()
         self.final = self.g0 + pred
-        self.unseen, self.decoded = False, 0.0
+        self.unseen, self.fresh, self.decoded = False, False, 0.0
         self._final_changed()
         self._pred = pred
 
@@ -234,6 +235,7 @@ class _ReplicaRows:
         self.final[rows] = g[rows] + pred
         final = self.final if self.alive is None else self.final[self.alive]
         self.unseen = bool(np.isnan(final).any())
+        self.fresh = False
         self.decoded = float(np.nansum(g - self.g0))
         self._final_changed()
 
@@ -481,7 +483,7 @@ class _PipelineRequests:
         cache.rows_total = sum(len(r.ids) for r in parts)
         if parts:
             due, unseen = (True, False) if refresh.exact else self._stale(p, cache, parts)
-            if due:
+            if due or all(r.fresh for r in parts):  # stale, or nothing asked yet (a new step)
                 self._predict_all()
             elif unseen:
                 self._predict_groups()
@@ -553,12 +555,11 @@ class _PipelineRequests:
 
     @staticmethod
     def _work(parts: list) -> float:
-        """Predicted tokens still to generate by the pipeline's rows (after a read, before
-        predicting new rows: the work of the rows asked before)."""
+        """Predicted tokens still to generate by ``parts`` (rows all asked before)."""
         total = 0.0
         for r in parts:
-            w = r.work_and_left() if not r.unseen else None
-            total += w[0] if w is not None else float(np.nansum(r.pred))
+            w = r.work_and_left()
+            total += w[0] if w is not None else r.work_and_left_of()[0]
         return total
 
     def _stale(self, p, cache: _PipelineCache, parts: list) -> tuple[bool, bool]:
@@ -566,15 +567,16 @@ class _PipelineRequests:
         history, see ``RefreshPolicy``; unseen: a request the predictor has not seen,
         whose groups alone are asked)."""
         unseen = any(r.unseen for r in parts)
-        if any(r.outlived() for r in parts):
+        count = p.history.count
+        if count >= cache.history_count + max(1, int(cache.history_count * self._refresh.history_fraction)):
+            return True, unseen
+        seen = [r for r in parts if not r.unseen]  # rows not yet asked have nothing to outlive
+        if any(r.outlived() for r in seen):
             return True, unseen
         # decoded since asked against the work predicted now: a rollout tail, whose work
         # shrank since the last whole-pipeline call, is asked again as often as its size says
         decoded = sum(r.decoded for r in parts)
-        if decoded > self._refresh.progress_fraction * max(min(cache.work0, self._work(parts)), 1.0):
-            return True, unseen
-        count = p.history.count
-        return count >= cache.history_count + max(1, int(cache.history_count * self._refresh.history_fraction)), unseen
+        return decoded > self._refresh.progress_fraction * max(min(cache.work0, self._work(seen)), 1.0), unseen
 
     def _replica_rows(self, replica: int) -> "_ReplicaRows | None":
         if self._rows is None:
