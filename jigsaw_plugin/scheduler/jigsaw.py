@@ -174,6 +174,19 @@ def assign_devices(static: dict, counts: dict, node_of: list) -> dict:
     return {k: tuple(v) for k, v in keep.items()}
 
 
+class _Shares(dict):
+    """pipeline -> the devices of its rollout and training homes, each built when first read."""
+
+    def __init__(self, home: dict):
+        super().__init__()
+        self.home = home
+
+    def __missing__(self, name: str) -> tuple:
+        r, t = self.home[name]
+        got = self[name] = r if r is t else tuple(dict.fromkeys(r + t))
+        return got
+
+
 class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
@@ -184,7 +197,7 @@ class _Round:
         self.state = state
         self.home = home  # pipeline -> (rollout home, training home) this round
         self.owner = owner  # device -> the pipeline whose home holds it this round
-        self.share = {p: tuple(dict.fromkeys(r + t)) for p, (r, t) in home.items()}  # pipeline -> its home devices
+        self.share = _Shares(home)  # pipeline -> its home devices (rollout and training), built on first use
         self.free = set(state.free)
         self.need: dict[str, float] = {}  # owner -> seconds until it wants its home back
         self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
@@ -592,6 +605,7 @@ class Jigsaw(Policy):
         ctx = sum(r.kv_tokens for r in reqs)
         src_left = src.predicted_tokens_left
         gen_end = max(ends.values())
+        top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
         best = None
         for dst in live:
             if dst is src or dst.id in used:
@@ -604,7 +618,7 @@ class Jigsaw(Policy):
             prefill = cost.migration_s(p.model, dst.tp, ctx)
             dst_left = dst.predicted_tokens_left
             end = prefill + max(src_left, dst_left) * new
-            others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
+            others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
             if max(end, others) > gen_end * (1 + slack):
                 continue  # would stretch the pipeline's generation beyond its slack
             move_dev_s = (prefill + (new - old) * dst_left) * dst.tp
