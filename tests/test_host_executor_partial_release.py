@@ -227,3 +227,34 @@ def test_registered_policies_run_an_openrlhf_host_that_releases_engines_early_be
                                                                for st in ("gen", *VERL_STAGES)]
     no_device_twice(s.ex.trace)
     assert all("=false" in r["reason"] for r in s.report()["refusals"])
+
+
+@register_policy("test-launch-two-retire-one")
+class _LaunchTwoRetireOne(_FirstFree):
+    """Launches two replicas, then retires the first before the host's grant (as jigsaw does
+    when it consolidates a small rollout at once)."""
+
+    name = "test-launch-two-retire-one"
+
+    def decide(self, state):
+        from jigsaw_plugin.scheduler.decisions import RetireReplica
+
+        out = super().decide(state)
+        if not out:
+            reps = [r for p in state.order for r in p.replicas if p.name == "o" and not r.retiring]
+            if len(reps) == 2:
+                out = [RetireReplica(min(r.id for r in reps))]
+        return out
+
+
+def test_a_replica_retired_before_the_grant_gives_its_devices_back_at_once():
+    async def main():
+        s, _, leases = scheduler("test-launch-two-retire-one", 2, orl())
+        got = await s.acquire("o", "rollout", 2, 5.0, 0, "gen")
+        return s, leases, got
+
+    s, leases, got = asyncio.run(main())
+    assert len(got) == 1  # the host runs on the replica left
+    assert s.holder() == {got[0]: "o"}  # the retired one's device is free, not held idle
+    released = [e for e in leases.events if e["hook"] == "jigsaw_lease_released"]
+    assert [tuple(e["devices"]) for e in released] == [tuple(d for d in (0, 1) if d != got[0])]

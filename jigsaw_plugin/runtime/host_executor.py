@@ -361,6 +361,10 @@ class HostExecutor(ExecutorCore):
             if p.gen_next > tk.step and tk.step in p.steps and live:
                 tk.granted = tuple(sorted({d for r in live for d in r.devices}))
                 self._rollout[tk.pipeline] = (tk.step, tk.granted)
+                for rep in [r for r in p.replicas if r not in live]:
+                    # retired before the host got its grant: the host never runs on it, so
+                    # its devices go back now rather than idle until the rollout's end
+                    self._close(rep)
         elif tk.stage == "train":
             first = next(((st, dev) for (n, k, st), dev in self._stage_grant.items()
                           if n == tk.pipeline and k == tk.step), None)
