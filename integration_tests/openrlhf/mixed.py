@@ -305,6 +305,7 @@ def problems(r: MixedResult) -> list[str]:
     - every sample trained exactly once: verl 4 per step generated and trained; OpenRLHF
       8 per step generated and trained, every request finished once within its budget, a
       migrated one resumed with its prefix and the rest of its budget;
+    - at each rollout grant the coordinator holds for the pipeline exactly the granted devices;
     - refusals name the capability; no device granted to both jobs at once.
     """
     s, out = r.settings, []
@@ -341,6 +342,7 @@ def problems(r: MixedResult) -> list[str]:
             if ran != [by_grant.get((ORL, k, grant))]:
                 out.append(f"{ORL} step {k}: {stage} ran on {ran}, granted {by_grant.get((ORL, k, grant))}")
     out += _request_problems(orl_ev, s.max_new_tokens)
+    out += _idle_holds(r.events)
     for refused in r.scheduler.get("refusals", []):
         if "=false" not in refused["reason"]:
             out.append(f"a refusal that names no capability: {refused}")
@@ -349,6 +351,22 @@ def problems(r: MixedResult) -> list[str]:
         for b in spans[i + 1:]:
             if a[0].split()[0] != b[0].split()[0] and set(a[2]) & set(b[2]) and a[3] < b[4] and b[3] < a[4]:
                 out.append(f"device granted to two jobs at once: {a} / {b}")
+    return out
+
+
+def _idle_holds(events: list[dict]) -> list[str]:
+    """At each rollout grant, the devices the coordinator holds for the pipeline are the
+    grant's: none held for a replica the host will never run on (the coordinator's log)."""
+    out, held = [], defaultdict(set)
+    for e in events:
+        if e.get("hook") == "jigsaw_lease_granted":
+            held[e["pipeline"]] |= set(e["devices"])
+        elif e.get("hook") == "jigsaw_lease_released":
+            held[e["pipeline"]] -= set(e["devices"])
+        elif e.get("hook") == "jigsaw_stage_granted" and e["stage"] == "gen" \
+                and held[e["pipeline"]] != set(e["devices"]):
+            out.append(f"{e['pipeline']} step {e['step']}: rollout granted {e['devices']} while the coordinator "
+                       f"holds {sorted(held[e['pipeline']])} for it")
     return out
 
 
