@@ -41,6 +41,10 @@ class EfficiencyFactors:
     micro_batch_tokens: int = 22528  # set: tokens per device per update micro-batch (verl max_token_len)
     forward_micro_batch_tokens: int = 45056  # set: the same for forward-only passes (twice as many)
     gpus_per_node: int = 8  # set: devices joined by NVLink; a wider gang crosses the node NICs
+    # fitted: the fraction of the ideal speed-up each device beyond the first adds to a
+    # training gang's compute (1: data parallel splits the tokens evenly; the collectives
+    # are priced on their own). Below 1 where devices share what binds the compute
+    gang_scaling: float = 1.0
     # links
     link_eff: float = 0.968  # fitted: fraction of link bandwidth a collective achieves
     allreduce_latency_s: float = 8e-6  # set: per all-reduce of a tensor-parallel layer (NVLink)
@@ -64,7 +68,12 @@ HARDWARE_FACTORS: dict[str, EfficiencyFactors] = {
     "cpu": EfficiencyFactors(decode_step_overhead_s=0.0047, forward_mfu=0.283, train_mfu=0.559,
                              sync_overhead_s=0.020, train_stage_overhead_s=0.05, adv_s=0.0014,
                              decode_bw_eff=0.40, decode_mfu=0.60, link_eff=0.70, prefill_mfu=0.50,
-                             cuda_graph_max_batch=0, micro_batch_overhead_s=0.0),
+                             cuda_graph_max_batch=0, micro_batch_overhead_s=0.0,
+                             # a second core of this 2-core machine barely speeds a tiny
+                             # model's torch training: measured 1.05x and 0.97x in the agentic
+                             # A/Bs' own stages, 1.08x for update_actor on 2 threads
+                             # (benchmarks/results/data_parallel_update.json); docs/calibration.md
+                             gang_scaling=0.05),
 }
 
 
@@ -135,7 +144,7 @@ class CostModel:
         """log-prob, reference or values pass over ``tokens`` (data parallel over the gang)."""
         if tokens <= 0:
             return 0.0
-        per_device = tokens / devices
+        per_device = tokens / self.gang_speedup(devices)
         micro = max(1, math.ceil(per_device / self.f.forward_micro_batch_tokens))
         each = self.micro_batch_s(model, devices, per_device / micro, backward=False)
         return self.f.train_stage_overhead_s + micro * each
@@ -145,10 +154,14 @@ class CostModel:
         per optimizer step, more where a mini-batch overflows a device's micro-batch budget."""
         if tokens <= 0:
             return 0.0
-        per_device = tokens / devices
+        per_device = tokens / self.gang_speedup(devices)
         micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
         each = self.micro_batch_s(model, devices, per_device / micro, backward=True)
         return self.f.train_stage_overhead_s + micro * each
+
+    def gang_speedup(self, devices: int) -> float:
+        """How many devices' worth of compute a gang of ``devices`` delivers."""
+        return 1.0 + (max(1, devices) - 1) * self.f.gang_scaling
 
     def micro_batch_s(self, model: ModelProfile, devices: int, tokens_per_device: float,
                       backward: bool) -> float:
