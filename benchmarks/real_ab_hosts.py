@@ -242,36 +242,39 @@ def why(data: dict) -> str:
     first = {arm: statistics.median(x["first_step_s"] for rep in data["repeats"] for x in rep[arm]["jobs"].values())
              for arm in ARMS}
     adapted = sum(r["adapted"] for rep in data["repeats"] for r in rep.values())
+    wider = sum(1 for rep in data["repeats"] for r in rep.values() for x in r.get("adapted_decisions", []))
+    quiet = min(data["repeats"], key=lambda rep: min(r["load_avg_start"][0] for r in rep.values()))
+    quiet_load = min(r["load_avg_start"][0] for r in quiet.values())
+    quiet_ratio = quiet["verl-sync"]["steps_span_s"] / quiet["jigsaw"]["steps_span_s"]
     pred = data["predicted"]["ratio"]
     return (
-        "**Why the pair cannot gain here.** Under both policies each job's stages ran on one device at a time, "
-        "its own share (the devices column lists which; a job that outlives the other gets the whole pool as its "
-        "share and may move to the other device, still one at a time). What verl can carry out leaves the policy "
-        "nothing to move: its FSDP gang is fixed at one device when verl builds its worker groups "
-        "(`training_resizable=false`: a wider `RunStage` is narrowed to the gang's width; "
-        f"{adapted} were), it has one "
-          "rollout server and cannot add one (`replicas_elastic=false`: the policy cannot put a job's rollout on the "
-          "other job's idle device), and the coordinator does not see its requests (`migration=false`). So jigsaw can "
-          "only decide *when* each stage runs on the job's own device. The devices-held column shows how much of "
-          "each device was held by grants over the steps' span (a rollout grant counts from the policy's launch of "
-          "the job's server, which may precede the job's ask): little is left that the policy could lend, and "
-          f"verl has no way to use a lent device. {between:.1f} s of a {later:.1f} s later step is outside the granted "
-          "stages (verl's driver work, the agent loop's hand-offs, grant round trips). On CPU a pretend device is not a core: both "
-          "jobs' processes share the 2 cores whatever the grants say (CPU busy column), so lending a device would "
-          f"not lend compute. The wall time is dominated by what lies outside the steps' span ({wall_minus_span:.0f} s "
-          "of it: Ray, TransferQueue, FSDP and vLLM start-up before the first grant, shut-down after the last), which "
-          "no scheduler changes. The steps' span is mostly the first step (warm-up: the first vLLM batch, FSDP's first "
-          f"pass; median {first['verl-sync']:.1f} s under verl-sync, {first['jigsaw']:.1f} s under jigsaw): the arms "
-          "differ mostly there, in the time to the first rollout's start (verl's data loading and agent-loop "
-          "start-up, then its ask for the rollout grant; in both arms the policy launched the job's server at "
-          "registration) and in the first rollout itself, while a later step's grants follow their asks within "
-          "its 'between stages' time. Not established: whether that is the shared machine's noise or the coordinator's decide rounds taking CPU "
-          f"from the jobs ({decide}). The simulator predicts "
-          f"{pred:.2f}x; its absolute step times are those of its `cpu` profile for this model (a few hundred ms "
-          "a step), not of verl's Python overheads, so only the ratio is compared. What would pay: verl rollout "
-          "servers the coordinator can add and remove across jobs (`CheckpointEngineManager` + the balancer's "
-          "server set, `replicas_elastic`), and on real accelerators, where a device idle between one job's "
-          "stages is compute another job can use.")
+        "**Why the pair cannot gain here.** What verl can carry out leaves the policy nothing to move. Its FSDP "
+        "gang is fixed at one device when verl builds its worker groups (`training_resizable=false`), it has one "
+        "rollout server and cannot add one (`replicas_elastic=false`: the policy cannot put a job's rollout on the "
+        "other job's idle device), and the coordinator does not see its requests (`migration=false`). A grant's "
+        "device is the pool's bookkeeping: verl's worker stays on the Ray placement it got at start-up. So jigsaw "
+        "decides *when* each stage runs, and with one device per job neither job ever waits on the other. It did try "
+        f"more: {adapted} of its decisions were adapted" + (
+            f" (the {wider} recorded: a job's `old_log_prob` and `update_actor` asked on both devices while the "
+            "other job's device was free, carried out on one)" if wider else "")
+        + ": the gang is fixed. The devices-held column shows how much of each device was held by grants over the "
+          "steps' span (a rollout grant counts from the policy's launch of the job's server, which may precede the "
+          f"job's ask): little is left to lend. {between:.1f} s of a {later:.1f} s later step is outside the granted "
+          "stages (verl's driver work, the agent loop's hand-offs, grant round trips). On CPU a pretend device is not "
+          "a core: both jobs' processes share the 2 cores whatever the grants say (CPU busy column), so lending a "
+          f"device would not lend compute. The wall time is dominated by what lies outside the steps' span "
+          f"({wall_minus_span:.0f} s of it: Ray, TransferQueue, FSDP and vLLM start-up before the first grant, "
+          "shut-down after the last), which no scheduler changes. The steps' span is mostly the first step (warm-up: "
+          f"the first vLLM batch, FSDP's first pass; median {first['verl-sync']:.1f} s under verl-sync, "
+          f"{first['jigsaw']:.1f} s under jigsaw), and the arms differ mostly there, before and in the first rollout, "
+          f"not in the grants: {decide}, and in the repeat on the quietest machine (load {quiet_load:.1f} at its "
+          f"start) the steps' spans are {quiet_ratio:.2f}x, so the spread is read as the shared machine's noise. "
+          f"The simulator predicts {pred:.2f}x; its absolute step times are those of its `cpu` profile for this "
+          "model (a few hundred ms a step), not of verl's Python overheads, so only the ratio is compared. What "
+          "would pay: verl rollout servers the coordinator can add and remove across jobs "
+          "(`CheckpointEngineManager` + the balancer's server set, `replicas_elastic`), a training gang verl can "
+          "re-place, and real accelerators, where a device idle between one job's stages is compute another job "
+          "can use.")
 
 
 def main(argv: list[str] | None = None) -> int:
