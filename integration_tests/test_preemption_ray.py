@@ -53,7 +53,7 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
     from jigsaw_plugin.runtime.preemption_weights import read_digests
 
     case = PreemptionCase("test", rate_per_hour=0.0, recovery="migrate", steps=8, prompts_per_step=4,
-                          response_len=(128, 256))
+                          response_len=(256, 512))
     seen: dict = {}
 
     async def preempt_twice(driver, live):
@@ -66,10 +66,16 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
         def done():
             return all(p.done for p in live.order)
 
-        while not (spot_task() is not None and spot_task().kind == "replica"
-                   and router.records_on(spot_task().replica)) and not done():
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(1.0)  # mid-generation
+        def generating():
+            task = spot_task()
+            return task is not None and task.kind == "replica" and router.records_on(task.replica)
+
+        while not done():  # a rollout on the spot replica, 0.2 s into it (a step takes ~1-2 s at low load)
+            if generating():
+                await asyncio.sleep(0.2)
+                if generating():
+                    break
+            await asyncio.sleep(0.005)
         if done():
             return
         await driver.preempt_now(spot)
