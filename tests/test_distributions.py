@@ -309,10 +309,15 @@ def test_sampling_8192_is_fast(spec):
     d = build_distribution(spec, "x")
     rng = np.random.default_rng(0)
     d.sample(rng, 8192)
-    t = time.perf_counter()
-    for _ in range(50):
-        d.sample(rng, 8192)
-    per_call = (time.perf_counter() - t) / 50
+    # CPU time of this process, best of 5 rounds: other processes' load on a shared machine
+    # must not fail it (a guard against a per-draw Python loop, not a tuning target)
+    rounds = []
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(10):
+            d.sample(rng, 8192)
+        rounds.append((time.process_time() - t) / 10)
+    per_call = min(rounds)
     assert per_call < 0.005, f"{per_call * 1e3:.2f} ms per 8192 draws"
 
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jigsaw_plugin import hookspecs
@@ -164,6 +164,7 @@ _json_value = st.recursive(
 )
 
 
+@settings(deadline=None)  # a loaded machine makes single examples slow; the property is what matters
 @given(spec=st.dictionaries(st.text(max_size=4), _json_value, max_size=4))
 def test_any_json_like_spec_survives_jsonl(spec, tmp_path_factory):
     pm = get_plugin_manager(load_entrypoints=False, default_plugins=False)

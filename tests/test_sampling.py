@@ -227,9 +227,9 @@ def test_demo_step_8192_is_fast():
         sample_step(big, 0, 0)
         times = []
         for step in range(10):
-            t = time.perf_counter()
+            t = time.process_time()  # CPU time: other processes' load must not fail this guard
             s = sample_step(big, step, 0)
-            times.append(time.perf_counter() - t)
+            times.append(time.process_time() - t)
         assert s.n == 8192
         assert np.median(times) < 0.05, f"{p.name}: {np.median(times) * 1e3:.1f} ms"
 
