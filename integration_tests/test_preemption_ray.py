@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -103,8 +104,8 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
         assert r.samples == case.steps * case.prompts_per_step * case.samples_per_prompt
         assert r.trainer_version == case.steps  # no update kept twice, none lost
         assert max(r.staleness) <= r.staleness_bound  # sync: every sample on the current version
-    assert [(x.step, x.index, x.prompt_tokens, x.response_tokens) for x in _ledger(tmp_path / "base" / "p0")] == \
-           [(x.step, x.index, x.prompt_tokens, x.response_tokens) for x in _ledger(tmp_path / "pre" / "p0")]
+    assert [(x.step, x.index, x.prompt_tokens, x.response_tokens) for x in _ledger(Path(base.checkpoints) / "p0")] == \
+           [(x.step, x.index, x.prompt_tokens, x.response_tokens) for x in _ledger(Path(pre.checkpoints) / "p0")]
     assert sum(pre.staleness.values()) == pre.samples
 
     # the rollout preemption: its in-flight requests resumed elsewhere with their tokens

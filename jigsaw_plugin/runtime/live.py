@@ -188,6 +188,14 @@ class LiveExecutor(ExecutorCore):
                 self.pipelines[pipeline].steps[rid.step].migrations += 1
             elif name == "replica_died":
                 self._replica_died(pipeline, kw["replica"], kw["request_id"], kw["generated_tokens"])
+            elif name in ("waiting", "placed"):  # an evicted request with no live replica: pending
+                traj = str(RequestId.parse(kw["request_id"]).trajectory)
+                pending = self.pipelines[pipeline].pending
+                if name == "waiting":
+                    pending.append(traj)
+                elif traj in pending:
+                    pending.remove(traj)
+                self.dirty = True
         return on_event
 
     def _replica_died(self, pipeline: str, replica: int, request_id: str, generated: int) -> None:

@@ -67,6 +67,7 @@ class PreemptionRunResult:
     trainer_version: int
     steps: int
     segments: int  # rollout segments generated (a resumed request has more than one)
+    checkpoints: str = ""  # the folder of the trainers' StepCheckpoints (one subfolder per pipeline)
     notes: tuple = field(default_factory=tuple)
 
 
@@ -136,7 +137,10 @@ async def run_case(case: PreemptionCase, pool, model_dir, preempt=None, workdir=
         await pool.ensure(name, model_dir, devices)
     trainer_cls = ray.remote(ReferenceTrainer).options(num_cpus=0, runtime_env={
         "env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})  # as ray_bench: no spinning next to the engines
-    folder = Path(workdir or tempfile.mkdtemp(prefix="jigsaw-preempt-"))
+    # a fresh folder: a checkpoint left by an earlier run would be restored (and refused)
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="jigsaw-preempt-", dir=workdir))
     keeper = TrainerKeeper(lambda name: trainer_cls.remote(str(model_dir), seed=case.seed), names, folder)
     weights = WeightServer(names)
     staleness = StalenessLog()
@@ -159,12 +163,19 @@ async def run_case(case: PreemptionCase, pool, model_dir, preempt=None, workdir=
                                   done=lambda: all(p.done for p in live.order))
         side = asyncio.ensure_future(preempt(driver, live) if preempt is not None else driver.run())
         t0 = time.perf_counter()
+        run = asyncio.ensure_future(live.run())
         try:
-            await live.run()
+            # a preemption or replacement that fails ends the run with its error (not a stalled run)
+            await asyncio.wait({run, side}, return_when=asyncio.FIRST_COMPLETED)
+            if side.done() and side.exception() is not None:
+                run.cancel()
+                raise side.exception()
+            await run
         finally:
             wall = time.perf_counter() - t0
             driver.stop()
-            await side  # a replacement under way still joins (the pool stays whole for the next run)
+            if not side.done():
+                await side  # a replacement under way still joins (the pool stays whole for the next run)
         version = int(await keeper(names[0]).get_version.remote())
         inner.close()
     finally:
@@ -189,6 +200,6 @@ async def run_case(case: PreemptionCase, pool, model_dir, preempt=None, workdir=
         wrong_length=wrong,
         staleness_bound=min(p.staleness for p in wl.pipelines),
         staleness=dict(sorted(Counter(row[3] for row in staleness.trained).items())),
-        trainer_version=version, steps=case.steps, segments=staleness.segments,
+        trainer_version=version, steps=case.steps, segments=staleness.segments, checkpoints=str(folder),
         notes=(f"time scale {case.time_scale:g}: one wall second stands for {case.time_scale:g} device seconds",),
     )

@@ -217,7 +217,11 @@ class Router:
         try:
             while True:
                 if rec.move_to is None and rec.segments and not self.live_replicas():
-                    await self._wait_for_replica()  # evicted, nowhere to go: its tokens wait for one
+                    # evicted, nowhere to go: its tokens wait for a replica (the executor is told, so
+                    # that its policy sees a request that needs one)
+                    self._on_event("waiting", request_id=request_id, generated_tokens=len(rec.prefix))
+                    await self._wait_for_replica()
+                    self._on_event("placed", request_id=request_id)
                 target = rec.move_to if rec.move_to is not None else self.choose_replica(rec)
                 rec.move_to = None
                 done = await self._segment(rec, target)
