@@ -51,7 +51,7 @@ def _cases(args, seed: int) -> list:
     base = PreemptionCase("", time_scale=args.time_scale, steps=args.steps, seed=seed,
                           prompts_per_step=args.prompts, response_len=(args.min_len, args.max_len))
     out = []
-    for rate in RATES:
+    for rate in args.rates:
         for recovery in (("migrate",) if rate == 0 else ("migrate", "restart")):
             out.append(replace(base, label=f"rate {rate:g} {recovery}", rate_per_hour=rate, recovery=recovery))
     return out
@@ -221,6 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-len", type=int, default=128)
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--seed", type=int, default=None, help="default: 0, or the next unused seed with --append")
+    ap.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="preemptions per device-hour")
     ap.add_argument("--append", action="store_true", help="add this repeat to the runs already in the results file")
     ap.add_argument("--render", action="store_true", help="no runs: re-render the doc block from the results file")
     ap.add_argument("--no-docs", action="store_true")
