@@ -72,12 +72,12 @@ def _row(r) -> dict:
     }
 
 
-def _save(runs: list, pred: dict) -> None:
+def _save(runs: list, pred: dict, notes=()) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": runs, "prediction": pred}, indent=1))
+    RESULTS.write_text(json.dumps({"runs": runs, "prediction": pred, "notes": list(notes)}, indent=1))
 
 
-async def _measure(args, seed: int, log=print, saved=()) -> list:
+async def _measure(args, seed: int, log=print, saved=(), notes=()) -> list:
     import ray
 
     from jigsaw_plugin.runtime.preemption_run import make_pool, run_case
@@ -94,7 +94,7 @@ async def _measure(args, seed: int, log=print, saved=()) -> list:
             r = await run_case(case, pool, model, workdir=Path(args.workdir) / f"seed{seed}" / case.label.replace(" ", "-"))
             row = dict(_row(r), load_before=load, load_after=os.getloadavg(), utc=time.strftime("%H:%M", time.gmtime()))
             rows.append(row)
-            _save(list(saved) + rows, {})  # a run cut short keeps the cases it finished
+            _save(list(saved) + rows, {}, notes)  # a run cut short keeps the cases it finished
             log(f"{case.label:>18}: {r.samples_per_s:.3f} samples/s, {r.wall_s:.1f} s, "
                 f"{len(r.preemptions)} preemptions {[p.hit for p in r.preemptions]}, "
                 f"{len(r.migrated)} resumed (tokens kept {sum(r.migrated)}), {len(r.restarted)} restarted "
@@ -147,7 +147,7 @@ def _all_checks_pass(runs: list) -> bool:
                for r in runs)
 
 
-def render(runs: list, pred: dict, command: str) -> str:
+def render(runs: list, pred: dict, command: str, notes=()) -> str:
     labels = sorted({r["label"] for r in runs}, key=lambda s: (float(s.split()[1]), s))
     by = {lab: [r for r in runs if r["label"] == lab] for lab in labels}
     med0 = statistics.median(r["samples_per_s"] for r in by[labels[0]]) if labels else 1.0
@@ -205,6 +205,7 @@ def render(runs: list, pred: dict, command: str) -> str:
                         for p, x in zip(r["preemptions"], r["replacements"] + [None] * len(r["preemptions"])))
         text.append(f"- {r['label']}, seed {r['seed']}: {r['wall_s']:.1f} s, load {r['load_before'][0]:.1f}; "
                     f"{len(r['preemptions'])} preemption(s){': ' + pre if pre else ''}")
+    text += [""] + [f"Note: {n}" for n in notes] if notes else []
     if pred:
         text += ["", f"Simulator: the same workload and policy in `Simulation`, its clock matched to this machine's "
                      f"(k = {pred['k']:.2f} wall seconds per simulated second, from the rate-0 runs), rates times k, "
@@ -233,15 +234,17 @@ def main(argv=None) -> int:
         raise SpecError("--time-scale/--steps/--prompts/--min-len/--max-len",
                         (args.time_scale, args.steps, args.prompts, args.min_len, args.max_len),
                         "time scale > 0, steps >= 1, prompts >= 1, 1 <= min-len <= max-len")
-    old = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() and (args.append or args.render) else []
+    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() and (args.append or args.render) else {}
+    old, notes = saved.get("runs", []), saved.get("notes", [])  # notes: what a reader must know, kept by hand
     runs = list(old)
     if not args.render:
         seed = args.seed if args.seed is not None else (max((r["seed"] for r in old), default=-1) + 1)
-        runs += asyncio.run(_measure(args, seed, saved=old))
+        runs += asyncio.run(_measure(args, seed, saved=old, notes=notes))
     pred = predict(runs)
-    _save(runs, pred)
-    command = "flock /tmp/jigsaw-real.lock .venv-cpu/bin/python benchmarks/preemption_ray.py [--append]"
-    text = render(runs, pred, command)
+    _save(runs, pred, notes)
+    command = ("flock /tmp/jigsaw-real.lock .venv-cpu/bin/python benchmarks/preemption_ray.py --time-scale 300 "
+               "--steps 6 [--append]")
+    text = render(runs, pred, command, notes)
     print(text)
     if not args.no_docs:
         write_doc_block("preemption-ray", text)
