@@ -76,3 +76,23 @@ def write_doc_block(name: str, text: str) -> None:
     else:
         doc = doc.rstrip("\n") + "\n\n" + block + "\n"
     BENCHMARKS_DOC.write_text(doc)
+
+
+def measure_and_write(name: str, results, measure, render, full, quick_args) -> dict:
+    """The measured-block scripts' command line: ``--render`` re-renders the saved results,
+    ``--quick`` measures ``quick_args`` and writes nothing, otherwise ``full`` is measured,
+    saved to ``results`` and written as docs/benchmarks.md's block ``name``. Returns the data."""
+    import sys
+
+    quick = "--quick" in sys.argv
+    if "--render" in sys.argv:
+        data = json.loads(Path(results).read_text())
+    else:
+        data = measure(quick_args if quick else full)
+        if not quick:
+            dump(data, results)
+    block = render(data)
+    print(block)
+    if not quick:
+        write_doc_block(name, block)
+    return data

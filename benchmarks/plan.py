@@ -17,12 +17,11 @@ sweep's best. Prices are illustrative list prices (assumed, not quoted): H100 on
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 import time
 
-from common import EXAMPLES, ROOT, dump, load, md_table, run_many, write_doc_block  # noqa: F401
+from common import EXAMPLES, ROOT, load, md_table, measure_and_write, run_many  # noqa: F401
 
 from jigsaw_plugin.plan import evaluate, plan_pipeline
 from jigsaw_plugin.workload import load_workload
@@ -134,17 +133,7 @@ def render(data: list) -> str:
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
-    if "--render" in sys.argv:
-        data = json.loads(RESULTS.read_text())
-    else:
-        data = measure(QUICK if quick else CASES)
-        if not quick:
-            dump(data, RESULTS)
-    block = render(data)
-    print(block)
-    if not quick:
-        write_doc_block("plan", block)
+    data = measure_and_write("plan", RESULTS, measure, render, CASES, QUICK)
     return 0 if all(_verdict(c)[2] >= 0.9 for c in data) else 1
 
 

@@ -18,13 +18,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 import sys
 import time
 
-from common import EXAMPLES, ROOT, dump, load, md_table, write_doc_block  # noqa: F401
+from common import EXAMPLES, ROOT, load, md_table, measure_and_write  # noqa: F401
 
 from jigsaw_plugin.plan import plan_pipeline
 from jigsaw_plugin.scheduler import get_policy
@@ -176,17 +175,7 @@ def render(data: dict) -> str:
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
-    if "--render" in sys.argv:
-        data = json.loads(RESULTS.read_text())
-    else:
-        data = measure((0,) if quick else (0, 1, 2))
-        if not quick:
-            dump(data, RESULTS)
-    block = render(data)
-    print(block)
-    if not quick:
-        write_doc_block("preemption", block)
+    measure_and_write("preemption", RESULTS, measure, render, (0, 1, 2), (0,))
     return 0
 
 
