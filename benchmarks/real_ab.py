@@ -271,6 +271,13 @@ def _load() -> list:
     return [round(x, 1) for x in os.getloadavg()]
 
 
+def _cpu_gang_speedup(devices: int) -> float:
+    """How much faster the simulator prices a training stage on ``devices`` CPU cores."""
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+
+    return CostModel(hardware_profile("cpu")).gang_speedup(devices)
+
+
 def render_agentic(data: dict) -> str:
     r = data["row"]
     med = {k: sorted(v)[len(v) // 2] for k, v in r["samples_per_s"].items()}
@@ -445,7 +452,8 @@ def _what_would_pay(data: dict, agent: str) -> list[str]:
     out += ["", f"**What would pay.** Training: jigsaw "
             + (f"gave `{agent}`'s training stages the second core, which made them {speedup:.2f}x as fast"
                if wide else f"ran `{agent}`'s training stages on one core ({speedup:.2f}x the verl-sync time)")
-            + " (the simulator prices a 2-device stage at about 2x). " + _data_parallel_sentence()
+            + f" (the simulator's `cpu` profile prices a 2-device stage at {_cpu_gang_speedup(2):.2f}x: "
+            "`gang_scaling`, docs/calibration.md). " + _data_parallel_sentence()
             + "Rollout: with the tool chain above as its floor, a second replica "
             f"saves only decode time of the slowest trajectories. Beyond that, only overlapping a step's rollout "
             f"with the previous step's training (staleness 1: `mode: async`) would shorten the agentic "
