@@ -113,11 +113,15 @@ def test_preempted_rollout_worker_and_trainer_lose_and_duplicate_nothing(ray_poo
     assert first.hit == "replica" and first.requests > 0
     # (a request that finished while its abort was on the way just finished: no move)
     assert 1 <= len(pre.migrated) <= first.requests and min(pre.migrated) > 0 and not pre.restarted
-    # the trainer preemption: restored at its last checkpoint, the update ran again
+    # the trainer preemption: restored at its last checkpoint; the update ran again if the
+    # kill reached it mid-pass (a RayActorError), or ran once on the restored trainer if the
+    # kill came between the stage's grant and its call (the runner waits for the restore
+    # first). Either way the ledger and versions above show it kept exactly once.
     assert second.hit == "stage" and seen["stage"] == "update_actor"
     ((name, version),) = pre.trainer_restores
-    assert pre.stage_reruns and pre.stage_reruns[0].stage == "update_actor"
-    assert pre.stage_reruns[0].restored_version == version == pre.stage_reruns[0].step
+    assert version < case.steps
+    for rerun in pre.stage_reruns:
+        assert rerun.stage == "update_actor" and rerun.restored_version == version == rerun.step
     # each replacement pulled the latest version from the parameter server, bit-identical
     assert len(pre.pulls) == 2 and all(p.ok for p in pre.pulls), pre.pulls
     survivors = [row for key, engine in ray_pool.engines.items() if key[1] != SPOT_DEVICE
