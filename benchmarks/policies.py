@@ -13,6 +13,7 @@ import copy
 import yaml
 from common import EXAMPLES, ROOT, dump, md_table, run_many
 
+from jigsaw_plugin.bench import ab
 from jigsaw_plugin.bench.bundled import BUNDLED_WORKLOADS
 
 RESULTS = ROOT / "benchmarks" / "results" / "policies.json"
@@ -21,9 +22,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "policies.json"
 WORKLOADS = {w.key: (w.file, w.title) for w in BUNDLED_WORKLOADS if w.key in "abcd"}
 BASELINES = ("verl-sync", "one-step-off", "streamrl", "areal", "rollmux")
 ASYNC_BASELINES = ("one-step-off", "streamrl", "areal")
-ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "loans", "priority", "balance")
-# mechanisms that are off by default: their column switches them on
-OFF_BY_DEFAULT = ("loans", "priority", "balance")
+# `jigsaw bench --ablate`'s mechanisms: those on by default switched off, then those off by
+# default switched on ("with ...")
+ABLATIONS = ab.ABLATIONS + ab.OFF_BY_DEFAULT
+OFF_BY_DEFAULT = ab.OFF_BY_DEFAULT
 SHOWN_ABLATIONS = ABLATIONS
 
 
@@ -43,7 +45,7 @@ def jobs_for(fname: str) -> list:
     jobs = [(fname, b, None, 0) for b in BASELINES]
     jobs += [(with_tp(fname, tp), "verl-sync", None, 0) for tp in (2, 4)]
     jobs += [(fname, "jigsaw", None, 0)]
-    jobs += [(fname, "jigsaw", {a: a in OFF_BY_DEFAULT}, 0) for a in ABLATIONS]
+    jobs += [(fname, "jigsaw", ab.ablation_options("jigsaw", [a]), 0) for a in ABLATIONS]
     jobs += [(fname, "jigsaw", None, 0, "oracle")]  # ablation: true lengths instead of the predictor
     return jobs
 

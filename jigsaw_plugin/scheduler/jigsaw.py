@@ -724,7 +724,7 @@ class Jigsaw(Policy):
         g_est = max(1, len(home))
         duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
         lent = self._lendable(rnd, p, duration)
-        if self.config.cost_aware and len(state.classes) > 1:  # training stays on the trainer's site
+        if self._cost_aware(state):  # training stays on the trainer's site
             site = trainer_site(state)
             home, lent = [d for d in home if d in site], [d for d in lent if d in site]
             home_free = [d for d in home_free if d in site]
@@ -784,6 +784,11 @@ class Jigsaw(Policy):
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
 
+    def _cost_aware(self, state) -> bool:
+        """Whether rollout goes on activation's devices and training on the trainer's site
+        (a pool of more than one device class)."""
+        return self.config.cost_aware and len(state.classes) > 1
+
     def _borrows(self) -> bool:
         """Rollout replicas go beyond the home only where the look-ahead can tell how long
         their owners can spare the devices (greedy borrowing starved (c)'s trainers: -66%)."""
@@ -799,7 +804,7 @@ class Jigsaw(Policy):
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
         avail = [d for d in home if d in free]
-        if self.config.cost_aware and len(state.classes) > 1:
+        if self._cost_aware(state):
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
             return []
@@ -812,7 +817,7 @@ class Jigsaw(Policy):
                 duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
             taken = {d for g in groups for d in g}
             pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
-            if self.config.cost_aware and len(state.classes) > 1:
+            if self._cost_aware(state):
                 pool = [d for d in activate(state, p, [*taken, *pool], tp).devices if d not in taken]
             while len(groups) < want:
                 g = self._node_group(rnd, p, pool, tp)
