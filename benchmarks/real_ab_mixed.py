@@ -5,7 +5,12 @@ one coordinator with a pool of 2 devices, the policy ``jigsaw`` against static h
     flock /tmp/jigsaw-real.lock .venv-verl/bin/python benchmarks/real_ab_mixed.py [--repeats 1]
     .venv-verl/bin/python benchmarks/real_ab_mixed.py --render     # the docs block from the JSON
 
-Each repeat runs both arms one after the other (static halves first), each arm the two jobs
+    flock /tmp/jigsaw-real.lock .venv-verl/bin/python benchmarks/real_ab_mixed.py --append  # one more repeat
+
+``--append`` exists so that each repeat can run as its own command under the machine's
+real-run lock (one repeat is about 8 minutes here). Each repeat runs both arms one after
+the other, the order alternating between repeats (static halves first in repeats 0, 2,
+...), each arm the two jobs
 at once (``integration_tests/openrlhf/mixed.py``: verl 1 pretend device, GRPO, 2 steps;
 OpenRLHF 2 engines of which 1 is its share, GRPO-style ``group_norm``, 2 steps, tail
 consolidation on). Per arm: wall time, each job's wall and exit code, the peak of the summed
@@ -69,6 +74,40 @@ def grant_spans(events: list[dict]) -> dict:
             "overlap_s": round(max(0.0, min(a1, b1) - max(a0, b0)), 1)}
 
 
+def device_holdings(trace: list, span_s: float) -> dict:
+    """Per device, from the coordinator's trace (name, category, devices, start, end): the
+    seconds each pipeline's rollout and training held it (a rollout's replica span and its
+    ``gen`` stage span merged, not counted twice) and the seconds nothing held it within the
+    steps' span."""
+    spans = [x for x in trace if x[2]]
+    if not spans:
+        return {}
+    t0 = min(x[3] for x in spans)
+    per: dict = {}
+    for name, cat, devices, start, end in spans:
+        kind = "rollout" if cat in ("rollout", "gen") else "train"
+        for d in devices:
+            per.setdefault(str(d), {}).setdefault(f"{name.split()[0]} {kind}", []).append((start, end))
+    out = {}
+    for d, held in sorted(per.items()):
+        row = {k: round(_union_s(v), 1) for k, v in sorted(held.items())}
+        row["idle"] = round(max(0.0, span_s - _union_s([iv for v in held.values() for iv in v])), 1)
+        out[d] = row
+    return {"t0": round(t0, 1), "devices": out}
+
+
+def _union_s(intervals: list) -> float:
+    """Seconds covered by the union of (start, end) intervals."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_b is None or a > cur_b:
+            total += (cur_b - cur_a) if cur_b is not None else 0.0
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + ((cur_b - cur_a) if cur_b is not None else 0.0)
+
+
 def run_arm(policy: str, workdir: Path) -> dict:
     import mixed
 
@@ -90,12 +129,23 @@ def run_arm(policy: str, workdir: Path) -> dict:
         "device_busy_s": round(busy, 1),
         "device_idle_s": round(max(0.0, s.pool_devices * span - busy), 1),
         "problems": mixed.problems(r),
+        "holdings": device_holdings(r.scheduler.get("trace", []), span),
+        "migrations": sum(1 for e in mixed.read_jsonl(r.jobs[1].events_path) if e["hook"] == "jigsaw_request_migrated"),
         **grant_spans(r.events),
     }
 
 
 def _ok(arm: dict) -> bool:
     return all(j["returncode"] == 0 for j in arm["jobs"].values())
+
+
+def _load(run: dict) -> str:
+    return f"{run['load_avg_start'][0]:.0f}-{run['load_avg_end'][0]:.0f}"
+
+
+def _median_run(runs: list, key: str) -> dict:
+    """The run whose ``key`` is the median (the lower middle of an even count)."""
+    return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
 
 
 def render(data: dict) -> str:
@@ -106,46 +156,62 @@ def render(data: dict) -> str:
         if not runs:
             continue
         walls, spans = [r["wall_s"] for r in runs], [r["steps_span_s"] for r in runs]
-        last = runs[-1]
-        jobs = ", ".join(f"{k} {v['returncode']} ({v['wall_s']:.0f} s)" for k, v in last["jobs"].items())
+        mid = _median_run(runs, "steps_span_s")
+        jobs = ", ".join(f"{k} {v['returncode']} ({v['wall_s']:.0f} s)" for k, v in mid["jobs"].items())
         rows.append(
             f"| {arm} | {statistics.median(walls):.0f} ({', '.join(f'{w:.0f}' for w in walls)}) | "
             f"{statistics.median(spans):.0f} ({', '.join(f'{w:.0f}' for w in spans)}) | {jobs} | "
-            f"{last['cpu_busy_fraction']:.2f} | {last['device_busy_s']:.0f} / {last['device_idle_s']:.0f} | "
-            f"{last['grants']} / {last['refusals']} / {last['engine_releases']} | "
-            f"{last['orl_rollout_widths']} | {last['peak_pss_gib']:.1f} | "
-            f"{last['load_avg_start'][0]:.0f}-{last['load_avg_end'][0]:.0f} | {len(last['problems'])} |")
+            f"{mid['cpu_busy_fraction']:.2f} | {mid['device_busy_s']:.0f} / {mid['device_idle_s']:.0f} | "
+            f"{mid['grants']} / {mid['refusals']} / {mid['engine_releases']} / {mid.get('migrations', '?')} | "
+            f"{mid['orl_rollout_widths']} | {max(r['peak_pss_gib'] for r in runs):.1f} | "
+            f"{', '.join(_load(r) for r in runs)} | "
+            f"{sum(len(r['problems']) for r in runs)} |")
     pred = data["predicted"]
     ok = reps and all(_ok(rep[arm]) for rep in reps for arm in ARMS)
     if ok:
         med = {arm: statistics.median(rep[arm]["wall_s"] for rep in reps) for arm in ARMS}
         span = {arm: statistics.median(rep[arm]["steps_span_s"] for rep in reps) for arm in ARMS}
+        per = "; ".join(
+            f"repeat {i} ({' then '.join(rep.get('order', ARMS))}, load "
+            f"{max(rep[a]['load_avg_end'][0] for a in ARMS):.0f}): "
+            f"{rep['verl-sync']['wall_s'] / rep['jigsaw']['wall_s']:.2f}x wall, "
+            f"{rep['verl-sync']['steps_span_s'] / rep['jigsaw']['steps_span_s']:.2f}x span"
+            for i, rep in enumerate(reps))
+        ratio_span = span['verl-sync'] / span['jigsaw']
+        off = abs(ratio_span - pred["ratio"]) / pred["ratio"] if pred.get("ratio") else None
         measured = (f"Measured (median of {len(reps)}): jigsaw {med['verl-sync'] / med['jigsaw']:.2f}x the static "
-                    f"halves' throughput on the whole run, {span['verl-sync'] / span['jigsaw']:.2f}x on the steps' "
-                    f"span (first grant to last release)")
+                    f"halves' throughput on the whole run, {ratio_span:.2f}x on the steps' "
+                    f"span (first grant to last release); per repeat: {per}")
+        versus = f" The steps' span ratio is {off:.0%} off the prediction." if off is not None else ""
     else:
-        measured = "Measured: no ratio (a job of the table did not finish: its exit code is in the table)"
+        measured, versus = "Measured: no ratio (a job of the table did not finish: its exit code is in the table)", ""
+    dates = sorted({rep.get("date", data["date"]) for rep in data["repeats"]})
     lines = [
         f"<!-- {BLOCK}:start -->",
         "A verl `main_ppo` job (tiny Qwen2, GRPO without a reference, 1 pretend device, "
         f"{data['steps']['verl']} steps) and an OpenRLHF job (its own `train()`, tiny Qwen2, `group_norm`, 2 engines "
-        f"of which 1 is its share, tail consolidation on, {data['steps']['openrlhf']} steps; CPU stand-ins for the "
+        f"of which 1 is its share, {data['steps']['openrlhf']} steps; CPU stand-ins for the "
         "DeepSpeed actors only) on one coordinator with a pool of 2 devices, on this 2-core machine, "
-        "shared with other engineers "
-        f"(`flock /tmp/jigsaw-real.lock .venv-verl/bin/python benchmarks/real_ab_mixed.py --repeats "
-        f"{len(data['repeats'])}`, {data['date']}; `free -g` before: {data.get('free_before', '?')}). verl asks a "
-        "grant per stage; OpenRLHF one for its rollout and one for its training phase, and gives an engine's "
-        "device back as soon as its tail has migrated away. The OpenRLHF job starts when verl has registered "
-        "(verl's start-up is minutes longer: started together, they did not overlap).",
+        "shared with other engineers (each repeat its own locked command: "
+        "`flock /tmp/jigsaw-real.lock .venv-verl/bin/python benchmarks/real_ab_mixed.py` for the first, "
+        f"`... --append` for the next; {', '.join(dates)}; commits "
+        f"{', '.join(sorted({rep.get('commit', '?') for rep in data['repeats']}))}; `free -g` before: "
+        f"{'; '.join(rep.get('free_before', data.get('free_before', '?')) for rep in data['repeats'])}). "
+        "The arms' order alternates between repeats. verl asks a grant per stage; OpenRLHF one for its rollout "
+        "and one for its training phase, and gives an engine's device back as soon as its requests have "
+        "migrated away. The OpenRLHF job starts when verl has registered (verl's start-up is minutes longer: "
+        "started together, they did not overlap).",
         "",
-        "| coordinator policy | wall s, median (each) | steps' span s | per job: exit (wall) | CPU busy "
-        "(run's CPU s / wall x 2) | device busy / idle s | grants / refusals / engine releases | OpenRLHF "
-        "rollout widths | peak PSS GiB | load avg | failed checks |",
+        "| coordinator policy | wall s, median (each) | steps' span s, median (each) | per job: exit (wall), median "
+        "run | CPU busy (run's CPU s / wall x 2) | device busy / idle s | grants / refusals / engine releases / "
+        "OpenRLHF migrations | OpenRLHF rollout widths | peak PSS GiB (max) | load avg per run | failed checks |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"{measured}; the simulator predicts {pred['ratio']:.2f}x for the same declared pipelines (makespan "
-        f"{pred['verl-sync']:.1f} s vs {pred['jigsaw']:.1f} s on the `cpu` profile, steps only).",
+        f"{measured}. The simulator predicts {pred['ratio']:.2f}x for the same declared pipelines (makespan "
+        f"{pred['verl-sync']:.1f} s vs {pred['jigsaw']:.1f} s on the `cpu` profile, steps only).{versus}",
+        "",
+        holdings_table(data, reps),
         "",
         reading(data, reps),
         "",
@@ -157,32 +223,61 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+def holdings_table(data: dict, reps: list) -> str:
+    """Per device of each arm's median run (by steps' span): what held it, and its idle seconds."""
+    rows, keys = [], []
+    for arm in ARMS:
+        runs = [rep[arm] for rep in reps if rep[arm].get("holdings")]
+        if runs:
+            mid = _median_run(runs, "steps_span_s")
+            for d, row in mid["holdings"]["devices"].items():
+                keys += [k for k in row if k != "idle" and k not in keys]
+                rows.append((arm, d, row, mid["steps_span_s"]))
+    if not rows:
+        return "Per device: not recorded in these repeats."
+    head = ["policy", "device", *keys, "idle", "steps' span"]
+    out = ["Per device (each arm's median run; seconds of the steps' span, from the coordinator's trace): what "
+           "held it.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += [f"| {arm} | {d} | " + " | ".join(f"{row.get(k, 0.0):.1f}" for k in keys)
+            + f" | {row['idle']:.1f} | {span:.1f} |" for arm, d, row, span in rows]
+    return "\n".join(out)
+
+
 def reading(data: dict, reps: list) -> str:
     """What the table shows and why, from what was measured."""
     if not reps:
         return "No repeat has both arms yet."
-    last = reps[-1]
-    overlap = {arm: last[arm].get("overlap_s") for arm in ARMS}
-    start = {arm: last[arm]["wall_s"] - last[arm]["steps_span_s"] for arm in ARMS}
-    text = (f"Reading: of each arm's wall time, {start['verl-sync']:.0f} s (static) and {start['jigsaw']:.0f} s "
-            f"(jigsaw) pass before the first grant or after the last (the hosts' start-up: Ray workers, FSDP, "
-            f"vLLM engines, TransferQueue; OpenRLHF's engines and actors), which no policy touches. ")
+    mid = {arm: _median_run([rep[arm] for rep in reps], "steps_span_s") for arm in ARMS}
+    overlap = {arm: mid[arm].get("overlap_s") for arm in ARMS}
+    start = {arm: mid[arm]["wall_s"] - mid[arm]["steps_span_s"] for arm in ARMS}
+    text = (f"Reading (median runs): of each arm's wall time, {start['verl-sync']:.0f} s (static) and "
+            f"{start['jigsaw']:.0f} s (jigsaw) pass before the first grant or after the last (the hosts' start-up: "
+            "Ray workers, FSDP, vLLM engines, TransferQueue; OpenRLHF's engines and actors), which no policy "
+            "touches. ")
     if any(v == 0 for v in overlap.values()):
-        text += ("In this run the two jobs' steps did not overlap (first to last grant of each job: "
-                 + "; ".join(f"{arm} {last[arm].get('spans')}" for arm in ARMS)
-                 + "): verl's steps take 2-3 s here and it finished before the OpenRLHF job, started when verl "
-                   "registered, got its first grant, so the ratio measures start-up noise, not sharing. ")
+        text += ("In a median run the two jobs' steps did not overlap (first to last grant of each job: "
+                 + "; ".join(f"{arm} {mid[arm].get('spans')}" for arm in ARMS) + "), so the ratio measures "
+                 "start-up noise, not sharing. ")
     else:
         text += (f"The jobs' steps overlapped for {overlap['verl-sync']:.0f} s (static) and {overlap['jigsaw']:.0f} s "
                  f"(jigsaw). ")
-    text += (f"The run's processes kept the 2 cores {last['verl-sync']['cpu_busy_fraction']:.0%} (static) and "
-             f"{last['jigsaw']['cpu_busy_fraction']:.0%} (jigsaw) busy over the whole wall time. What jigsaw may "
-             "change here is small: verl's gang and OpenRLHF's training are fixed at 1 device each (they can only "
-             "be time-shared), and OpenRLHF's rollout is widened only when the policy lends it its second engine's "
-             "device (rollout widths in the table: the policy gave each 8-request rollout one engine).")
+    text += (f"The run's processes kept the 2 cores {mid['verl-sync']['cpu_busy_fraction']:.0%} (static) and "
+             f"{mid['jigsaw']['cpu_busy_fraction']:.0%} (jigsaw) busy over the whole wall time: a device idle in "
+             "the coordinator's trace is not an idle core (the other job's processes, start-up and the drivers' "
+             "own work run on it), so lending it buys little on 2 cores. What jigsaw may change here is small: "
+             "verl's gang and OpenRLHF's training are fixed at 1 device each (they can only be time-shared), and "
+             "OpenRLHF's rollout is widened only when the policy lends it its second engine's device (rollout "
+             "widths in the table).")
     if data.get("corrections"):
         text += " " + data["corrections"]
     return text
+
+
+def _commit() -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,14 +307,17 @@ def main(argv: list[str] | None = None) -> int:
         data["predicted"] = predict(mixed.MixedSettings(pool_devices=2))
         for _ in range(a.repeats):
             i = len(data["repeats"])
-            data["repeats"].append({})
-            for arm in a.arms:
+            data["repeats"].append({"order": [], "commit": _commit(), "free_before": f"{free[1]} GiB total, {free[6]} available",
+                                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+            order = list(a.arms) if i % 2 == 0 else list(reversed(a.arms))  # alternating: drift hits both arms
+            for arm in order:
+                data["repeats"][i]["order"].append(arm)
                 data["repeats"][i][arm] = run_arm(arm, Path(a.workdir).resolve() / f"r{i}" / arm)
                 RESULTS.parent.mkdir(parents=True, exist_ok=True)
                 RESULTS.write_text(json.dumps(data, indent=1))  # an arm's result survives a later crash
                 print(json.dumps(data["repeats"][i][arm]), flush=True)
     write_doc_block(BLOCK, render(data))
-    bad = [r for rep in data["repeats"] for r in rep.values() if not _ok(r)]
+    bad = [rep[arm] for rep in data["repeats"] for arm in ARMS if arm in rep and not _ok(rep[arm])]
     return 1 if bad else 0
 
 
