@@ -14,7 +14,11 @@ reference runtime talk to it through :class:`CoordinatorClient` (``coordinator_c
   registered policy (``jigsaw``, ``verl-sync``, ...) grants each host stage by its
   ``jigsaw_schedule`` decisions (``runtime.host_executor``), within the capabilities the
   host declared at registration (``runtime.capabilities``; outside them: a refusal);
-- ``scheduler_report``: the policy's refusals, adapted decisions and device trace;
+- ``scheduler_report``: the policy's refusals, adapted decisions, migrations and device trace;
+- ``take_migrations`` / ``migration_outcome``: a host that declared ``migration`` takes the
+  ``HostMigration`` commands its policy chose (a long poll) and reports those it could not
+  carry out (``runtime.host_requests``); its request events, recorded through ``emit``,
+  are the rows the policy chose them from;
 - ``run_workload``: the reference runtime's path, where the coordinator itself runs a
   scheduling policy from the registry on live engines (``runtime.live.LiveExecutor``). The
   engines it starts are its child actors, so they die with it (no orphans).
@@ -52,6 +56,7 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.events import EventRecorder
 from jigsaw_plugin.runtime.coordinator_client import CoordinatorClient, CoordinatorDied, connect_coordinator
 from jigsaw_plugin.runtime.host_executor import HostPipeline
+from jigsaw_plugin.runtime.host_requests import REQUEST_HOOKS, MigrationOutcome
 from jigsaw_plugin.runtime.lease_schedulers import (
     FIFO_LEASE,
     CoordinatorConfig,
@@ -245,6 +250,17 @@ class _CoordinatorImpl:
         from jigsaw_plugin.manager import call
 
         call(self.pm, hook_name, **kwargs)
+        if hook_name in REQUEST_HOOKS:  # in the clients' order: the rows follow the host
+            self.scheduler.observe(hook_name, kwargs)
+
+    async def take_migrations(self, pipeline: str, wait_s: float = 0.0) -> list:
+        """``pipeline``'s queued migration commands (``HostMigration.to_dict()``), waiting up
+        to ``wait_s`` seconds for one."""
+        return await self.scheduler.take_migrations(pipeline, float(wait_s))
+
+    def migration_outcome(self, outcome: dict) -> None:
+        """A host's report on a command it did not carry out (``MigrationOutcome.to_dict()``)."""
+        self.scheduler.migration_outcome(MigrationOutcome.from_dict(outcome))
 
     def emit(self, hook_name: str, kwargs: dict, client: str | None = None, seq: int | None = None) -> None:
         """Record an event. An async actor may run fire-and-forget calls out of order, so

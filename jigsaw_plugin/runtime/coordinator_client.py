@@ -14,6 +14,7 @@ import time
 
 from jigsaw_plugin.hookspecs import HOOK_NAMES
 from jigsaw_plugin.runtime.host_executor import HostPipeline
+from jigsaw_plugin.runtime.host_requests import HostMigration, MigrationOutcome
 from jigsaw_plugin.runtime.lease_schedulers import FIFO_LEASE, CoordinatorConfig, LeaseError
 from jigsaw_plugin.runtime.liveness import HeartbeatBook, LivenessSettings
 
@@ -229,6 +230,21 @@ class CoordinatorClient:
                 tokens: int | None = None) -> None:
         """The lease's end (with ``step``/``stage``: that stage ended; ``tokens`` it read)."""
         self._call("release", pipeline, tuple(devices), step, stage, tokens)
+
+    def take_migrations(self, pipeline: str, wait_s: float = 1.0) -> list[HostMigration]:
+        """The migration commands the coordinator's policy chose for ``pipeline``'s requests,
+        oldest first, each handed out once; waits up to ``wait_s`` for one (a long poll:
+        call it in a loop from one thread). Empty under ``fifo-lease`` and after a
+        coordinator loss in fallback mode."""
+        got = self._call("take_migrations", pipeline, float(wait_s), fallback=[])
+        return [HostMigration.from_dict(c) for c in got]
+
+    def migration_outcome(self, outcome: MigrationOutcome) -> None:
+        """Report a command the host did not carry out (``status="dropped"``) or whose abort
+        it sent (``"aborted"``; the request events follow)."""
+        if not isinstance(outcome, MigrationOutcome):
+            raise TypeError(f"migration_outcome takes a MigrationOutcome, got {type(outcome).__name__}")
+        self._call("migration_outcome", outcome.to_dict())
 
     def scheduler_report(self) -> dict:
         """The coordinator's scheduler: its policy, refusals, adapted decisions, trace."""

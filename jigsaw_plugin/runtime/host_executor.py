@@ -16,7 +16,12 @@ simulator and the live executor) whose mechanics are grants:
 - a host declaring ``replica_release`` (OpenRLHF) may give back part of its rollout grant
   before the rollout ends (``done`` with those devices: ``release_replicas``): the replicas
   on them close and the policy has their devices at once; the rest of the grant goes back
-  at the rollout's end.
+  at the rollout's end;
+- a host declaring ``migration`` names its rollout servers (``HostPipeline.servers``): the
+  i-th replica the policy launches for a rollout is bound to the i-th server not bound to
+  another live replica of it, its request events (``request_event``) become the rows the
+  policy sees (``runtime.host_requests``), and a ``Migrate`` becomes one ``HostMigration``
+  command per request, which the host takes (``take_migrations``) and carries out.
 
 A decision outside the pipeline's capabilities is refused (``refusals``, and an event
 through ``on_refusal``); a host waiting on a refused ``RunStage`` gets the reason. A
@@ -40,6 +45,7 @@ from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import ReplicaObs, build_state
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.capabilities import HostCapabilities, refusal
+from jigsaw_plugin.runtime.host_requests import REQUEST_HOOKS, HostMigration, HostRequestBook, MigrationOutcome
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask
 
@@ -66,10 +72,24 @@ class HostPipeline:
     # policy versions a trained sample may lag (the adapters' staleness option); > 0: the
     # policy plans the pipeline as asynchronous under this bound
     staleness: int = 0
+    # the host's rollout server ids, as its request events name them (``replica``); required
+    # (two or more) with ``capabilities.migration``: replicas are bound to them in order
+    servers: tuple = ()
+
+    def __post_init__(self):
+        servers = self.servers
+        if isinstance(servers, str) or not isinstance(servers, (tuple, list)) \
+                or not all(isinstance(x, str) and x for x in servers) or len(set(servers)) != len(servers):
+            raise SpecError(f"pipeline {self.name}: servers", servers, "a tuple of distinct non-empty server ids")
+        object.__setattr__(self, "servers", tuple(servers))
+        if self.capabilities.migration and len(self.servers) < 2:
+            raise SpecError(f"pipeline {self.name}: servers", list(self.servers),
+                            "two or more rollout server ids (capabilities.migration=true moves requests between them)")
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["capabilities"] = self.capabilities.to_dict()
+        out["servers"] = list(self.servers)
         return out
 
     @classmethod
@@ -123,34 +143,59 @@ class Ticket:
 
 
 class HostReplica:
-    """A rollout server of a host as the policy sees it: its share of the step's samples
-    not yet generated (the host reports the rollout's end, not each request)."""
+    """A rollout server of a host as the policy sees it. Without a request book (a host
+    without ``migration``): its share of the step's samples not yet generated (the host
+    reports the rollout's end, not each request). With one, bound to server ``server``: the
+    requests the host reported there (``HostRequestBook.rows_on``), once every request of
+    the step was submitted (before that, at least its share)."""
 
-    def __init__(self, rid: int, pipeline, devices: tuple, ex: "HostExecutor"):
+    def __init__(self, rid: int, pipeline, devices: tuple, ex: "HostExecutor", server: str | None = None):
         self.id, self.pipeline, self.devices, self.tp = rid, pipeline.name, devices, len(devices)
         self._p, self._ex = pipeline, ex
+        self.server = server
         self.retiring = False
         self.start_t = ex.t
         self.predicted_work = 0.0
 
-    @property
-    def load(self) -> int:
+    def _book(self):
+        book = self._ex.books.get(self.pipeline)
+        return book if book is not None and self.server is not None else None
+
+    def _share(self) -> int:
         outstanding = sum(s.n - s.n_gen_done for s in self._p.steps.values() if s.gen_end_t is None)
         live = max(1, len(self._p.replicas))
         return math.ceil(outstanding / live) if outstanding else 0
+
+    def _counts(self) -> tuple[int, int]:
+        """(running, queued) requests."""
+        book = self._book()
+        if book is None:
+            return self._share(), 0
+        run, wait = book.count_on(self.server)
+        open_step = next((s for s in self._p.steps.values() if s.gen_end_t is None), None)
+        if open_step is not None and not (book.step == open_step.step and book.complete(open_step.n)):
+            run = max(run, self._share() - wait)  # requests still being submitted may land here
+        return run, wait
+
+    @property
+    def load(self) -> int:
+        return sum(self._counts())
 
     @property
     def inflight(self) -> int:
         return self.load
 
     def observe(self, t: float) -> ReplicaObs:
-        load = self.load
+        run, wait = self._counts()
+        book = self._book()
+        kv = float(book.context_on(self.server)) if book is not None else 0.0
         cap = float(self._ex.cost.kv_capacity_tokens(self._p.model, self.tp))
-        step = self._ex.pricer.decode_step_s(self.pipeline, self.devices, max(1, load), 0.0)
-        return ReplicaObs(load, 0, 0.0, cap, self._ex.cost.f.max_num_seqs, step, 0.0)
+        step = self._ex.pricer.decode_step_s(self.pipeline, self.devices, max(1, run), kv)
+        return ReplicaObs(run, wait, kv, cap, self._ex.cost.f.max_num_seqs, step, 0.0)
 
     def request_rows(self, t: float) -> list:
-        return []  # the coordinator does not see a host's requests one by one
+        book = self._book()
+        return [] if book is None else book.rows_on(self.server, t)
 
 
 class HostExecutor(ExecutorCore):
@@ -158,11 +203,18 @@ class HostExecutor(ExecutorCore):
     plain dicts (pipeline, decision, reason, t) for the coordinator's event log."""
 
     def __init__(self, pool_devices: int, first: HostPipeline, policy, hooks=None, pm=None,
-                 on_refusal: Callable[[dict], None] | None = None, clock=time.monotonic):
+                 on_refusal: Callable[[dict], None] | None = None, clock=time.monotonic,
+                 on_migration: Callable[[dict], None] | None = None):
         self._clock = clock
         self._t0 = clock()
         self.dirty = True
         self.hosts: dict[str, HostPipeline] = {first.name: first}
+        # pipeline -> its requests and queued commands (hosts declaring migration only)
+        self.books: dict[str, HostRequestBook] = {}
+        self._book_for(first)
+        # (dict) -> None: the coordinator's log of commands issued and dropped
+        self.on_migration = on_migration
+        self.migration_log: list[dict] = []  # the same records, for reports
         super().__init__(host_workload(pool_devices, [first]), policy, hooks=hooks, pm=pm)
         self.pricer = Pricer(self.pm, self.cost, self.models)  # one dict shared with the cost plugin
         self.on_refusal = on_refusal
@@ -216,6 +268,7 @@ class HostExecutor(ExecutorCore):
         self.pipelines[new.name] = new
         self.models[new.name] = new.model
         self.hosts[host.name] = host
+        self._book_for(host)
         self.workload = workload
         self._setup()
 
@@ -240,6 +293,7 @@ class HostExecutor(ExecutorCore):
         for key in [k for k in self._stage_grant if k[0] == name]:
             del self._stage_grant[key]
         self._rollout.pop(name, None)
+        self.books.pop(name, None)
         self.finished.append(p)
         self.order.remove(p)
         del self.pipelines[name], self.hosts[name]
@@ -326,6 +380,63 @@ class HostExecutor(ExecutorCore):
         self._rollout[pipeline] = (held[0], tuple(d for d in held[1] if d not in devices))
         self.dirty = True
         return devices
+
+    # ---- a migration-capable host's requests ----------------------------------------------------
+    def _book_for(self, host: HostPipeline) -> None:
+        if host.capabilities.migration:
+            self.books[host.name] = HostRequestBook(host.name, host.servers, host.samples_per_prompt)
+
+    def request_event(self, hook: str, kw: dict) -> bool:
+        """One of a host's request events (``REQUEST_HOOKS``), as it reached the coordinator;
+        ignored unless its pipeline declared migration. Returns whether it changed the rows."""
+        book = self.books.get(str(kw.get("pipeline")))
+        if book is None or hook not in REQUEST_HOOKS:
+            return False
+        p = self.pipelines[book.pipeline]
+        done = book.on_event(hook, kw, self.t)
+        if done is not None:
+            rid, length = done
+            rep = next((r for r in p.replicas if r.server == str(kw.get("replica"))), None)
+            self._turn_finished(p, rid, length, rep.id if rep is not None else None)
+            for cmd in book.drop_finished():
+                self._migration_record("jigsaw_migration_dropped", cmd, "the request finished before the host took it")
+        if hook == "jigsaw_request_migrated":
+            self._migration_record("jigsaw_migration_done", None, "", pipeline=book.pipeline,
+                                   request_id=str(kw.get("request_id")), src_server=str(kw.get("src_replica")),
+                                   dst_server=str(kw.get("dst_replica")),
+                                   generated_tokens=int(kw.get("generated_tokens", 0)))
+        self._close_emptied(p)
+        self.dirty = True
+        return True
+
+    def take_migrations(self, pipeline: str) -> list[HostMigration]:
+        """The pipeline's queued migration commands, oldest first, each handed out once."""
+        book = self.books.get(pipeline)
+        return [] if book is None else book.take()
+
+    def migration_outcome(self, out: MigrationOutcome) -> None:
+        """The host's report on a command (``dropped``: the request stays where it is)."""
+        book = self.books.get(out.pipeline)
+        cmd = book.outcome(out) if book is not None else None
+        if cmd is None:
+            return  # a command of a step that ended, or of a pipeline that left
+        if out.status == "dropped":
+            self._migration_record("jigsaw_migration_dropped", cmd, out.reason or "the host did not carry it out")
+        self.dirty = True
+
+    def _migration_record(self, hook: str, cmd: HostMigration | None, reason: str, **extra) -> None:
+        record = {"hook": hook, **(cmd.to_dict() if cmd is not None else {}), **extra, "t": self.t}
+        if reason:
+            record["reason"] = reason
+        self.migration_log.append(record)
+        if self.on_migration is not None:
+            self.on_migration(record)
+
+    def _close_emptied(self, p) -> None:
+        """A retiring replica whose requests all left or finished closes: its devices go back."""
+        for rep in [r for r in p.replicas if r.retiring]:
+            if rep.load == 0:
+                self._close(rep)
 
     def _host(self, pipeline: str):
         p = self.pipelines.get(pipeline)
@@ -427,11 +538,18 @@ class HostExecutor(ExecutorCore):
         rid = self._new_replica_id()
         self._claim(devices, DeviceTask("replica", p.name, replica=rid))
         self._switch_s(p, devices, "rollout")
-        rep = HostReplica(rid, p, devices, self)
+        bound = {r.server for r in p.replicas}
+        server = next((x for x in self.hosts[p.name].servers if x not in bound), None)
+        rep = HostReplica(rid, p, devices, self, server)
         self._refused_rollout.pop(p.name, None)
         self.replicas[rid] = rep
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
+        for src in d.absorb:  # a re-shard: the absorbed replicas' requests move here, then they retire
+            old = self.replicas.get(src)
+            if old is not None and old.pipeline == p.name:
+                old.retiring = True
+                self._migrate(Migrate(src, rid))
 
     def _retire(self, rep) -> None:
         rep.retiring = True
@@ -450,7 +568,24 @@ class HostExecutor(ExecutorCore):
         self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
 
     def _migrate(self, d: Migrate) -> None:
-        raise PolicyViolation(f"no host route for {d!r}: the coordinator does not see a host's requests")
+        """One ``HostMigration`` per request moving (the host carries them out); a retiring
+        source whose requests all move closes at once, as in the live executor, so the
+        policy's plan holds: its devices are free while the aborts are under way."""
+        src, dst = self.replicas.get(d.src), self.replicas.get(d.dst)
+        if src is None or dst is None:
+            raise PolicyViolation(f"migrate between unknown replicas {d.src} -> {d.dst}")
+        if src.pipeline != dst.pipeline:
+            raise PolicyViolation(f"migrate between pipelines {src.pipeline} and {dst.pipeline}")
+        book = self.books.get(src.pipeline)
+        if book is None or src.server is None or dst.server is None:
+            raise PolicyViolation(f"no host route for {d!r}: replica r{src.id if src.server is None else dst.id} "
+                                  f"of {src.pipeline} is bound to no server of the host")
+        for cmd in book.issue(d.requests, src.server, dst.server, self.t):
+            self.migrations += 1
+            self._migration_record("jigsaw_migration_issued", cmd, "", decision=repr(d), src_replica=src.id,
+                                   dst_replica=dst.id)
+        if src.retiring and src.load == 0:
+            self._close(src)
 
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
@@ -491,6 +626,10 @@ class HostExecutor(ExecutorCore):
             self._rewarded(p, s)
         for rep in list(p.replicas):  # the host sleeps its servers: their devices go back
             self._close(rep)
+        book = self.books.get(p.name)
+        if book is not None:  # commands never carried out end with the rollout
+            for cmd in book.open_step(step + 1):
+                self._migration_record("jigsaw_migration_dropped", cmd, "the rollout ended first")
         self._rollout.pop(p.name, None)
         self._refused_rollout.pop(p.name, None)
 

@@ -7,8 +7,11 @@
   over a ``SchedulerState`` built from the hosts' requests and reports
   (``runtime.host_executor.HostExecutor``).
 
-Both answer the same calls (``register``, ``acquire``, ``release``, ``drop``) from the
-coordinator actor, so a host adapter does not know which one runs. ``CoordinatorConfig``
+Both answer the same calls (``register``, ``acquire``, ``release``, ``drop``,
+``observe``, ``take_migrations``, ``migration_outcome``) from the coordinator actor, so a
+host adapter does not know which one runs. Under a policy, a host that declared
+``migration`` has its request events observed (the rows its policy sees) and takes the
+``HostMigration`` commands its policy chose (``runtime.host_requests``). ``CoordinatorConfig``
 (frozen) is how the choice crosses processes.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.host_executor import ROLLOUT_STAGES, HostExecutor, HostPipeline
+from jigsaw_plugin.runtime.host_requests import MigrationOutcome
 
 __all__ = ["CoordinatorConfig", "DevicePool", "LeaseError", "FifoLeaseScheduler", "PolicyScheduler",
            "make_scheduler", "import_policy_modules", "FIFO_LEASE", "ROLLOUT_PURPOSES"]
@@ -195,6 +199,15 @@ class FifoLeaseScheduler:
     def drop(self, pipeline: str) -> tuple:
         return self.pool.release_all(pipeline)
 
+    def observe(self, hook: str, kwargs: dict) -> None:
+        pass  # leases only: a host's requests do not matter here
+
+    async def take_migrations(self, pipeline: str, wait_s: float = 0.0) -> list:
+        return []  # no policy, no migrations
+
+    def migration_outcome(self, outcome: MigrationOutcome) -> None:
+        pass
+
     def report(self) -> dict:
         return {"policy": self.name}
 
@@ -221,6 +234,7 @@ class PolicyScheduler:
         self.ex: HostExecutor | None = None
         self._events: dict[int, asyncio.Event] = {}
         self._ticker: asyncio.Task | None = None
+        self._commands: dict[str, asyncio.Event] = {}  # pipeline -> set when a command is queued for it
 
     # ---- membership -------------------------------------------------------------------
     def register(self, pipeline: str, host: HostPipeline | None) -> None:
@@ -232,7 +246,7 @@ class PolicyScheduler:
             raise SpecError("host.name", host.name, f"the registered pipeline's name {pipeline!r}")
         if self.ex is None:
             self.ex = HostExecutor(self.config.devices, host, self.policy, hooks=self.pm.hook, pm=self.pm,
-                                   on_refusal=self._refused)
+                                   on_refusal=self._refused, on_migration=self._migration_logged)
         elif pipeline not in self.ex.pipelines:
             self.ex.add(host)
         self._round()
@@ -306,6 +320,44 @@ class PolicyScheduler:
         after = set(d for d, task in self.ex.task.items() if task.pipeline == pipeline)
         return tuple(sorted(before - after))
 
+    # ---- a migration-capable host's requests ------------------------------------------------
+    def observe(self, hook: str, kwargs: dict) -> None:
+        """An event the coordinator recorded: a host's request events feed its rows, and a
+        round runs on them (a tail the policy would move shows in them)."""
+        if self.ex is None or not self.ex.request_event(hook, kwargs):
+            return
+        self._start_ticker()
+        self._round()
+
+    async def take_migrations(self, pipeline: str, wait_s: float = 0.0) -> list:
+        """The pipeline's queued ``HostMigration`` commands as dicts, waiting up to
+        ``wait_s`` for one (a host polls this from one thread: a long poll)."""
+        if self.ex is None or pipeline not in self.ex.pipelines:
+            raise LeaseError(f"pipeline {pipeline!r} is not registered with policy {self.name!r}")
+        got = self.ex.take_migrations(pipeline)
+        if not got and wait_s > 0:
+            event = self._commands.setdefault(pipeline, asyncio.Event())
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+            if self.ex is not None and pipeline in self.ex.pipelines:
+                got = self.ex.take_migrations(pipeline)
+        return [c.to_dict() for c in got]
+
+    def migration_outcome(self, outcome: MigrationOutcome) -> None:
+        if self.ex is not None:
+            self.ex.migration_outcome(outcome)
+            self._round()
+
+    def _migration_logged(self, record: dict) -> None:
+        self.on_record({**record, "policy": self.name})
+        if record["hook"] == "jigsaw_migration_issued":
+            event = self._commands.get(record["pipeline"])
+            if event is not None:
+                event.set()
+
     # ---- rounds ------------------------------------------------------------------------------
     def _round(self) -> None:
         if self.ex is None:
@@ -343,10 +395,14 @@ class PolicyScheduler:
         """Rounds also run on a timer while hosts wait: a look-ahead policy may wait for a
         projected time rather than for an event."""
         if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # called outside the actor's loop: the next acquire starts it
+            self._ticker = loop.create_task(self._tick())
 
     async def _tick(self) -> None:
-        while self.ex is not None and self.ex.tickets:
+        while self.ex is not None and (self.ex.tickets or any(b.rows for b in self.ex.books.values())):
             await asyncio.sleep(0.25)
             self.ex.dirty = True
             self._round()
@@ -355,6 +411,7 @@ class PolicyScheduler:
         if self.ex is None:
             return {"policy": self.name}
         return {"policy": self.name, "refusals": list(self.ex.refusals), "adapted": list(self.ex.adapted),
+                "migrations": list(self.ex.migration_log),
                 "decisions": len(self.ex.decision_us), "decision_s": round(sum(self.ex.decision_us) / 1e6, 3),
                 "trace": [list(x) for x in self.ex.trace],
                 "busy_device_s": self.ex.busy_s}
