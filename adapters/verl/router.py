@@ -26,11 +26,23 @@ On top of verl's protocol it offers what jigsaw needs:
 - ``drain(server_id)``: stop routing to a server and migrate its requests away (resize down);
   ``add_servers`` / ``remove_servers`` as verl's own;
 - request events (``jigsaw_request_submitted`` / ``_finished`` / ``_aborted`` /
-  ``_migrated``) recorded in an ``EventRecorder`` (``events()``), the sub-stage graph's input.
+  ``_migrated``) recorded in an ``EventRecorder`` (``events()``), the sub-stage graph's input;
+- with a ``coordinator``: the events go to its log too (the rows its policy sees of this
+  job's requests), and a daemon thread long-polls the coordinator for the migrations its
+  policy chose (``CoordinatorClient.take_migrations``) and carries each out with
+  ``migrate`` (``carry_out``); one it cannot carry out (the request finished, or is not on
+  the command's source server) is reported ``dropped``, never raised. Polling from inside
+  the balancer needs no handle of this actor in the coordinator and no second actor, and
+  the balancer is where the request's server and stable vLLM id are known. The thread and
+  verl's calls share one lock (verl's balancer actor runs its calls on one thread; the
+  poller is a second one). ``binding()`` tells the trainer the servers, coordinator and
+  pipeline, from which it declares ``migration`` (docs/verl.md).
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from typing import Any
 
@@ -63,15 +75,22 @@ class JigsawLoadBalancer:
         self._turns: dict[str, int] = {}
         self.step = 0
         self._t0 = time.perf_counter()
+        self._lock = threading.RLock()  # verl's calls and the migration poller
+        self.commands: list[dict] = []  # the coordinator's migration commands and what became of each
         self.pm = get_plugin_manager(load_entrypoints=False)
         self.recorder = EventRecorder(include_progress=False)
         register(self.pm, self.recorder)
-        if config.get("coordinator"):  # runs inside verl's Ray cluster: Ray is up
+        self.coordinator = str(config["coordinator"]) if config.get("coordinator") else None
+        self.client = None
+        if self.coordinator:  # runs inside verl's Ray cluster: Ray is up
             from jigsaw_plugin.runtime.coordinator import CoordinatorForwarder, connect_coordinator
 
-            client = connect_coordinator(name=str(config["coordinator"]), namespace=str(config.get("namespace", "jigsaw")))
-            register(self.pm, CoordinatorForwarder(client))
+            self.client = connect_coordinator(name=self.coordinator, namespace=str(config.get("namespace", "jigsaw")))
+            register(self.pm, CoordinatorForwarder(self.client))
         self.add_servers(servers)
+        self._stop = threading.Event()
+        if self.client is not None:
+            threading.Thread(target=self._poll_migrations, name="jigsaw-migrations", daemon=True).start()
 
     # ---- verl's protocol ------------------------------------------------------------------
     def require_acquire_fields(self) -> list[str]:
@@ -82,6 +101,10 @@ class JigsawLoadBalancer:
 
     def acquire_server(self, request_id: str, jigsaw_vllm_id: str | None = None,
                        jigsaw_prompt_tokens: int = 0, jigsaw_max_tokens: int = 0, **_extra):
+        with self._lock:
+            return self._acquire(request_id, jigsaw_vllm_id, jigsaw_prompt_tokens, jigsaw_max_tokens)
+
+    def _acquire(self, request_id, jigsaw_vllm_id, jigsaw_prompt_tokens, jigsaw_max_tokens):
         if not self.router.live_replicas():
             raise RuntimeError("No available servers in load balancer")  # verl's text: its clients retry on it
         move = self._moves.pop(request_id, None)
@@ -101,9 +124,10 @@ class JigsawLoadBalancer:
         return server_id, self.router.engine(replica)
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
-        replica = self._index.get(server_id)
-        if replica is not None:  # a server removed meanwhile has nothing to release
-            self.router.release_slot(replica)
+        with self._lock:
+            replica = self._index.get(server_id)
+            if replica is not None:  # a server removed meanwhile has nothing to release
+                self.router.release_slot(replica)
 
     def add_servers(self, servers: dict[str, Any]) -> None:
         for sid, handle in servers.items():
@@ -148,6 +172,10 @@ class JigsawLoadBalancer:
         Returns the abort call's Ray ref (``None`` if the request is not in flight or
         already there). Needs ids from ``JigsawLLMServerClient`` (stable per attempt).
         """
+        with self._lock:
+            return self._migrate(request_id, dst_server)
+
+    def _migrate(self, request_id: str, dst_server: str):
         run = self.running.get(request_id)
         if dst_server not in self._index:
             raise RouterError(f"migrate({request_id!r}): unknown server {dst_server!r}; known: {list(self._index)}")
@@ -162,6 +190,10 @@ class JigsawLoadBalancer:
 
     def drain(self, server_id: str) -> list[str]:
         """Stop routing new requests to ``server_id`` and migrate its requests away."""
+        with self._lock:
+            return self._drain(server_id)
+
+    def _drain(self, server_id: str) -> list[str]:
         idx = self._index[server_id]
         self.router.mark_retiring(idx)
         moved = []
@@ -169,7 +201,7 @@ class JigsawLoadBalancer:
             if run["server"] == server_id and not run["aborted"]:
                 rec = RequestRecord(rid, [], 0, sticky=None)
                 dst = self._ids[self.router.choose_replica(rec, exclude={idx})]
-                self.migrate(rid, dst)
+                self._migrate(rid, dst)
                 moved.append(rid)
         return moved
 
@@ -178,6 +210,10 @@ class JigsawLoadBalancer:
 
     def attempt_done(self, request_id: str, server_id: str, generated_tokens: int, stop_reason: str | None) -> None:
         """Told by the client when one attempt (one vLLM request) has returned."""
+        with self._lock:
+            self._attempt_done(request_id, server_id, generated_tokens, stop_reason)
+
+    def _attempt_done(self, request_id: str, server_id: str, generated_tokens: int, stop_reason: str | None) -> None:
         run = self.running.get(request_id)
         turn = run["turn"] if run else self._turns.get(request_id, 0)
         if stop_reason in ("aborted", "abort") and run is not None and run.get("aborted"):
@@ -207,6 +243,74 @@ class JigsawLoadBalancer:
 
     def events(self) -> list[dict]:
         return list(self.recorder.events)
+
+    # ---- the coordinator's migrations -------------------------------------------------------
+    def binding(self) -> dict:
+        """What the trainer declares from: this balancer's servers (in order), the
+        coordinator it takes migrations from (``None``: none) and its pipeline."""
+        with self._lock:
+            return {"servers": [self._ids[i] for i in sorted(self._ids)], "coordinator": self.coordinator,
+                    "pipeline": self.pipeline}
+
+    def carry_out(self, command) -> str:
+        """Carry out one ``HostMigration``: abort its request on ``src_server`` (its resumed
+        attempt goes to ``dst_server``). Returns ``"aborted"``, or ``"dropped: <why>"`` when
+        the request is no longer where the command says (it finished, or moved); a drop is
+        reported to the coordinator, never raised."""
+        with self._lock:
+            run = self.running.get(command.request_id)
+            why = None
+            if run is None:
+                why = "the request is not in flight here (it finished)"
+            elif run["aborted"]:
+                why = "the request is already being moved or resumed"
+            elif run["server"] != command.src_server:
+                why = f"the request runs on {run['server']}, not {command.src_server}"
+            elif command.dst_server not in self._index:
+                why = f"unknown destination server {command.dst_server}"
+            elif not run.get("vllm_id"):
+                why = "no stable vLLM id (route with JigsawLLMServerClient)"
+            else:
+                self._migrate(command.request_id, command.dst_server)
+            status = "aborted" if why is None else "dropped"
+            self.commands.append({**command.to_dict(), "status": status, "reason": why or "", "step": self.step,
+                                  "t": time.perf_counter() - self._t0})
+        if why is not None and self.client is not None:
+            from jigsaw_plugin.runtime.host_requests import MigrationOutcome
+
+            self.client.migration_outcome(MigrationOutcome(command.pipeline, command.request_id, command.seq,
+                                                           "dropped", why))
+        return status if why is None else f"dropped: {why}"
+
+    def _poll_migrations(self) -> None:
+        """The daemon thread: take the coordinator's commands for this pipeline and carry
+        them out, until the coordinator is gone. Before this pipeline registers (the
+        balancer is built before verl's trainer starts) the coordinator does not know it."""
+        from jigsaw_plugin.runtime.coordinator_client import CoordinatorDied
+        from jigsaw_plugin.runtime.lease_schedulers import LeaseError
+
+        while not self._stop.is_set():
+            try:
+                commands = self.client.take_migrations(self.pipeline, wait_s=1.0)
+            except LeaseError:
+                self._stop.wait(0.5)  # not registered yet, or already left
+                continue
+            except CoordinatorDied:
+                return
+            except Exception as e:  # the balancer must go on routing whatever happens here
+                print(f"jigsaw balancer {self.pipeline}: taking migrations failed: {e!r}", file=sys.stderr)
+                self._stop.wait(1.0)
+                continue
+            for command in commands:
+                try:
+                    self.carry_out(command)
+                except Exception as e:
+                    print(f"jigsaw balancer {self.pipeline}: migration {command} failed: {e!r}", file=sys.stderr)
+
+    def migration_commands(self) -> list[dict]:
+        """Every command this balancer took, with ``status`` and ``reason`` (its own record)."""
+        with self._lock:
+            return list(self.commands)
 
     # ---- internals ------------------------------------------------------------------------
     def _loads(self) -> dict[str, int]:

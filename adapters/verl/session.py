@@ -59,6 +59,11 @@ class JigsawSession:
     def pipeline(self) -> str:
         return self.options.pipeline
 
+    @property
+    def started(self) -> bool:
+        """The pipeline is registered (``start`` ran)."""
+        return self._registered
+
     def _connect(self) -> None:
         import ray
 
@@ -81,7 +86,9 @@ class JigsawSession:
         """What a policy scheduler plans with: this pipeline's settings and what verl can do
         on its say (``runtime.capabilities``). verl's FSDP gangs are placed when its worker
         groups are built: training width fixed (the policy time-shares it); its rollout
-        servers are a fixed set; the coordinator does not see its requests (no migration)."""
+        servers are a fixed set. Migration of chosen requests (``migration_binding``): only
+        with two or more servers behind the jigsaw balancer taking this coordinator's
+        commands for this pipeline (``spec["rollout_binding"]``, the balancer's ``binding()``)."""
         from jigsaw_plugin.errors import SpecError
         from jigsaw_plugin.runtime.capabilities import HostCapabilities
         from jigsaw_plugin.runtime.host_executor import HostPipeline
@@ -92,14 +99,25 @@ class JigsawSession:
             raise SpecError(f"{self.pipeline}: pipeline spec.{missing[0]}", "<missing>",
                             "declared by the trainer (verl's v0 trainer does not: give its coordinator "
                             "+jigsaw.scheduler=fifo-lease)")
+        servers = self.migration_servers(spec.get("rollout_binding"))
         caps = HostCapabilities("verl", stage_grants="stage",
                                 rollout_replicas=max(1, self.n_devices // max(1, int(spec.get("rollout_tp", 1)))),
-                                replicas_elastic=False, migration=False, training_resizable=False,
+                                replicas_elastic=False, migration=bool(servers), training_resizable=False,
                                 training_width=self.n_devices)
         return HostPipeline(self.pipeline, model_profile_of(self.options, spec.get("model")),
                             str(spec["algorithm"]), int(spec["prompts_per_step"]), int(spec["samples_per_prompt"]),
                             int(spec["max_response_len"]), int(spec["max_prompt_len"]), int(spec["steps"]),
-                            self.n_devices, caps, staleness=int(spec.get("staleness") or 0))
+                            self.n_devices, caps, staleness=int(spec.get("staleness") or 0), servers=servers)
+
+    def migration_servers(self, binding) -> tuple:
+        """The rollout servers the coordinator may move this job's requests between (``()``:
+        it declares ``migration=false``): two or more, behind a jigsaw balancer that takes
+        this coordinator's commands for this pipeline (``JigsawLoadBalancer.binding()``)."""
+        if not binding or binding.get("coordinator") != self.options.coordinator \
+                or binding.get("pipeline") != self.pipeline:
+            return ()
+        servers = tuple(str(x) for x in binding.get("servers") or ())
+        return servers if len(servers) >= 2 else ()
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, spec: dict) -> None:

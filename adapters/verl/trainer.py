@@ -160,8 +160,19 @@ class JigsawTrainerMixin:
         }
 
     def on_train_begin(self):
-        self.jigsaw.start(self._jigsaw_spec())
+        self.jigsaw.start(self._jigsaw_start_spec())
         return super().on_train_begin()
+
+    def _jigsaw_start_spec(self) -> dict:
+        """The spec registered once; with a jigsaw balancer, its servers and the coordinator
+        it takes migrations from (what ``session.host_pipeline`` declares ``migration`` by)."""
+        spec = self._jigsaw_spec()
+        balancer = self._jigsaw_balancer()
+        if balancer is not None and not self.jigsaw.started and self.jigsaw.client is not None:
+            import ray
+
+            spec["rollout_binding"] = ray.get(balancer.binding.remote(), timeout=60)
+        return spec
 
     def on_train_end(self):
         out = super().on_train_end()
@@ -169,7 +180,8 @@ class JigsawTrainerMixin:
         return out
 
     def on_step_begin(self):
-        self.jigsaw.start(self._jigsaw_spec())  # fit() may skip on_train_begin's caller paths
+        if not self.jigsaw.started:  # fit() may skip on_train_begin's caller paths
+            self.jigsaw.start(self._jigsaw_start_spec())
         step = self.jigsaw.reporter.step_start()
         balancer = self._jigsaw_balancer()
         if balancer is not None:  # request events of this step carry its index and clock
