@@ -1,9 +1,11 @@
 """Build the ``SchedulerState`` a policy sees from an executor's bookkeeping.
 
 Both executors go through ``build_state``. What it reads of a replica is the replica's
-``observe(t)`` (a ``ReplicaObs``), ``request_rows(t)`` (observable per-request rows) and,
-where it has one, its ``version`` (changes whenever its requests or their schedule
-change); the executor's true lengths never reach it.
+``observe(t)`` (a ``ReplicaObs``), its requests as columns (``request_columns(t)``, a
+``RequestColumns``, where the replica keeps them so: the simulator's; else the
+``request_rows(t)`` tuples, turned into columns here) and, where it has one, its
+``version`` (changes whenever its requests or their schedule change); the executor's
+true lengths never reach it.
 
 Remaining work is predicted through ``jigsaw_predict_remaining``, only when a policy first
 reads a prediction or a request view of a pipeline, and incrementally (docs/predictor.md,
@@ -46,7 +48,8 @@ from jigsaw_plugin.scheduler.state import (
     StepView,
 )
 
-__all__ = ["EXACT", "ReplicaObs", "RequestRow", "RefreshPolicy", "build_state", "note_finished", "prior_summary"]
+__all__ = ["EXACT", "ReplicaObs", "RequestColumns", "RequestRow", "RefreshPolicy", "build_state", "note_finished",
+           "prior_summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +120,13 @@ def _id_keys(ids) -> np.ndarray | None:
     step = np.fromiter(map(_STEP, ids), np.int64, n)
     sample = np.fromiter(map(_SAMPLE, ids), np.int64, n)
     turn = np.fromiter((t or 0 for t in map(_TURN, ids)), np.int64, n)
-    if n and (step.min() < 0 or sample.min() < 0 or turn.min() < 0 or step.max() >= 1 << _STEP_BITS
-              or sample.max() >= 1 << _SAMPLE_BITS or turn.max() >= 1 << _TURN_BITS):
+    return _pack_keys(step, sample, turn)
+
+
+def _pack_keys(step: np.ndarray, sample: np.ndarray, turn: np.ndarray) -> np.ndarray | None:
+    """``_id_keys`` of the columns (step, sample, turn); None where a field does not fit."""
+    if len(step) and (step.min() < 0 or sample.min() < 0 or turn.min() < 0 or step.max() >= 1 << _STEP_BITS
+                      or sample.max() >= 1 << _SAMPLE_BITS or turn.max() >= 1 << _TURN_BITS):
         return None
     return (step << (_SAMPLE_BITS + _TURN_BITS)) | (sample << _TURN_BITS) | turn
 
@@ -133,6 +141,52 @@ def _positions(keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np.nd
 
 
 _STEP, _SAMPLE, _TURN = attrgetter("step"), attrgetter("sample"), attrgetter("turn")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestColumns:
+    """One replica's observable requests as columns, running first then queued (the order
+    of ``request_rows``): what the state build reads of a replica that keeps its requests
+    so, instead of a tuple per request. Arrays hold one entry per request; ``step``,
+    ``sample`` and ``turn`` are the ids' fields (turn 0 where the id has none)."""
+
+    ids: tuple  # RequestId per request
+    group: np.ndarray  # int64: GRPO group within its step
+    step: np.ndarray  # int64
+    sample: np.ndarray  # int64
+    turn: np.ndarray  # int64
+    context: np.ndarray  # int64: tokens before this turn's generation
+    generated: np.ndarray  # float64: whole tokens of this turn so far
+    max_tokens: np.ndarray  # int64: this turn's budget as configured
+    in_flight_s: np.ndarray  # float64: since this turn was submitted
+    queued: np.ndarray  # bool: waiting for a batch slot
+    prompt_key: tuple  # str or None per request
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        for name in ("group", "step", "sample", "turn", "context", "generated", "max_tokens", "in_flight_s",
+                     "queued", "prompt_key"):
+            if len(getattr(self, name)) != n:
+                raise SpecError(f"RequestColumns.{name}", f"length {len(getattr(self, name))}",
+                                f"one entry per request ({n})")
+
+    @classmethod
+    def from_rows(cls, rows) -> "RequestColumns":
+        """From ``RequestRow`` tuples (an executor that reports its requests one by one)."""
+        n = len(rows)
+        cols = list(zip(*rows)) if rows else [()] * 8
+        ids = tuple(cols[0])
+        return cls(ids, np.fromiter(cols[1], np.int64, n), np.fromiter(map(_STEP, ids), np.int64, n),
+                   np.fromiter(map(_SAMPLE, ids), np.int64, n),
+                   np.fromiter((x or 0 for x in map(_TURN, ids)), np.int64, n), np.fromiter(cols[3], np.int64, n),
+                   np.fromiter(cols[4], float, n), np.fromiter(cols[5], np.int64, n),
+                   np.fromiter(cols[6], float, n), np.fromiter(cols[7], bool, n), tuple(cols[2]))
+
+
+def _columns(rep, t: float) -> RequestColumns:
+    """``rep``'s requests now, as columns (its own where it keeps them so)."""
+    read = getattr(rep, "request_columns", None)
+    return read(t) if read is not None else RequestColumns.from_rows(rep.request_rows(t))
 
 
 class _ReplicaRows:
@@ -154,29 +208,28 @@ class _ReplicaRows:
                  "unseen", "fresh", "decoded", "n_decoding", "_index")
 
     def __init__(self, rep, obs: ReplicaObs, t: float, old: "_ReplicaRows | None"):
-        rows = rep.request_rows(t)
-        n = len(rows)
-        cols = list(zip(*rows)) if rows else [()] * 8
+        cols = _columns(rep, t)
+        n = len(cols.ids)
         self.version = getattr(rep, "version", None)
         self.t = self.t_read = t
         self.kv, self.running = obs.kv_tokens, obs.running
-        self.ids = cols[0]
-        self.prompt_key = cols[2]
-        self.step = np.fromiter(map(_STEP, self.ids), np.int64, n)
-        self.turn = np.fromiter((x or 0 for x in map(_TURN, self.ids)), np.int64, n)
-        self.key = _id_keys(self.ids)
+        self.ids = cols.ids
+        self.prompt_key = cols.prompt_key
+        self.step = cols.step
+        self.turn = cols.turn
+        self.key = _pack_keys(cols.step, cols.sample, cols.turn)
         self._order = None  # argsort of key, when first searched
-        self.group = np.fromiter(cols[1], dtype=np.int64, count=n)
+        self.group = cols.group
         self.gkey = (self.step << 32) | self.group  # its GRPO group within the pipeline
-        self.context = np.fromiter(cols[3], dtype=np.int64, count=n)
-        self.max_tokens = np.fromiter(cols[5], dtype=np.int64, count=n)
-        self.queued = np.fromiter(cols[7], dtype=bool, count=n)
+        self.context = cols.context
+        self.max_tokens = cols.max_tokens
+        self.queued = cols.queued
         self.running_mask = ~self.queued
         self.n_decoding = int(self.running_mask.sum())
-        self._gen = np.fromiter(cols[4], dtype=float, count=n)
+        self._gen = cols.generated.astype(float)  # a copy: advanced in place
         self._shift = 0.0  # decoded per running row since ``_gen`` was brought up to date
         self._decoded_run = 0.0  # decoded per running row since read (monotone)
-        self.in_flight_read = np.fromiter(cols[6], dtype=float, count=n)
+        self.in_flight_read = cols.in_flight_s
         self.g0 = np.full(n, math.nan)
         self.final = np.full(n, math.nan)
         self._pred = None  # this round's predicted remaining, when brought up to date
@@ -687,12 +740,13 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
     for rep in p.replicas:
         o = rep.observe(t)
         reqs.observed(rep.id, o)
-        replicas.append(ReplicaView(rep.id, p.name, rep.devices, o.running, o.queued, o.kv_tokens, o.kv_capacity,
-                                    o.max_seqs, rep.retiring, o.step_s, o.stall_s, _ReplicaSource(reqs, rep.id)))
+        replicas.append(ReplicaView.build(rep.id, p.name, rep.devices, o.running, o.queued, o.kv_tokens,
+                                          o.kv_capacity, o.max_seqs, rep.retiring, o.step_s, o.stall_s,
+                                          _ReplicaSource(reqs, rep.id)))
     running_end = None
     if p.stage_running and not p.done:
         running_end = ex.running_stage_end_t(p)
-    return PipelineView(
+    return PipelineView.build(
         name=p.name, index=p.index, spec=p.spec, model=p.model, stages=p.stages,
         static_devices=p.static_devices, gen_next=p.gen_next, train_next=p.train_next,
         stage_next=p.stage_next, stage_running=p.stage_running, version=p.version,

@@ -13,10 +13,11 @@ not pay for them); they are read during the round they were built for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Mapping
 
+from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 
 __all__ = [
@@ -111,6 +112,17 @@ class ReplicaView:
     # ``views() -> tuple[RequestView]``, ``predicted() -> np.ndarray`` (remaining tokens),
     # optionally ``work_and_left() -> (sum, max)`` of the latter without building it
     _source: Any = field(repr=False, compare=False, default=None)
+
+    @classmethod
+    def build(cls, id, pipeline, devices, running, queued, kv_tokens, kv_capacity, max_seqs, retiring, step_s,
+              stall_s, source) -> "ReplicaView":
+        """The same view as the constructor, built in one dict update instead of a frozen
+        ``__setattr__`` per field (an executor builds every replica's view every round)."""
+        v = _new(cls)
+        v.__dict__.update(id=id, pipeline=pipeline, devices=devices, running=running, queued=queued,
+                          kv_tokens=kv_tokens, kv_capacity=kv_capacity, max_seqs=max_seqs, retiring=retiring,
+                          step_s=step_s, stall_s=stall_s, _source=source)
+        return v
 
     @property
     def tp(self) -> int:
@@ -226,6 +238,17 @@ class PipelineView:
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
 
+    @classmethod
+    def build(cls, **values) -> "PipelineView":
+        """The same view as the constructor (every field given by name), in one dict
+        update instead of a frozen ``__setattr__`` per field."""
+        if values.keys() != _PIPELINE_FIELDS:
+            raise SpecError("PipelineView.build", sorted(values.keys() ^ _PIPELINE_FIELDS),
+                            "every field of PipelineView, by name")
+        v = _new(cls)
+        v.__dict__.update(values)
+        return v
+
     @property
     def total_steps(self) -> int:
         return self.spec.steps
@@ -242,6 +265,10 @@ class PipelineView:
 
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + self.pending
+
+
+_new = object.__new__
+_PIPELINE_FIELDS = frozenset(f.name for f in fields(PipelineView))
 
 
 @dataclass(frozen=True, slots=True)
