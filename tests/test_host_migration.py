@@ -23,9 +23,9 @@ from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireRepl
 SERVERS = ("10.0.0.1:8000", "10.0.0.1:8001")
 
 
-def mig(name: str = "m") -> HostPipeline:
+def mig(name: str = "m", max_len: int = 32, prompt: int = 16) -> HostPipeline:
     """A verl job with two rollout servers and the jigsaw balancer, as its adapter declares it."""
-    return HostPipeline(name, "tiny-qwen2", "grpo", 2, 2, 32, 16, 1, 2,
+    return HostPipeline(name, "tiny-qwen2", "grpo", 2, 2, max_len, prompt, 1, 2,
                         HostCapabilities("verl", rollout_replicas=2, migration=True, training_width=2),
                         servers=SERVERS)
 
@@ -222,3 +222,23 @@ def test_the_coordinators_scheduler_feeds_rows_and_long_polls_commands():
     assert got == (0, 1) and [HostMigration.from_dict(c).request_id for c in cmds] == ["q2"]
     assert [e["hook"] for e in log if "migration" in e["hook"]] == ["jigsaw_migration_issued"]
     assert fifo == [] and report["migrations"][0]["request_id"] == "q2"
+
+
+def test_the_jigsaw_policy_moves_nothing_until_the_steps_requests_are_all_submitted():
+    """Requests the host has yet to submit count as queued on its servers: the jigsaw policy
+    neither consolidates nor retires on rows still arriving; once they are all in, it chooses
+    from them (here: it consolidates the two-server rollout onto one server)."""
+    log: list = []
+    ex = HostExecutor(3, mig(max_len=256, prompt=64), get_policy("jigsaw"), on_migration=log.append)
+    ex.add(plain())
+    tk = ex.want("m", 0, "gen")
+    ex.round()
+    assert tk.granted == (0, 1)
+    a, b = SERVERS
+    feed(ex, submitted("q0", a), submitted("q1", b), submitted("q2", a))
+    assert log == [] and len(ex.pipelines["m"].replicas) == 2
+    feed(ex, submitted("q3", b))
+    issued = [r for r in log if r["hook"] == "jigsaw_migration_issued"]
+    assert issued and {r["src_server"] for r in issued} | {r["dst_server"] for r in issued} == {a, b}
+    moved = {r["request_id"] for r in issued}
+    assert len(moved) == len(issued) == 2 and len(rows(ex)) == 4  # each request once, none lost

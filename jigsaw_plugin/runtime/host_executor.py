@@ -146,8 +146,8 @@ class HostReplica:
     """A rollout server of a host as the policy sees it. Without a request book (a host
     without ``migration``): its share of the step's samples not yet generated (the host
     reports the rollout's end, not each request). With one, bound to server ``server``: the
-    requests the host reported there (``HostRequestBook.rows_on``), once every request of
-    the step was submitted (before that, at least its share)."""
+    requests the host reported there (``HostRequestBook.rows_on``); until every request of
+    the step was submitted, its part of those still to come counts as queued there."""
 
     def __init__(self, rid: int, pipeline, devices: tuple, ex: "HostExecutor", server: str | None = None):
         self.id, self.pipeline, self.devices, self.tp = rid, pipeline.name, devices, len(devices)
@@ -174,7 +174,11 @@ class HostReplica:
         run, wait = book.count_on(self.server)
         open_step = next((s for s in self._p.steps.values() if s.gen_end_t is None), None)
         if open_step is not None and not (book.step == open_step.step and book.complete(open_step.n)):
-            run = max(run, self._share() - wait)  # requests still being submitted may land here
+            # requests the host has yet to submit may land on any of its servers: each shows
+            # its part of them as queued, so the policy neither moves nor retires on rows still
+            # arriving
+            pending = open_step.n - (book.submitted if book.step == open_step.step else 0)
+            wait += math.ceil(pending / max(1, len(self._p.replicas)))
         return run, wait
 
     @property
