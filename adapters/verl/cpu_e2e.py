@@ -47,6 +47,9 @@ class E2ESettings:
     :param ray_address: join this Ray cluster (``+ray_kwargs.ray_init.address``) instead of starting one.
     :param platform: ``VERL_PLATFORM`` for the run (``None`` leaves it unset: verl falls back to nvidia).
     :param extra: more Hydra overrides, appended last.
+    :param response_len: ``data.max_response_length`` (tokens; the random model rarely stops
+        early, so most responses run to it).
+    :param max_model_len: vLLM's ``max_model_len`` (prompt + response must fit).
     """
 
     devices: int = 1
@@ -57,6 +60,8 @@ class E2ESettings:
     ray_address: str | None = None
     platform: str | None = PLATFORM_NAME
     extra: tuple[str, ...] = ()
+    response_len: int = 16
+    max_model_len: int = 128
 
     def __post_init__(self):
         from jigsaw_plugin.errors import SpecError
@@ -65,6 +70,11 @@ class E2ESettings:
             raise SpecError("--devices", self.devices, "an integer >= 1 (pretend devices)")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise SpecError("--steps", self.steps, "an integer >= 1")
+        if not isinstance(self.response_len, int) or self.response_len < 1:
+            raise SpecError("response_len", self.response_len, "an integer >= 1")
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 64 + self.response_len:
+            raise SpecError("max_model_len", self.max_model_len,
+                            f"an integer >= {64 + self.response_len} (the 64-token prompt limit + response_len)")
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ def main_ppo_args(s: E2ESettings, model: Path, data: Path, events_path: Path) ->
     args = [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={data}", f"data.val_files={data}",
-        "data.train_batch_size=2", "data.max_prompt_length=64", "data.max_response_length=16",
+        "data.train_batch_size=2", "data.max_prompt_length=64", f"data.max_response_length={s.response_len}",
         f"actor_rollout_ref.model.path={model}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # flash-attn is verl's default
         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",  # FSDP1 refuses CPU params
@@ -110,7 +120,8 @@ def main_ppo_args(s: E2ESettings, model: Path, data: Path, events_path: Path) ->
         "actor_rollout_ref.rollout.enforce_eager=True",
         "+actor_rollout_ref.rollout.enable_sleep_mode=False",  # vLLM: not supported on CPU
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.05",
-        "actor_rollout_ref.rollout.max_model_len=128", "actor_rollout_ref.rollout.max_num_batched_tokens=256",
+        f"actor_rollout_ref.rollout.max_model_len={s.max_model_len}",
+        f"actor_rollout_ref.rollout.max_num_batched_tokens={max(256, s.max_model_len)}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"reward.custom_reward_function.path={Path(cpu_reward.__file__).resolve()}",
         "reward.custom_reward_function.name=compute_score",

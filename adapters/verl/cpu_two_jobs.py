@@ -34,6 +34,7 @@ from jigsaw_plugin.adapters.verl.cpu_device import PLATFORM_ENV, PLATFORM_NAME, 
 from jigsaw_plugin.adapters.verl.cpu_e2e import E2EResult, E2ESettings, prepare, run
 
 __all__ = ["TwoJobResult", "ConcurrentResult", "lease_intervals", "overlapping", "run_two_jobs", "run_concurrent",
+           "router_yaml",
            "grant_problems", "verl_log_problems", "GRANTED_STAGES", "VERL_TIMERS", "main"]
 
 #: The stages a verl job of ``cpu_e2e``'s config asks a grant for (rule reward inside the
@@ -146,19 +147,29 @@ class _PeakPss:
 def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_devices: int = 2,
                    timeout_s: float = 1200.0, lookahead_s: float | None = None,
                    pipelines: tuple[str, ...] = ("verl-a", "verl-b"),
-                   policy_modules: tuple[str, ...] = ()) -> ConcurrentResult:
-    """Jobs (1 pretend device each, default two) at the same time, on a coordinator running
-    ``policy`` (``policy_modules``: modules registering it, when it is not jigsaw-plugin's)."""
+                   policy_modules: tuple[str, ...] = (), job_devices: tuple[int, ...] | None = None,
+                   routed: tuple[str, ...] = (), response_len: int = 16) -> ConcurrentResult:
+    """Jobs (1 pretend device each, default two; ``job_devices``: each job's) at the same
+    time, on a coordinator running ``policy`` (``policy_modules``: modules registering it,
+    when it is not jigsaw-plugin's). ``routed``: jobs whose rollout goes through the jigsaw
+    balancer taking this coordinator's migration commands (``router_yaml``; each job's
+    balancer record is ``<workdir>/<job>/migration_commands.jsonl``)."""
     import ray
 
     from jigsaw_plugin.runtime.coordinator import connect_coordinator
 
     workdir = Path(workdir).resolve()
-    _start_cluster(devices=2)
+    job_devices = tuple(job_devices or (1,) * len(pipelines))
+    _start_cluster(devices=max(2, sum(job_devices)))
     try:
         address = ray.get_runtime_context().gcs_address
-        jobs = [E2ESettings(devices=1, steps=steps, workdir=workdir / p, pipeline=p, ray_address=address,
-                            coordinator=COORDINATOR) for p in pipelines]
+        jobs = []
+        for p, n in zip(pipelines, job_devices, strict=True):
+            extra = (f"actor_rollout_ref.rollout.router_config_path={router_yaml(workdir / p, p)}",) \
+                if p in routed else ()
+            jobs.append(E2ESettings(devices=n, steps=steps, workdir=workdir / p, pipeline=p, ray_address=address,
+                                    coordinator=COORDINATOR, extra=extra, response_len=response_len,
+                                    max_model_len=max(128, 64 + response_len)))
         for j in jobs:  # the model and dataset first, one at a time (building two at once races)
             prepare(Path(j.workdir).resolve())
         options = {"horizon_s": lookahead_s} if lookahead_s is not None and policy == "jigsaw" else None
@@ -177,6 +188,18 @@ def run_concurrent(workdir: Path, steps: int = 2, policy: str = "jigsaw", pool_d
     finally:
         ray.shutdown()
     return ConcurrentResult(policy, pool_devices, runs, round(wall, 1), events, report, peak)
+
+
+def router_yaml(jobdir: Path, pipeline: str) -> Path:
+    """verl's ``router_config_path`` file selecting the jigsaw balancer for ``pipeline``: its
+    request events go to this coordinator, it takes the coordinator's migrations and records
+    each in ``<jobdir>/migration_commands.jsonl``."""
+    jobdir.mkdir(parents=True, exist_ok=True)
+    path = jobdir / "jigsaw_router.yaml"
+    path.write_text(f"router_class: jigsaw_plugin.adapters.verl.router.JigsawLoadBalancer\npipeline: {pipeline}\n"
+                    f"coordinator: {COORDINATOR}\nnamespace: {NAMESPACE}\n"
+                    f"commands_path: {jobdir / 'migration_commands.jsonl'}\n")
+    return path
 
 
 def _jsonl(path: str) -> list[dict]:

@@ -9,6 +9,7 @@ verl 0.9.1 builds its one global balancer actor in ``get_router_handle``
     pipeline: grpo-a          # optional: the pipeline its request events belong to
     coordinator: jigsaw       # optional: forward the request events to this coordinator
     namespace: jigsaw         # optional: its Ray namespace
+    commands_path: /tmp/a.jsonl  # optional: append each migration command taken and its outcome
 
 verl calls ``ray.remote(cls).remote(servers, yaml_config)``; ``LLMServerManager(...,
 load_balancer_cls=JigsawLoadBalancer)`` (``llm_server.py:373-387``) works too. The class
@@ -80,6 +81,7 @@ class JigsawLoadBalancer:
         self.pm = get_plugin_manager(load_entrypoints=False)
         self.recorder = EventRecorder(include_progress=False)
         register(self.pm, self.recorder)
+        self.commands_path = str(config["commands_path"]) if config.get("commands_path") else None
         self.coordinator = str(config["coordinator"]) if config.get("coordinator") else None
         self.client = None
         if self.coordinator:  # runs inside verl's Ray cluster: Ray is up
@@ -256,7 +258,9 @@ class JigsawLoadBalancer:
         """Carry out one ``HostMigration``: abort its request on ``src_server`` (its resumed
         attempt goes to ``dst_server``). Returns ``"aborted"``, or ``"dropped: <why>"`` when
         the request is no longer where the command says (it finished, or moved); a drop is
-        reported to the coordinator, never raised."""
+        reported to the coordinator, never raised. The record (``migration_commands``, and
+        ``commands_path``) keeps the vLLM server's own answer to the abort."""
+        ref = None
         with self._lock:
             run = self.running.get(command.request_id)
             why = None
@@ -271,10 +275,20 @@ class JigsawLoadBalancer:
             elif not run.get("vllm_id"):
                 why = "no stable vLLM id (route with JigsawLLMServerClient)"
             else:
-                self._migrate(command.request_id, command.dst_server)
+                vllm_id = run["vllm_id"]
+                ref = self._migrate(command.request_id, command.dst_server)
             status = "aborted" if why is None else "dropped"
-            self.commands.append({**command.to_dict(), "status": status, "reason": why or "", "step": self.step,
-                                  "t": time.perf_counter() - self._t0})
+            record = {**command.to_dict(), "status": status, "reason": why or "", "step": self.step,
+                      "t": time.perf_counter() - self._t0}
+            if why is None:
+                record["vllm_id"] = vllm_id
+            self.commands.append(record)
+        record["server_answer"] = _answer(ref)  # outside the lock: the abort's result wakes verl's client
+        if self.commands_path:
+            import json
+
+            with open(self.commands_path, "a") as f:
+                f.write(json.dumps(record, default=repr) + "\n")
         if why is not None and self.client is not None:
             from jigsaw_plugin.runtime.host_requests import MigrationOutcome
 
@@ -313,8 +327,26 @@ class JigsawLoadBalancer:
             return list(self.commands)
 
     # ---- internals ------------------------------------------------------------------------
+
     def _loads(self) -> dict[str, int]:
         return {self._ids[i]: self.router.load(i) for i in self.router.live_replicas()}
 
     def _emit(self, hook: str, **kwargs) -> None:
         call(self.pm, hook, pipeline=self.pipeline, step=self.step, t=time.perf_counter() - self._t0, **kwargs)
+
+
+def _answer(ref):
+    """The vLLM server's answer to an abort (``vLLMHttpServer.abort_request``: ``{"aborted":
+    ...}``), or what the handle returned where it is not a Ray ref (tests' stand-ins)."""
+    if ref is None:
+        return None
+    try:
+        import ray
+    except ImportError:  # no Ray: a stand-in's plain value
+        return ref
+    if isinstance(ref, ray.ObjectRef):
+        try:
+            return ray.get(ref, timeout=60)
+        except Exception as e:  # the server's failure is recorded, not raised into the balancer
+            return {"error": repr(e)}
+    return ref
