@@ -131,12 +131,24 @@ def run_arm(policy: str, workdir: Path) -> dict:
         "problems": mixed.problems(r),
         "holdings": device_holdings(r.scheduler.get("trace", []), span),
         "migrations": sum(1 for e in mixed.read_jsonl(r.jobs[1].events_path) if e["hook"] == "jigsaw_request_migrated"),
+        # the moves the policy chose for OpenRLHF's requests: issued / carried out / dropped
+        "policy_migrations": _by_status(mixed.policy_migrations(r)),
         **grant_spans(r.events),
     }
 
 
+def _by_status(moves: list) -> dict:
+    return {st: sum(m["status"] == st for m in moves) for st in ("done", "dropped", "open")}
+
+
 def _ok(arm: dict) -> bool:
     return all(j["returncode"] == 0 for j in arm["jobs"].values())
+
+
+def _moves(run: dict) -> str:
+    """OpenRLHF's requests moved (its own events), and the policy's commands done / dropped."""
+    pm = run.get("policy_migrations") or {}
+    return f"{run.get('migrations', '?')} ({pm.get('done', 0)} done / {pm.get('dropped', 0)} dropped)"
 
 
 def _load(run: dict) -> str:
@@ -162,7 +174,7 @@ def render(data: dict) -> str:
             f"| {arm} | {statistics.median(walls):.0f} ({', '.join(f'{w:.0f}' for w in walls)}) | "
             f"{statistics.median(spans):.0f} ({', '.join(f'{w:.0f}' for w in spans)}) | {jobs} | "
             f"{mid['cpu_busy_fraction']:.2f} | {mid['device_busy_s']:.0f} / {mid['device_idle_s']:.0f} | "
-            f"{mid['grants']} / {mid['refusals']} / {mid['engine_releases']} / {mid.get('migrations', '?')} | "
+            f"{mid['grants']} / {mid['refusals']} / {mid['engine_releases']} / {_moves(mid)} | "
             f"{mid['orl_rollout_widths']} | {max(r['peak_pss_gib'] for r in runs):.1f} | "
             f"{', '.join(_load(r) for r in runs)} | "
             f"{sum(len(r['problems']) for r in runs)} |")
@@ -198,13 +210,13 @@ def render(data: dict) -> str:
         f"{', '.join(sorted({rep.get('commit', '?') for rep in data['repeats']}))}; `free -g` before: "
         f"{'; '.join(rep.get('free_before', data.get('free_before', '?')) for rep in data['repeats'])}). "
         "The arms' order alternates between repeats. verl asks a grant per stage; OpenRLHF one for its rollout "
-        "and one for its training phase, and gives an engine's device back as soon as its requests have "
-        "migrated away. The OpenRLHF job starts when verl has registered (verl's start-up is minutes longer: "
+        "and one for its training phase; under a coordinator policy the policy chooses which of OpenRLHF's "
+        "requests migrate (OpenRLHF carries the commands out and gives an emptied engine's device back at once). The OpenRLHF job starts when verl has registered (verl's start-up is minutes longer: "
         "started together, they did not overlap).",
         "",
         "| coordinator policy | wall s, median (each) | steps' span s, median (each) | per job: exit (wall), median "
         "run | CPU busy (run's CPU s / wall x 2) | device busy / idle s | grants / refusals / engine releases / "
-        "OpenRLHF migrations | OpenRLHF rollout widths | peak PSS GiB (max) | load avg per run | failed checks |",
+        "OpenRLHF requests moved (policy commands done / dropped) | OpenRLHF rollout widths | peak PSS GiB (max) | load avg per run | failed checks |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",

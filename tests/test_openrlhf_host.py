@@ -30,14 +30,15 @@ def args(**over):
 
 def test_a_run_declares_its_settings_and_what_openrlhf_can_do():
     host = openrlhf_host_pipeline("orl", args(), n_engines=2, n_train=1, active_engines=None, steps=2,
-                                  tail_migration=True)
+                                  request_migration=True)
     assert (host.model_profile, host.algorithm, host.prompts_per_step, host.samples_per_prompt) == \
         ("tiny-qwen2", "grpo", 4, 2)
     assert (host.max_response_len, host.prompt_len, host.steps, host.devices) == (128, 384, 2, 2)
     caps = host.capabilities
     assert (caps.framework, caps.stage_grants, caps.rollout_replicas, caps.replicas_elastic) == \
         ("openrlhf", "phase", 2, False)
-    assert caps.replica_release and not caps.migration and not caps.training_resizable and caps.training_width == 1
+    assert caps.replica_release and caps.migration and not caps.training_resizable and caps.training_width == 1
+    assert host.servers == ("0", "1")  # its engines, as its request events name them
     # it crosses to the coordinator as the frozen object and back from a dict unchanged
     assert HostPipeline.from_dict(host.to_dict()) == host
     host_workload(3, [host])  # a valid workload entry for the policy
@@ -45,11 +46,11 @@ def test_a_run_declares_its_settings_and_what_openrlhf_can_do():
 
 def test_the_share_and_the_release_follow_the_adapters_settings():
     one = openrlhf_host_pipeline("orl", args(algo__advantage__estimator="gae"), n_engines=3, n_train=1,
-                                 active_engines=1, steps=1, tail_migration=False)
+                                 active_engines=1, steps=1, request_migration=False)
     assert one.devices == 1 and one.algorithm == "ppo" and one.capabilities.rollout_replicas == 3
     assert not one.capabilities.replica_release  # least-in-flight: no tail consolidation, no early release
     wide = openrlhf_host_pipeline("orl", args(), n_engines=1, n_train=2, active_engines=None, steps=1,
-                                  tail_migration=True)
+                                  request_migration=True)
     assert wide.devices == 2 and wide.capabilities.training_width == 2
 
 
@@ -63,7 +64,7 @@ def test_the_share_and_the_release_follow_the_adapters_settings():
 def test_a_run_the_policy_cannot_plan_is_refused_naming_the_argument(over, field):
     with pytest.raises(SpecError) as e:
         openrlhf_host_pipeline("orl", args(**over), n_engines=2, n_train=1, active_engines=None, steps=2,
-                               tail_migration=True)
+                               request_migration=True)
     assert e.value.field == field
     if field != "--algo.advantage.estimator":
         assert "fifo-lease" in str(e.value)  # the way out
@@ -72,10 +73,10 @@ def test_a_run_the_policy_cannot_plan_is_refused_naming_the_argument(over, field
 def test_steps_and_engines_must_exist():
     with pytest.raises(SpecError, match="--vllm.num_engines"):
         openrlhf_host_pipeline("orl", args(), n_engines=0, n_train=1, active_engines=None, steps=2,
-                               tail_migration=True)
+                               request_migration=True)
     with pytest.raises(SpecError, match="orl: steps"):
         openrlhf_host_pipeline("orl", args(), n_engines=1, n_train=1, active_engines=None, steps=0,
-                               tail_migration=True)
+                               request_migration=True)
 
 
 def test_model_profile_from_the_model_folder():

@@ -51,6 +51,7 @@ class RunHooks:
         self.pm = get_plugin_manager()
         self.emit = Emitter(self.pm)
         self.client = None
+        self._planned: bool | None = None
         if self.settings.get("events"):
             register(self.pm, _JsonlLog(self.settings["events"]), name="jigsaw-openrlhf-events")
         if self.settings.get("coordinator"):
@@ -60,10 +61,12 @@ class RunHooks:
                                               namespace=self.settings["namespace"],
                                               on_coordinator_loss=self.settings.get("on_coordinator_loss", "stop"))
             # The coordinator records register_pipeline and the lease events itself: the
-            # forwarder's default leaves them out, so they are not recorded twice.
-            register(self.pm, CoordinatorForwarder(self.client), name="jigsaw-coordinator-forwarder")
+            # forwarder's default leaves them out, so they are not recorded twice. Under a
+            # policy the requests' progress goes too: the rows the policy chooses moves from
+            # (the rollout controller reports it at most once a second per request).
+            register(self.pm, CoordinatorForwarder(self.client, include_progress=self.planned),
+                     name="jigsaw-coordinator-forwarder")
         self._static: dict[str, tuple[int, ...]] = {}
-        self._planned: bool | None = None
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -107,6 +110,29 @@ class RunHooks:
                                              default=devices, step=step, stage=stage))
         self.emit.jigsaw_lease_granted(pipeline=self.pipeline, devices=devices, purpose=purpose, t=self.now())
         return devices
+
+    def rollout_servers(self, devices) -> tuple[int, ...]:
+        """The engine (its index in OpenRLHF's list, its server id) to run on each device of
+        a rollout grant, in the grant's order: the servers the coordinator bound to those
+        devices when it can say (``CoordinatorClient.rollout_servers``), else the first
+        ``len(devices)`` engines in order (the coordinator then binds servers in that order)."""
+        devices = tuple(devices)
+        ask = getattr(self.client, "rollout_servers", None) if self.planned else None
+        if ask is not None:
+            bound = ask(self.pipeline)
+            if bound and all(d in bound for d in devices):
+                return tuple(int(bound[d]) for d in devices)
+        return tuple(range(len(devices)))
+
+    def take_migrations(self, wait_s: float = 0.0) -> list:
+        """The migration commands the coordinator's policy chose for this run's requests
+        (``HostMigration``; empty without a coordinator policy)."""
+        return self.client.take_migrations(self.pipeline, wait_s) if self.planned else []
+
+    def migration_outcome(self, outcome) -> None:
+        """Report what became of a command (``MigrationOutcome``)."""
+        if self.planned:
+            self.client.migration_outcome(outcome)
 
     def release(self, devices, step: int | None = None, stage: str | None = None,
                 tokens: int | None = None) -> None:

@@ -13,12 +13,14 @@ devices, steps); this module says what OpenRLHF can carry out of a policy's deci
   engines exist for the whole run (the engine list and the weight-sync group are fixed at
   start); a step's rollout switches on as many as it is granted devices, and cannot take
   one more once it runs;
-- **replica release: yes, under ``--jigsaw.policy jigsaw``.** The rollout controller
-  migrates an engine's tail to the busiest engine and switches it off, giving its device
-  back before the rollout ends (``rollout.py``); the policy gets it at once;
-- **migration of chosen requests: no.** The migration is the adapter's own (its tail rule
-  picks the requests); the coordinator does not see the run's requests one by one, so a
-  policy has none to choose;
+- **replica release and migration of chosen requests: yes, under ``--jigsaw.policy jigsaw``
+  with two or more engines.** The run's engines are its servers (ids ``"0"``, ``"1"``, ...:
+  an engine's index in OpenRLHF's list, the ``replica`` of its request events); the adapter
+  forwards its request events (submitted, progress, aborted, migrated, finished), from which
+  the coordinator keeps one row per request, and the rollout controller takes the commands
+  the policy chose (``HostMigration``) and carries them out with its abort + resume path
+  (``policy_moves.py``); an engine the policy empties is switched off and its device given
+  back before the rollout ends. Its own tail rule is not applied under a policy;
 - **training width: fixed** at the actor's devices (``--actor.num_nodes`` x
   ``--actor.num_gpus_per_node``): DeepSpeed's gang is placed when the actor group is built.
 
@@ -33,7 +35,7 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.capabilities import HostCapabilities
 from jigsaw_plugin.runtime.host_executor import HostPipeline
 
-__all__ = ["ALGORITHM_OF_ESTIMATOR", "model_profile_of", "openrlhf_host_pipeline"]
+__all__ = ["ALGORITHM_OF_ESTIMATOR", "model_profile_of", "moves_requests", "engine_servers", "openrlhf_host_pipeline"]
 
 #: OpenRLHF's ``--algo.advantage.estimator`` -> the algorithm whose stages the policy plans.
 ALGORITHM_OF_ESTIMATOR = {
@@ -58,8 +60,20 @@ def model_profile_of(model_path) -> str:
     return max(matches, key=len)
 
 
+def moves_requests(adapter_policy: str, n_engines: int) -> bool:
+    """Whether the rollout controller moves requests between engines: its policy ``jigsaw``
+    (``least-in-flight`` only routes) and a second engine to move them to. Under a
+    coordinator policy these are the moves the policy chooses (``migration``)."""
+    return adapter_policy == "jigsaw" and int(n_engines) >= 2
+
+
+def engine_servers(n_engines: int) -> tuple:
+    """The server ids of the run's engines: each engine's index in OpenRLHF's list."""
+    return tuple(str(i) for i in range(int(n_engines)))
+
+
 def openrlhf_host_pipeline(name: str, args, *, n_engines: int, n_train: int, active_engines: int | None,
-                           steps: int, tail_migration: bool) -> HostPipeline:
+                           steps: int, request_migration: bool) -> HostPipeline:
     """The ``HostPipeline`` of one OpenRLHF run (``args``: OpenRLHF's parsed namespace).
 
     :param n_engines: engines of the pre-provisioned pool (``--vllm.num_engines``).
@@ -67,8 +81,8 @@ def openrlhf_host_pipeline(name: str, args, *, n_engines: int, n_train: int, act
     :param active_engines: ``--jigsaw.active_engines`` (None: every engine): the run's static
         share of the pool is ``max(active engines, n_train)``.
     :param steps: training steps the run will take (batches per episode x episodes).
-    :param tail_migration: the rollout controller consolidates tails and releases engines
-        (``--jigsaw.policy jigsaw``).
+    :param request_migration: the rollout controller moves requests and releases emptied
+        engines (``moves_requests``): under a policy, the moves the policy chooses.
     """
     if args.train.async_enable:
         raise SpecError("--train.async_enable", True,
@@ -93,9 +107,11 @@ def openrlhf_host_pipeline(name: str, args, *, n_engines: int, n_train: int, act
     max_new = int(args.rollout.max_new_tokens)
     # the prompt budget: what data.max_len leaves beside the response (OpenRLHF truncates to it)
     prompt_len = max(1, int(args.data.max_len) - max_new)
+    moves = bool(request_migration) and n_engines >= 2
     caps = HostCapabilities("openrlhf", stage_grants="phase", rollout_replicas=n_engines, replicas_elastic=False,
-                            migration=False, replica_release=bool(tail_migration), training_resizable=False,
+                            migration=moves, replica_release=moves, training_resizable=False,
                             training_width=int(n_train))
     return HostPipeline(name, model_profile_of(args.actor.model_name_or_path), ALGORITHM_OF_ESTIMATOR[estimator],
                         int(args.rollout.batch_size), int(args.rollout.n_samples_per_prompt), max_new, prompt_len,
-                        int(steps), max(active, int(n_train)), caps)
+                        int(steps), max(active, int(n_train)), caps,
+                        servers=engine_servers(n_engines) if moves else ())

@@ -11,13 +11,17 @@ dynamic filtering) and replaces ``_generate_vllm`` (140-193):
   runs here, in the trainer, once per sample; its ``llm_engine.generate`` call, one per
   turn, is a *request* sent through jigsaw's ``Router`` (least in flight, sticky per
   sample), so requests, not prompts, are balanced;
-* policy ``jigsaw``: when the step's requests in flight fall to ``tail_fraction`` of those
-  submitted, the long tail is consolidated: the requests of every other busy engine are
-  moved to the busiest one (abort + resume with the generated prefix, ``Router.drain_to``:
-  each exactly once) once each has ``migrate_min_tokens`` tokens, and the emptied engines
-  are switched off and their devices released (to the shared pool when a coordinator is
-  used; under a coordinator policy each release is part of the rollout's grant, which the
-  policy can grant to another pipeline at once: ``host.py``). These knobs arrive as one
+* policy ``jigsaw`` under a coordinator policy (``hooks.planned``, two or more engines): the
+  coordinator's policy chooses which requests move (``host.py``: ``migration``); the
+  controller takes its commands each poll and carries them out (``policy_moves.py``: abort +
+  resume with the prefix), switches off an engine the policy emptied and gives its device
+  back mid-rollout, and reports each command's outcome; the tail rule below is not applied;
+* policy ``jigsaw`` otherwise (alone, or under ``fifo-lease``): when the step's requests in
+  flight fall to ``tail_fraction`` of those submitted, the long tail is consolidated: the
+  requests of every other busy engine are moved to the busiest one (abort + resume with the
+  generated prefix, ``Router.drain_to``: each exactly once) once each has
+  ``migrate_min_tokens`` tokens, and the emptied engines are switched off and their devices
+  released (to the shared pool when a coordinator is used). These knobs arrive as one
   ``MigrationSettings`` (``config.py``);
 * the engine pool is pre-provisioned (OpenRLHF's engine list and weight-sync group are
   fixed at start): each step switches on the engines it gets devices for
@@ -36,9 +40,16 @@ from vllm import SamplingParams
 from jigsaw_plugin.adapters.openrlhf.config import MigrationSettings
 from jigsaw_plugin.adapters.openrlhf.engines import RequestState, RequestTable, RolloutEngine
 from jigsaw_plugin.adapters.openrlhf.hooks import RunHooks
+from jigsaw_plugin.adapters.openrlhf.host import moves_requests
+from jigsaw_plugin.adapters.openrlhf.policy_moves import MOVED, PolicyMoves
+from jigsaw_plugin.runtime.host_requests import MigrationOutcome
 from jigsaw_plugin.runtime.router import Router, RouterError
 
-__all__ = ["JigsawSamplesGenerator", "StepClock", "make_executor"]
+__all__ = ["JigsawSamplesGenerator", "StepClock", "make_executor", "PROGRESS_REPORT_S"]
+
+#: A request's progress is reported at most this often (the coordinator runs a policy round
+#: on each report it receives; per poll, 8 requests x 20 polls/s would be 160 rounds/s).
+PROGRESS_REPORT_S = 1.0
 
 
 class StepClock:
@@ -131,8 +142,12 @@ class JigsawSamplesGenerator(SamplesGenerator):
         self.active = min(pool, int(self.settings.get("active_engines") or pool))
         self.training_gen = False
         self.batch: _Batch | None = None
-        self.stats = {"requests": 0, "segments": 0, "migrations": 0, "switched_off": 0, "by_engine": {}}
+        self.stats = {"requests": 0, "segments": 0, "migrations": 0, "switched_off": 0, "by_engine": {},
+                      "policy_commands": 0, "policy_dropped": 0}
         self._seq = 0
+        # under a coordinator policy the policy chooses the moves (host.py), not the tail rule
+        self.follow_policy = hooks.planned and moves_requests(self.settings.get("policy"), len(self.vllm_engines))
+        self._progress_t: dict[str, float] = {}  # request -> when its progress was last reported
 
     # ---- OpenRLHF entry points ----------------------------------------------------------
     def generate_samples(self, **generate_kwargs):
@@ -179,7 +194,8 @@ class JigsawSamplesGenerator(SamplesGenerator):
         if len(devices) > len(self.vllm_engines):  # the declared pool (host.py) bounds a policy's grant
             raise RuntimeError(f"{self.hooks.pipeline}: granted {len(devices)} rollout devices {list(devices)}, "
                                f"but the run has {len(self.vllm_engines)} engine(s) (--vllm.num_engines)")
-        self.batch = batch = _Batch(self, list(range(len(devices))), devices, step)
+        # engine i of OpenRLHF's list is server "i" to the coordinator (host.py)
+        self.batch = batch = _Batch(self, list(self.hooks.rollout_servers(devices)), devices, step)
         prompt_tokens = sum(len(self.tokenizer(text=p, add_special_tokens=False)["input_ids"]) for p in prompts)
         if self.training_gen:
             self._stage_event("jigsaw_stage_start", "gen", devices, len(prompts) * n_samples, prompt_tokens * n_samples)
@@ -234,32 +250,84 @@ class JigsawSamplesGenerator(SamplesGenerator):
 
     # ---- tail control -------------------------------------------------------------------
     async def _control(self, batch: _Batch) -> None:
-        """Poll progress; under policy ``jigsaw`` consolidate the long tail (module docstring)."""
+        """Poll progress; carry out the coordinator policy's moves, or under policy
+        ``jigsaw`` alone consolidate the long tail (module docstring)."""
         migration, router = self.migration, batch.router
+        moves = PolicyMoves(router, lambda engine: self._engine_emptied(batch, engine)) if self.follow_policy else None
         while True:
             await asyncio.sleep(migration.poll_interval_s)
             busy = {i: router.load(i) for i in router.replicas() if router.load(i) > 0}
             progress = {}
             for i in busy:
                 progress.update(await router.engine(i).progress())
-            for seg, n in progress.items():
-                rid = seg.rsplit("#", 1)[0]
-                state = batch.table.get(rid)
-                if state is not None:
-                    self._request_hook("jigsaw_request_progress", rid, generated_tokens=len(state.tokens) + n)
-            if self.settings.get("policy") != "jigsaw":
-                continue
-            inflight = sum(busy.values())
-            if len(busy) < 2 or inflight > migration.tail_fraction * len(batch.table):
-                continue
-            running = [r for i in busy for r in router.records_on(i)]
-            if any(progress.get(f"{r.request_id}#{r.segments}", 0) < migration.migrate_min_tokens for r in running):
-                continue  # let every tail request produce a prefix first
-            target = max(busy, key=lambda i: (busy[i], -i))
-            # drain_to moves each request once and returns when all run on the target; the
-            # rest of the tail then needs no more consolidation (one engine left busy).
-            await asyncio.gather(*(self._switch_off(batch, i, target)
-                                   for i in router.live_replicas() if i != target))
+            self._report_progress(batch, progress)
+            if moves is not None:
+                await self._follow_policy(moves)
+            elif self.settings.get("policy") == "jigsaw":
+                await self._tail_rule(batch, busy, progress)
+
+    def _report_progress(self, batch: _Batch, progress: dict) -> None:
+        """``jigsaw_request_progress`` per running request, at most every ``PROGRESS_REPORT_S``."""
+        now = time.monotonic()
+        for seg, n in progress.items():
+            rid = seg.rsplit("#", 1)[0]
+            state = batch.table.get(rid)
+            if state is not None and now - self._progress_t.get(rid, 0.0) >= PROGRESS_REPORT_S:
+                self._progress_t[rid] = now
+                self._request_hook("jigsaw_request_progress", rid, generated_tokens=len(state.tokens) + n)
+
+    async def _follow_policy(self, moves: PolicyMoves) -> None:
+        """Take the policy's commands, carry them out, report each outcome, and give back
+        the engines the moves emptied. A call cancelled at the rollout's end still finishes
+        taking its commands, and reports them dropped (none is lost in between)."""
+        take = asyncio.ensure_future(asyncio.to_thread(self.hooks.take_migrations, 0.0))
+        try:
+            commands = await asyncio.shield(take)
+        except asyncio.CancelledError:
+            for cmd in await take:
+                self._command_outcome(cmd, "dropped", "the rollout ended before it was carried out")
+            raise
+        if commands:
+            outcomes = await moves.carry_out(commands)
+            for cmd, out in zip(commands, outcomes):
+                self._command_outcome(cmd, "aborted" if out.status == MOVED else "dropped", out.reason)
+                # the run's own log: what the policy asked and what this rollout did with it
+                print(f"[jigsaw] {self.hooks.pipeline} step {self.clock.step}: policy command {cmd.seq} moves "
+                      f"{cmd.request_id} engine {cmd.src_server} -> {cmd.dst_server}: {out.status}"
+                      f"{' (' + out.reason + ')' if out.reason else ''}", flush=True)
+            self.stats["policy_commands"] += len(commands)
+            self.stats["migrations"] += sum(o.status == MOVED for o in outcomes)
+        moves.release_emptied()
+
+    def _command_outcome(self, cmd, status: str, reason: str) -> None:
+        if status == "dropped":
+            self.stats["policy_dropped"] += 1
+        self.hooks.migration_outcome(MigrationOutcome(cmd.pipeline, cmd.request_id, cmd.seq, status, reason))
+
+    def _engine_emptied(self, batch: _Batch, engine: int) -> None:
+        """The policy moved every request off ``engine`` and it is detached: its device goes
+        back now (part of the rollout's grant: ``replica_release``)."""
+        self.hooks.release([batch.devices[engine]], step=batch.step, stage="gen")
+        self.stats["switched_off"] += 1
+        print(f"[jigsaw] {self.hooks.pipeline} step {batch.step}: engine {engine} emptied by the policy's moves, "
+              f"switched off, device {batch.devices[engine]} released mid-rollout", flush=True)
+
+    async def _tail_rule(self, batch: _Batch, busy: dict, progress: dict) -> None:
+        """The adapter's own consolidation (no coordinator policy): once the step's requests
+        in flight fall to ``tail_fraction`` and each has ``migrate_min_tokens`` tokens, drain
+        every other busy engine into the busiest one."""
+        migration, router = self.migration, batch.router
+        inflight = sum(busy.values())
+        if len(busy) < 2 or inflight > migration.tail_fraction * len(batch.table):
+            return
+        running = [r for i in busy for r in router.records_on(i)]
+        if any(progress.get(f"{r.request_id}#{r.segments}", 0) < migration.migrate_min_tokens for r in running):
+            return  # let every tail request produce a prefix first
+        target = max(busy, key=lambda i: (busy[i], -i))
+        # drain_to moves each request once and returns when all run on the target; the
+        # rest of the tail then needs no more consolidation (one engine left busy).
+        await asyncio.gather(*(self._switch_off(batch, i, target)
+                               for i in router.live_replicas() if i != target))
 
     async def _switch_off(self, batch: _Batch, replica: int, target: int) -> None:
         """Move the engine's requests to ``target``, detach it, release its device. The

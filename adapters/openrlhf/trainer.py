@@ -92,7 +92,7 @@ class JigsawTrainerMixin:
 
         host = None
         if hooks.planned:  # the coordinator runs a policy: declare what it plans with (host.py)
-            from jigsaw_plugin.adapters.openrlhf.host import openrlhf_host_pipeline
+            from jigsaw_plugin.adapters.openrlhf.host import moves_requests, openrlhf_host_pipeline
 
             # the loader yields one prompt at a time (ppo_trainer.py:42-49); a step takes
             # rollout.batch_size of them (the last, shorter batch is a step too)
@@ -101,7 +101,7 @@ class JigsawTrainerMixin:
             steps = -(-len(loader) // per_step) * int(args_.train.num_episodes) if loader is not None else 0
             host = openrlhf_host_pipeline(hooks.pipeline, args_, n_engines=n_engines, n_train=n_train,
                                           active_engines=settings.get("active_engines"), steps=steps,
-                                          tail_migration=settings.get("policy") == "jigsaw")
+                                          request_migration=moves_requests(settings.get("policy"), n_engines))
         hooks.register_pipeline({
             "framework": "openrlhf", "framework_version": version("openrlhf"), "model": pretrain,
             "algorithm": args_.algo.advantage.estimator, "mode": "async" if args_.train.async_enable else "sync",

@@ -34,7 +34,7 @@ ROOT = HERE.parents[1]
 ORL_PYTHON = ROOT / ".venv-openrlhf" / "bin" / "python"
 
 __all__ = ["MixedSettings", "JobResult", "MixedResult", "VERL", "ORL", "VERL_GRANTS", "ORL_GRANTS", "run_mixed",
-           "problems", "declared_hosts", "orl_args", "partial_releases", "read_jsonl"]
+           "problems", "declared_hosts", "orl_args", "partial_releases", "policy_migrations", "read_jsonl"]
 
 COORDINATOR = "jigsaw-mixed"
 NAMESPACE = "jigsaw"
@@ -127,7 +127,7 @@ def declared_hosts(s: MixedSettings):
               algo=NS(advantage=NS(estimator="group_norm")), actor=NS(model_name_or_path="tiny-qwen2-tok"),
               rollout=NS(batch_size=4, n_samples_per_prompt=2, max_new_tokens=s.max_new_tokens), data=NS(max_len=512))
     orl = openrlhf_host_pipeline(ORL, args, n_engines=s.orl_engines, n_train=1,
-                                 active_engines=s.orl_active_engines, steps=s.orl_steps, tail_migration=True)
+                                 active_engines=s.orl_active_engines, steps=s.orl_steps, request_migration=True)
     return [verl, orl]
 
 
@@ -295,6 +295,29 @@ def partial_releases(r: MixedResult) -> list[dict]:
     return out
 
 
+def policy_migrations(r: MixedResult) -> list[dict]:
+    """The OpenRLHF migrations the coordinator's policy chose, one per command it issued
+    (``jigsaw_migration_issued`` in the coordinator's log), each with what became of it:
+    ``done`` (the coordinator's ``jigsaw_migration_done``) with OpenRLHF's own
+    ``jigsaw_request_migrated`` for that request (its event file), or ``dropped`` with the
+    reason, or ``open`` (neither: a lost command)."""
+    log = [e for e in r.events if e.get("pipeline") == ORL]
+    host = [e for e in read_jsonl(r.jobs[1].events_path) if e["hook"] == "jigsaw_request_migrated"]
+    out = []
+    for cmd in (e for e in log if e["hook"] == "jigsaw_migration_issued"):
+        done = [e for e in log if e["hook"] == "jigsaw_migration_done" and e["request_id"] == cmd["request_id"]
+                and e["t"] >= cmd["t"]]
+        dropped = [e for e in log if e["hook"] == "jigsaw_migration_dropped" and e.get("seq") == cmd["seq"]]
+        moved = [e for e in host if e["request_id"] == cmd["request_id"]]
+        status = "done" if done else "dropped" if dropped else "open"
+        out.append({"seq": cmd["seq"], "step": cmd.get("step"), "request_id": cmd["request_id"],
+                    "src_server": cmd["src_server"], "dst_server": cmd["dst_server"], "decision": cmd.get("decision"),
+                    "status": status, "reason": dropped[0].get("reason") if dropped else "",
+                    "host_migrated": [{k: e[k] for k in ("src_replica", "dst_replica", "generated_tokens", "step")}
+                                      for e in moved]})
+    return out
+
+
 def problems(r: MixedResult) -> list[str]:
     """What does not hold of a mixed run (empty: all holds).
 
@@ -306,7 +329,10 @@ def problems(r: MixedResult) -> list[str]:
       8 per step generated and trained, every request finished once within its budget, a
       migrated one resumed with its prefix and the rest of its budget;
     - at each rollout grant the coordinator holds for the pipeline exactly the granted devices;
-    - refusals name the capability; no device granted to both jobs at once.
+    - refusals name the capability; no device granted to both jobs at once;
+    - every migration command the policy issued for OpenRLHF was carried out (OpenRLHF's own
+      event file shows the request moved from the command's engine to its destination) or
+      dropped with a reason, none left open (``policy_migrations``).
     """
     s, out = r.settings, []
     for job in r.jobs:
@@ -343,6 +369,14 @@ def problems(r: MixedResult) -> list[str]:
                 out.append(f"{ORL} step {k}: {stage} ran on {ran}, granted {by_grant.get((ORL, k, grant))}")
     out += _request_problems(orl_ev, s.max_new_tokens)
     out += _idle_holds(r.events)
+    for m in policy_migrations(r):
+        if m["status"] == "open":
+            out.append(f"{ORL}: policy migration {m['seq']} of {m['request_id']} neither done nor dropped")
+        elif m["status"] == "done" and not any(str(h["src_replica"]) == m["src_server"]
+                                               and str(h["dst_replica"]) == m["dst_server"]
+                                               for h in m["host_migrated"]):
+            out.append(f"{ORL}: policy migration {m} done in the coordinator's log, but OpenRLHF's own events "
+                       f"show no such move")
     for refused in r.scheduler.get("refusals", []):
         if "=false" not in refused["reason"]:
             out.append(f"a refusal that names no capability: {refused}")
@@ -406,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"wall_s": r.wall_s, "jobs": [j.__dict__ for j in r.jobs], "peak_pss_gib": r.peak_pss_gib,
                       "cpu_s": r.cpu_s, "load": [r.load_avg_start, r.load_avg_end],
                       "partial_releases": len(partial_releases(r)), "problems": found,
+                      "policy_migrations": policy_migrations(r),
                       "busy_device_s": r.scheduler.get("busy_device_s"),
                       "refusals": r.scheduler.get("refusals")}, default=repr))
     return 0 if not found else 1
