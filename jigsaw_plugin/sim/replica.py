@@ -17,6 +17,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from jigsaw_plugin.core.snapshot import ReplicaObs, RequestColumns
 from jigsaw_plugin.costmodel import CostModel, ModelProfile
 from jigsaw_plugin.ids import RequestId
 
@@ -134,11 +135,9 @@ class Replica:
         return self.tick_epoch
 
     def observe(self, t: float):
-        from jigsaw_plugin.core.snapshot import ReplicaObs
-
         self.sync(t)
         step = self.step_s or self._decode_s(max(1, self.n), self.kv_tokens)
-        return ReplicaObs(self.n, len(self.queue), self.kv_tokens, float(self.cap), self.max_seqs, step,
+        return ReplicaObs.build(self.n, len(self.queue), self.kv_tokens, float(self.cap), self.max_seqs, step,
                           max(0.0, self.busy_until - t))
 
     def request_rows(self, t: float) -> list:
@@ -154,8 +153,6 @@ class Replica:
         """``request_rows`` as columns (``core.snapshot.RequestColumns``), in the same order,
         read attribute by attribute in C loops rather than a tuple per request: the state
         build reads whole replicas at step boundaries (thousands of requests a round)."""
-        from jigsaw_plugin.core.snapshot import RequestColumns
-
         self.sync(t)
         run = self.running()
         reqs = run + list(self.queue)
