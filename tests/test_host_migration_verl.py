@@ -63,3 +63,17 @@ def test_the_session_declares_migration_only_for_two_servers_behind_this_coordin
     for binding in (None, {**both, "servers": ["a"]}, {**both, "coordinator": None}, {**both, "pipeline": "q"}):
         host = s.host_pipeline({**SPEC, "rollout_binding": binding})
         assert not host.capabilities.migration and host.servers == ()
+
+
+def test_a_server_that_does_not_abort_drops_the_command_and_the_request_goes_on_where_it_is():
+    a, b = _Server(), _Server()
+    b.abort_request = types.SimpleNamespace(remote=lambda rid: {"aborted": False, "error": f"Request {rid} not found"})
+    lb = JigsawLoadBalancer({"a": a, "b": b}, {"router_class": "x", "pipeline": "p"})
+    lb.acquire_server("r1", jigsaw_vllm_id="r1#0")
+    lb.acquire_server("r2", jigsaw_vllm_id="r2#0")  # on b
+    out = lb.carry_out(HostMigration("p", "r2", "b", "a", 1, 0.0))
+    assert out == "dropped: the server did not abort it: Request r2#0 not found"
+    lb.attempt_done("r2", "b", 12, "completed")  # it finished where it ran
+    assert [e["hook"] for e in lb.events() if e["request_id"] == "r2"] == ["jigsaw_request_submitted",
+                                                                            "jigsaw_request_finished"]
+    assert lb.migration_commands()[0]["status"] == "dropped"

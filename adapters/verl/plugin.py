@@ -106,6 +106,9 @@ def load() -> None:
         return install(module)
 
     when_imported("verl.trainer.ppo.v1", guarded("register jigsaw trainers", register))
+    from jigsaw_plugin.adapters.verl import vllm_abort
+
+    when_imported(vllm_abort.TARGET, guarded("patch vllm_abort", lambda m: vllm_abort.install(m, version)))
     _load_cpu_platform(version)
 
 

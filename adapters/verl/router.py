@@ -283,7 +283,18 @@ class JigsawLoadBalancer:
             if why is None:
                 record["vllm_id"] = vllm_id
             self.commands.append(record)
-        record["server_answer"] = _answer(ref)  # outside the lock: the abort's result wakes verl's client
+        record["server_answer"] = answer = _answer(ref)  # outside the lock: the abort wakes verl's client
+        if why is None and isinstance(answer, dict) and not answer.get("aborted", False):
+            # the server did not abort it (it had just finished, or the abort failed): it
+            # goes on where it is, and the command is dropped with the server's reason
+            why = f"the server did not abort it: {answer.get('error', answer)}"
+            with self._lock:
+                self._moves.pop(command.request_id, None)
+                run = self.running.get(command.request_id)
+                if run is not None and run.get("moving_to") == command.dst_server:
+                    run["aborted"] = False
+                    run.pop("moving_to", None)
+            record.update(status="dropped", reason=why)
         if self.commands_path:
             import json
 
