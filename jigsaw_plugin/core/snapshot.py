@@ -157,13 +157,23 @@ _STEP, _SAMPLE, _TURN = attrgetter("step"), attrgetter("sample"), attrgetter("tu
 
 def _member(keys: np.ndarray, sorted_unique: np.ndarray) -> np.ndarray:
     """``np.isin(keys, sorted_unique)`` for a sorted, duplicate-free right side (what
-    ``np.unique`` returns): one binary search per key, not isin's general machinery, which
+    ``_sorted_unique`` returns): one binary search per key, not isin's general machinery, which
     cost tens of microseconds per replica (32 replicas a pipeline at 1024 GPUs)."""
     if not len(sorted_unique):
         return np.zeros(len(keys), bool)
     at = np.searchsorted(sorted_unique, keys)
     np.minimum(at, len(sorted_unique) - 1, out=at)
     return sorted_unique[at] == keys
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an int array: sorted, duplicates dropped. Not ``np.unique`` itself,
+    whose first plain call imports ``numpy.ma`` (10-40 ms, in whichever decide round came
+    first) and which checks for a masked array on every call."""
+    a = np.sort(a)
+    if len(a) > 1:
+        a = a[np.concatenate(([True], a[1:] != a[:-1]))]
+    return a
 
 
 def _nansum(a: np.ndarray) -> float:
@@ -611,7 +621,7 @@ class _PipelineRequests:
         ids = [i for i, r in self._rows.items() if len(r.ids)]
         parts = [self._rows[i] for i in ids]
         cache = self._cache
-        dirty = np.unique(np.concatenate([r.unseen_groups() for r in parts if r.unseen] + cache.changed_groups))
+        dirty = _sorted_unique(np.concatenate([r.unseen_groups() for r in parts if r.unseen] + cache.changed_groups))
         cache.changed_groups = []
         picked = []
         for i, r in zip(ids, parts):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
@@ -35,9 +35,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """One in-flight generation turn, as its engine and router observe it."""
+class RequestView(NamedTuple):
+    """One in-flight generation turn, as its engine and router observe it.
+
+    Immutable and typed like the frozen dataclasses here, but a ``NamedTuple``: the state
+    build makes hundreds a decide round (a rollout tail's requests, read by the policy),
+    and a tuple is built in C (0.2 us against a frozen dataclass's 0.8 us, whose
+    ``__init__`` sets each field through ``object.__setattr__``)."""
 
     id: RequestId  # pipeline, step, sample, turn
     group: int  # GRPO group: samples of one prompt share it
