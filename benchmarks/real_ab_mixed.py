@@ -93,7 +93,13 @@ def device_holdings(trace: list, span_s: float) -> dict:
         row = {k: round(_union_s(v), 1) for k, v in sorted(held.items())}
         row["idle"] = round(max(0.0, span_s - _union_s([iv for v in held.values() for iv in v])), 1)
         out[d] = row
-    return {"t0": round(t0, 1), "devices": out}
+    # per pipeline: its first hold's start and last hold's end, seconds from t0 (same clock)
+    windows: dict = {}
+    for name, _cat, _devices, start, end in spans:
+        a, b = windows.get(name.split()[0], (start, end))
+        windows[name.split()[0]] = (min(a, start), max(b, end))
+    return {"t0": round(t0, 1), "devices": out,
+            "windows": {k: [round(a - t0, 1), round(b - t0, 1)] for k, (a, b) in sorted(windows.items())}}
 
 
 def _union_s(intervals: list) -> float:
@@ -109,7 +115,13 @@ def _union_s(intervals: list) -> float:
 
 
 def run_arm(policy: str, workdir: Path) -> dict:
+    import shutil
+
     import mixed
+
+    # a fresh folder: the hosts append to their event files, and an earlier run's lines
+    # there would read as samples trained twice
+    shutil.rmtree(workdir, ignore_errors=True)
 
     s = mixed.MixedSettings(policy=policy, pool_devices=2)
     r = mixed.run_mixed(workdir, s)
@@ -273,6 +285,7 @@ def reading(data: dict, reps: list) -> str:
     else:
         text += (f"The jobs' steps overlapped for {overlap['verl-sync']:.0f} s (static) and {overlap['jigsaw']:.0f} s "
                  f"(jigsaw). ")
+    text += idle_reading(mid)
     text += (f"The run's processes kept the 2 cores {mid['verl-sync']['cpu_busy_fraction']:.0%} (static) and "
              f"{mid['jigsaw']['cpu_busy_fraction']:.0%} (jigsaw) busy over the whole wall time: a device idle in "
              "the coordinator's trace is not an idle core (the other job's processes, start-up and the drivers' "
@@ -290,6 +303,30 @@ def _commit() -> str:
 
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
+
+
+def idle_reading(mid: dict) -> str:
+    """Per arm (median run): each device's idle seconds of the steps' span, and what the
+    jobs' grant spans say about them (when the OpenRLHF job had no step to run)."""
+    parts = []
+    for arm, run in mid.items():
+        devs = (run.get("holdings") or {}).get("devices") or {}
+        if not devs:
+            continue
+        span = run["steps_span_s"]
+        idle = ", ".join(f"device {d} {row['idle']:.0f} s" for d, row in devs.items())
+        win = (run.get("holdings") or {}).get("windows") or {}
+        when = ("; held from-to (s into the span): " + ", ".join(f"{k} {a:.0f}-{b:.0f}" for k, (a, b) in win.items())
+                if win else "")
+        parts.append(f"{arm}: {idle} idle of a {span:.0f} s span{when}")
+    if not parts:
+        return ""
+    return ("Idle devices (coordinator's trace): " + "; ".join(parts) + ". The idle device is the one the "
+            "OpenRLHF job holds while it runs its steps: idle before it starts them (it starts once verl has "
+            "registered, then needs its own start-up) and after it ends, while verl, which runs through the "
+            "whole span, cannot take it: its rollout has one server (no second replica to wake) and its training "
+            "gang is fixed at one device, so the policy can only time-share devices between the jobs, and while "
+            "OpenRLHF runs both are busy. ")
 
 
 def main(argv: list[str] | None = None) -> int:
