@@ -1,0 +1,65 @@
+"""benchmarks/decision_latency.py's block: its reading of the targets follows the figures,
+the predictor timer sees every predictor call of a decide round, and a bad results file
+is refused with its path named (no traceback)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from jigsaw_plugin.hookspecs import hookimpl
+from jigsaw_plugin.manager import get_plugin_manager, register
+from jigsaw_plugin.scheduler import get_policy
+from jigsaw_plugin.sim import Simulation
+from sim_helpers import small_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import decision_latency as dl  # noqa: E402
+
+
+def _result(gpus, pipelines, decision_p99, policy_p99, mode="incremental"):
+    return {"gpus": gpus, "pipelines": pipelines, "prompts": 1, "mode": mode, "requests_per_step": 8,
+            "rounds": 10, "stopped_by_budget": False, "state_p50_us": 1.0, "state_p99_us": decision_p99 - policy_p99,
+            "policy_p50_us": 1.0, "policy_p99_us": policy_p99, "decision_p50_us": 2.0,
+            "decision_p99_us": decision_p99, "decision_wall_p99_us": decision_p99, "cpu_s": 1.0,
+            "gc_total_ms": 0.0, "gc_max_ms": 0.0, "predictor_p99_us": 10.0, "predictor_calls": 3,
+            "predictor_share": 0.25, "slow_state_us": 5.0, "slow_predictor_share": 0.5, "slow_predictor_calls": 2.0}
+
+
+def test_targets_reading_follows_the_figures():
+    text = dl.targets([_result(64, 8, 900.0, 400.0), _result(1024, 32, 12_000.0, 11_000.0),
+                       _result(1024, 32, 1.0, 1.0, mode="from-scratch")])
+    met, missed = text.splitlines()
+    assert "64 GPUs / 8 pipelines" in met and "**met**" in met
+    assert "1024 GPUs / 32 pipelines" in missed and "**not met**" in missed
+    assert "over the target by itself" in missed and "25%" in missed and "50%" in missed
+    block = dl.section([_result(64, 8, 900.0, 400.0)], "cmd", "1 1 1", "2 2 2")
+    assert "10 / 25% / 5 us, 50%, 2.0 calls" in block and "`cmd`" in block
+
+
+def test_predictor_timer_counts_each_predictor_call_of_a_run():
+    calls = []
+
+    class Count:
+        @hookimpl(hookwrapper=True)
+        def jigsaw_predict_remaining(self, pipeline, requests, history):
+            calls.append(len(requests))
+            yield
+
+    wl = small_workload(gpus=8, pipelines=2, prompts=4, samples=4, steps=1, agentic=(False, False), median=200)
+    pm = get_plugin_manager(load_entrypoints=False)
+    timer = dl._PredictorTimer()
+    register(pm, timer, "timer")
+    register(pm, Count(), "count")
+    Simulation(wl, get_policy("jigsaw"), seed=0, pm=pm).run()
+    assert timer.calls == len(calls) > 0 and timer.us > 0
+
+
+def test_render_refuses_a_file_that_is_not_its_results(tmp_path, capsys):
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit) as e:
+        dl.main(["--render", "--results", str(bad)])
+    assert str(bad) in str(e.value) and "not a results file" in str(e.value)
