@@ -4,6 +4,14 @@
     .venv-verl/bin/python benchmarks/real_ab_hosts.py [--repeats 1] [--steps 4]   # a fresh JSON
     .venv-verl/bin/python benchmarks/real_ab_hosts.py --append    # one more repeat into the JSON
     .venv-verl/bin/python benchmarks/real_ab_hosts.py --render    # the docs block from the JSON
+    .venv-verl/bin/python benchmarks/real_ab_hosts.py --migration [--append|--render]   # the pair with migration
+
+``--migration``: the pair of integration_tests/verl/test_host_migration.py instead: ``verl-a``
+with 2 pretend devices (two vLLM servers behind the jigsaw balancer: ``migration=true``, the
+policy chooses which requests move) beside ``verl-b`` with one, a pool of 3, responses up to
+256 tokens; results in benchmarks/results/real_ab_hosts_migration.json, block
+``real-ab-hosts-migration``; each arm also counts the migrations chosen, carried out and
+dropped, and the tokens they kept.
 
 Each repeat runs both arms one after the other, the order alternating between repeats
 (static first in repeats 0, 2, ...), each arm two jobs at the same time
@@ -36,25 +44,35 @@ from common import write_doc_block  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "real_ab_hosts.json"
 BLOCK = "real-ab-hosts"
+MIGRATION_RESULTS = ROOT / "benchmarks" / "results" / "real_ab_hosts_migration.json"
+MIGRATION_BLOCK = "real-ab-hosts-migration"
 ARMS = ("verl-sync", "jigsaw")
 STAGES = ("gen", "old_log_prob", "update_actor", "weight_sync")
+MIGRATION_RESPONSE_LEN = 256
 
 
-def declared_hosts(steps: int):
-    """The pipelines as the verl sessions declare them (cpu_e2e's settings, 1 device each)."""
+def declared_hosts(steps: int, migration: bool = False):
+    """The pipelines as the verl sessions declare them (cpu_e2e's settings, 1 device each;
+    ``migration``: ``verl-a`` with 2 devices and two servers behind the jigsaw balancer)."""
     from jigsaw_plugin.runtime.capabilities import HostCapabilities
     from jigsaw_plugin.runtime.host_executor import HostPipeline
 
     caps = HostCapabilities("verl", training_width=1)
-    return [HostPipeline(name, "tiny-qwen2", "dapo", 2, 2, 16, 64, steps, 1, caps) for name in ("verl-a", "verl-b")]
+    if not migration:
+        return [HostPipeline(name, "tiny-qwen2", "dapo", 2, 2, 16, 64, steps, 1, caps)
+                for name in ("verl-a", "verl-b")]
+    two = HostCapabilities("verl", rollout_replicas=2, migration=True, training_width=2)
+    return [HostPipeline("verl-a", "tiny-qwen2", "dapo", 2, 2, MIGRATION_RESPONSE_LEN, 64, steps, 2, two,
+                         servers=("server-0", "server-1")),
+            HostPipeline("verl-b", "tiny-qwen2", "dapo", 2, 2, MIGRATION_RESPONSE_LEN, 64, steps, 1, caps)]
 
 
-def predict(steps: int) -> dict:
+def predict(steps: int, migration: bool = False) -> dict:
     """The simulator on the same pipelines: makespan per arm and the ratio."""
     from jigsaw_plugin.runtime.host_executor import host_workload
     from jigsaw_plugin.sim import simulate
 
-    wl = host_workload(2, declared_hosts(steps))
+    wl = host_workload(3 if migration else 2, declared_hosts(steps, migration))
     out = {arm: simulate(wl, arm)["makespan_s"] for arm in ARMS}
     out["ratio"] = round(out["verl-sync"] / out["jigsaw"], 3) if out["jigsaw"] else None
     return out
@@ -105,7 +123,16 @@ def steps_span(report: dict) -> tuple[float, dict]:
     return round(span, 2), {str(d): round(b / span, 3) if span else None for d, b in sorted(busy.items())}
 
 
-def run_arm(policy: str, steps: int, workdir: Path) -> dict:
+def migrations(events: list[dict]) -> dict:
+    """The coordinator's record of the migrations its policy chose for the hosts' requests."""
+    count = lambda hook: [e for e in events if e.get("hook") == hook]  # noqa: E731
+    done = count("jigsaw_migration_done")
+    return {"issued": len(count("jigsaw_migration_issued")), "carried_out": len(done),
+            "dropped": len(count("jigsaw_migration_dropped")),
+            "tokens_kept": sum(int(e.get("generated_tokens", 0)) for e in done)}
+
+
+def run_arm(policy: str, steps: int, workdir: Path, migration: bool = False) -> dict:
     import psutil
 
     from jigsaw_plugin.adapters.verl.cpu_two_jobs import grant_problems, run_concurrent, verl_log_problems
@@ -113,7 +140,11 @@ def run_arm(policy: str, steps: int, workdir: Path) -> dict:
     cpu0 = psutil.cpu_times()
     load0 = os.getloadavg()
     mem0 = psutil.virtual_memory()
-    r = run_concurrent(workdir / policy, steps=steps, policy=policy, pool_devices=2)
+    if migration:
+        r = run_concurrent(workdir / policy, steps=steps, policy=policy, pool_devices=3, job_devices=(2, 1),
+                           routed=("verl-a",), response_len=MIGRATION_RESPONSE_LEN)
+    else:
+        r = run_concurrent(workdir / policy, steps=steps, policy=policy, pool_devices=2)
     cpu1 = psutil.cpu_times()
     busy = lambda c: sum(c) - c.idle - getattr(c, "iowait", 0.0)  # noqa: E731
     total = sum(cpu1) - sum(cpu0)
@@ -136,6 +167,7 @@ def run_arm(policy: str, steps: int, workdir: Path) -> dict:
         # integration_tests/verl/test_host_policy.py's checks on this arm's run
         "grant_problems": grant_problems(r, steps),
         "verl_log_problems": verl_log_problems(r, steps),
+        "migrations": migrations(r.events),
     }
 
 
@@ -172,19 +204,26 @@ def render(data: dict) -> str:
             f"{sum(len(rep[arm]['grant_problems']) + len(rep[arm]['verl_log_problems']) for rep in reps)} |")
     pred = data["predicted"]
     loads = [x for rep in reps for r in rep.values() for x in (r["load_avg_start"][0], r["load_avg_end"][0])]
+    migration = data.get("migration", False)
+    pair = ("`verl-a` with 2 pretend devices (two vLLM servers behind the jigsaw balancer, which declares "
+            "`migration=true`: the policy chooses which of its requests move; responses up to "
+            f"{MIGRATION_RESPONSE_LEN} tokens) and `verl-b` with 1) at the same time on one coordinator with a pool "
+            "of 3 devices"
+            if migration else "1 pretend device each) at the same time on one coordinator with a pool of 2 devices")
+    command = "benchmarks/real_ab_hosts.py" + (" --migration" if migration else "")
     lines = [
-        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO advantages without a reference model, {data['steps']} steps, "
-        f"1 pretend device each) at the same time on one coordinator with a pool of 2 devices, on this 2-core "
+        f"Two verl `main_ppo` jobs (tiny Qwen2, GRPO advantages without a reference model, {data['steps']} steps"
+        f", {pair}, on this 2-core "
         f"machine; each stage of each job waits for the coordinator's grant and the policy decides every grant. "
-        f"{n} repeat(s), the arms' order alternating (`.venv-verl/bin/python benchmarks/real_ab_hosts.py`, then "
+        f"{n} repeat(s), the arms' order alternating (`.venv-verl/bin/python {command}`, then "
         f"`--append` per further repeat, each under the real-run lock; {data['date']}). Load average (1 min) "
         f"{min(loads):.1f}-{max(loads):.1f} at the arms' starts and ends; memory available at the arms' starts "
         f"{min(r['available_gib_start'] for rep in reps for r in rep.values()):.1f}-"
         f"{max(r['available_gib_start'] for rep in reps for r in rep.values()):.1f} GiB of 23.5.",
         "",
         "| coordinator policy | wall s, median (each) | steps' span s, median (each) | later step s (median) "
-        "| devices 0 / 1 held by grants (last repeat) | exit codes | peak PSS GiB | CPU busy | grants / refusals "
-        "| failed checks |",
+        f"| devices {' / '.join(str(d) for d in range(3 if migration else 2))} held by grants (last repeat) "
+        "| exit codes | peak PSS GiB | CPU busy | grants / refusals | failed checks |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
@@ -218,10 +257,29 @@ def render(data: dict) -> str:
             lines.append(f"| {arm} | {name} | {j['devices']} | {j['first_step_s']:.2f} / {j['later_steps_s'] or 0:.2f} | "
                          f"{st.get('gen', 0):.2f} | {st.get('old_log_prob', 0):.2f} | {st.get('update_actor', 0):.2f} | "
                          f"{st.get('weight_sync', 0):.2f} | {j['between_stages_s']:.2f} |")
-    lines += ["", why(data), "",
+    lines += ["", why_migration(data) if migration else why(data), "",
               "Peak PSS: the summed proportional set size of the benchmark process and all its descendants (the Ray "
               "head, its workers, both main_ppo drivers, their vLLM engines), sampled every 2 s."]
     return "\n".join(lines)
+
+
+def why_migration(data: dict) -> str:
+    """The reading of the migration pair's table, from what was measured."""
+    if not _ok(data):
+        return "What happened: see the exit codes (the JSON lists the logs)."
+    moved = {arm: [rep[arm].get("migrations", {}) for rep in data["repeats"]] for arm in ARMS}
+    total = lambda arm, key: sum(m.get(key, 0) for m in moved[arm])  # noqa: E731
+    return (
+        f"**Migrations.** Under jigsaw the policy chose {total('jigsaw', 'issued')} moves of `verl-a`'s requests "
+        f"over {len(data['repeats'])} repeat(s): {total('jigsaw', 'carried_out')} carried out by verl's balancer, "
+        f"{total('jigsaw', 'dropped')} dropped (the request had finished), {total('jigsaw', 'tokens_kept')} tokens "
+        f"kept across them; under static halves {total('verl-sync', 'issued')}. **Why little can be gained here.** "
+        "A share cannot exceed the pool, so the pair needs a pool of 3 for its 2 + 1 devices: the device a move "
+        "frees has no taker that could use it (`verl-b`'s gang and server are fixed at its own device; `verl-a`'s "
+        "fixed servers cannot take it back either: `replicas_elastic=false`), and on CPU a pretend device is not a "
+        "core (both jobs share the 2 cores whatever the grants say). Each move costs verl at least 1 s of the "
+        "request's time (its resume loop sleeps 1 s after an aborted attempt), which the cost model's migration "
+        "price does not include. The simulator's figure is for the same declared pipelines on its `cpu` profile.")
 
 
 def why(data: dict) -> str:
@@ -284,30 +342,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="build/real-ab-hosts")
     p.add_argument("--render", action="store_true")
     p.add_argument("--append", action="store_true", help="one more repeat into the saved JSON (its steps)")
+    p.add_argument("--migration", action="store_true",
+                   help="the pair with migration: verl-a on 2 devices behind the jigsaw balancer, verl-b on 1")
     a = p.parse_args(argv)
+    results, block = (MIGRATION_RESULTS, MIGRATION_BLOCK) if a.migration else (RESULTS, BLOCK)
     if a.render:  # re-rendered with the simulator's prediction as the cost model is now
-        data = json.loads(RESULTS.read_text())
-        data["predicted"] = predict(data["steps"])
+        data = json.loads(results.read_text())
+        data["predicted"] = predict(data["steps"], a.migration)
     else:
         if a.append:
-            data = json.loads(RESULTS.read_text())
+            data = json.loads(results.read_text())
             repeats = 1
         else:
             data = {"steps": a.steps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "predicted": predict(a.steps), "repeats": []}
+                    "predicted": predict(a.steps, a.migration), "repeats": [], "migration": a.migration}
             repeats = a.repeats
         for _ in range(repeats):
             i = len(data["repeats"])
             order = ARMS if i % 2 == 0 else ARMS[::-1]
-            rep = {arm: run_arm(arm, data["steps"], Path(a.workdir) / f"r{i}") for arm in order}
+            workdir = Path(a.workdir + ("-migration" if a.migration else "")) / f"r{i}"
+            rep = {arm: run_arm(arm, data["steps"], workdir, a.migration) for arm in order}
             for position, arm in enumerate(order):
                 rep[arm]["ran"] = "first" if position == 0 else "second"
             data["repeats"].append({arm: rep[arm] for arm in ARMS})
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            RESULTS.write_text(json.dumps(data, indent=1))
+            results.parent.mkdir(parents=True, exist_ok=True)
+            results.write_text(json.dumps(data, indent=1))
             print(json.dumps({arm: {k: v for k, v in r.items() if k != "jobs"} for arm, r in rep.items()}),
                   flush=True)
-    write_doc_block(BLOCK, render(data))
+    write_doc_block(block, render(data))
     return 0 if _ok(data) else 1
 
 
