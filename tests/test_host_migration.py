@@ -216,7 +216,10 @@ def test_the_coordinators_scheduler_feeds_rows_and_long_polls_commands():
         s.observe(*finished("q3", b, 20))
         cmds = await asyncio.wait_for(poll, 1.0)
         fifo = make_scheduler(CoordinatorConfig(1), None, log.append)
-        return got, cmds, log, await fifo.take_migrations("m", 0.0), s.report()
+        t0 = asyncio.get_running_loop().time()
+        none = await fifo.take_migrations("m", 0.05)  # paced: a host's poll loop does not spin
+        assert asyncio.get_running_loop().time() - t0 >= 0.04
+        return got, cmds, log, none, s.report()
 
     got, cmds, log, fifo, report = asyncio.run(main())
     assert got == (0, 1) and [HostMigration.from_dict(c).request_id for c in cmds] == ["q2"]

@@ -236,7 +236,13 @@ class CoordinatorClient:
         oldest first, each handed out once; waits up to ``wait_s`` for one (a long poll:
         call it in a loop from one thread). Empty under ``fifo-lease`` and after a
         coordinator loss in fallback mode."""
-        got = self._call("take_migrations", pipeline, float(wait_s), fallback=[])
+        if self.fallback:  # no coordinator: nothing to take, but keep the caller's poll paced
+            time.sleep(max(0.0, float(wait_s)))
+            return []
+        got = self._call("take_migrations", pipeline, float(wait_s), fallback=None)
+        if got is None:  # lost during the call, in fallback mode
+            time.sleep(max(0.0, float(wait_s)))
+            return []
         return [HostMigration.from_dict(c) for c in got]
 
     def migration_outcome(self, outcome: MigrationOutcome) -> None:

@@ -203,7 +203,9 @@ class FifoLeaseScheduler:
         pass  # leases only: a host's requests do not matter here
 
     async def take_migrations(self, pipeline: str, wait_s: float = 0.0) -> list:
-        return []  # no policy, no migrations
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)  # a long poll that never gets one: no policy, no migrations
+        return []
 
     def migration_outcome(self, outcome: MigrationOutcome) -> None:
         pass
