@@ -74,15 +74,19 @@ def grant_spans(events: list[dict]) -> dict:
             "overlap_s": round(max(0.0, min(a1, b1) - max(a0, b0)), 1)}
 
 
-def device_holdings(trace: list, span_s: float) -> dict:
-    """Per device, from the coordinator's trace (name, category, devices, start, end): the
-    seconds each pipeline's rollout and training held it (a rollout's replica span and its
-    ``gen`` stage span merged, not counted twice) and the seconds nothing held it within the
-    steps' span."""
+def device_holdings(trace: list, span_s: float | None = None) -> dict:
+    """Per device, from the coordinator's trace (name, category, devices, start, end; the
+    executor's clock): the seconds each pipeline's rollout and training held it (a rollout's
+    replica span and its ``gen`` stage span merged, not counted twice) and the seconds
+    nothing held it within the trace's span (first hold to last end: it includes OpenRLHF's
+    last training phase, which the event log's steps' span, ending at the last lease
+    release, does not). ``span_s`` overrides that span (tests)."""
     spans = [x for x in trace if x[2]]
     if not spans:
         return {}
     t0 = min(x[3] for x in spans)
+    if span_s is None:
+        span_s = max(x[4] for x in spans) - t0
     per: dict = {}
     for name, cat, devices, start, end in spans:
         kind = "rollout" if cat in ("rollout", "gen") else "train"
@@ -98,7 +102,7 @@ def device_holdings(trace: list, span_s: float) -> dict:
     for name, _cat, _devices, start, end in spans:
         a, b = windows.get(name.split()[0], (start, end))
         windows[name.split()[0]] = (min(a, start), max(b, end))
-    return {"t0": round(t0, 1), "devices": out,
+    return {"t0": round(t0, 1), "span_s": round(span_s, 1), "devices": out,
             "windows": {k: [round(a - t0, 1), round(b - t0, 1)] for k, (a, b) in sorted(windows.items())}}
 
 
@@ -141,7 +145,8 @@ def run_arm(policy: str, workdir: Path) -> dict:
         "device_busy_s": round(busy, 1),
         "device_idle_s": round(max(0.0, s.pool_devices * span - busy), 1),
         "problems": mixed.problems(r),
-        "holdings": device_holdings(r.scheduler.get("trace", []), span),
+        "holdings": device_holdings(r.scheduler.get("trace", [])),
+        "trace": r.scheduler.get("trace", []),  # the coordinator's device trace, for later readings
         "migrations": sum(1 for e in mixed.read_jsonl(r.jobs[1].events_path) if e["hook"] == "jigsaw_request_migrated"),
         # the moves the policy chose for OpenRLHF's requests: issued / carried out / dropped
         "policy_migrations": _by_status(mixed.policy_migrations(r)),
@@ -248,22 +253,23 @@ def render(data: dict) -> str:
 
 
 def holdings_table(data: dict, reps: list) -> str:
-    """Per device of each arm's median run (by steps' span): what held it, and its idle seconds."""
+    """Per device of each arm's latest run whose trace was kept: what held it, its idle seconds."""
     rows, keys = [], []
     for arm in ARMS:
-        runs = [rep[arm] for rep in reps if rep[arm].get("holdings")]
+        runs = [(i, rep[arm]) for i, rep in enumerate(reps) if (rep[arm].get("holdings") or {}).get("span_s")]
         if runs:
-            mid = _median_run(runs, "steps_span_s")
-            for d, row in mid["holdings"]["devices"].items():
+            i, run = runs[-1]
+            h = run["holdings"]
+            for d, row in h["devices"].items():
                 keys += [k for k in row if k != "idle" and k not in keys]
-                rows.append((arm, d, row, mid["steps_span_s"]))
+                rows.append((arm, i, d, row, h["span_s"]))
     if not rows:
         return "Per device: not recorded in these repeats."
-    head = ["policy", "device", *keys, "idle", "steps' span"]
-    out = ["Per device (each arm's median run; seconds of the steps' span, from the coordinator's trace): what "
-           "held it.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += [f"| {arm} | {d} | " + " | ".join(f"{row.get(k, 0.0):.1f}" for k in keys)
-            + f" | {row['idle']:.1f} | {span:.1f} |" for arm, d, row, span in rows]
+    head = ["policy", "repeat", "device", *keys, "idle", "trace span"]
+    out = ["Per device (each arm's latest repeat with its trace kept; seconds, from the coordinator's device trace, "
+           "first hold to last end): what held it.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += [f"| {arm} | {i} | {d} | " + " | ".join(f"{row.get(k, 0.0):.1f}" for k in keys)
+            + f" | {row['idle']:.1f} | {span:.1f} |" for arm, i, d, row, span in rows]
     return "\n".join(out)
 
 
@@ -285,7 +291,7 @@ def reading(data: dict, reps: list) -> str:
     else:
         text += (f"The jobs' steps overlapped for {overlap['verl-sync']:.0f} s (static) and {overlap['jigsaw']:.0f} s "
                  f"(jigsaw). ")
-    text += idle_reading(mid)
+    text += idle_reading(reps)
     text += (f"The run's processes kept the 2 cores {mid['verl-sync']['cpu_busy_fraction']:.0%} (static) and "
              f"{mid['jigsaw']['cpu_busy_fraction']:.0%} (jigsaw) busy over the whole wall time: a device idle in "
              "the coordinator's trace is not an idle core (the other job's processes, start-up and the drivers' "
@@ -305,23 +311,21 @@ def _commit() -> str:
                           text=True).stdout.strip()
 
 
-def idle_reading(mid: dict) -> str:
-    """Per arm (median run): each device's idle seconds of the steps' span, and what the
-    jobs' grant spans say about them (when the OpenRLHF job had no step to run)."""
+def idle_reading(reps: list) -> str:
+    """Per arm (the holdings table's run): each device's idle seconds of the trace's span,
+    and when each job held devices."""
     parts = []
-    for arm, run in mid.items():
-        devs = (run.get("holdings") or {}).get("devices") or {}
-        if not devs:
+    for arm in ARMS:
+        runs = [rep[arm] for rep in reps if (rep[arm].get("holdings") or {}).get("span_s")]
+        if not runs:
             continue
-        span = run["steps_span_s"]
-        idle = ", ".join(f"device {d} {row['idle']:.0f} s" for d, row in devs.items())
-        win = (run.get("holdings") or {}).get("windows") or {}
-        when = ("; held from-to (s into the span): " + ", ".join(f"{k} {a:.0f}-{b:.0f}" for k, (a, b) in win.items())
-                if win else "")
-        parts.append(f"{arm}: {idle} idle of a {span:.0f} s span{when}")
+        h = runs[-1]["holdings"]
+        idle = ", ".join(f"device {d} {row['idle']:.0f} s" for d, row in h["devices"].items())
+        when = ", ".join(f"{k} {a:.0f}-{b:.0f} s" for k, (a, b) in (h.get("windows") or {}).items())
+        parts.append(f"{arm}: {idle} idle of {h['span_s']:.0f} s (held: {when})")
     if not parts:
         return ""
-    return ("Idle devices (coordinator's trace): " + "; ".join(parts) + ". The idle device is the one the "
+    return ("Idle devices (the table above): " + "; ".join(parts) + ". The idle device is the one the "
             "OpenRLHF job holds while it runs its steps: idle before it starts them (it starts once verl has "
             "registered, then needs its own start-up) and after it ends, while verl, which runs through the "
             "whole span, cannot take it: its rollout has one server (no second replica to wake) and its training "
