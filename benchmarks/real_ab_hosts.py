@@ -267,19 +267,39 @@ def why_migration(data: dict) -> str:
     """The reading of the migration pair's table, from what was measured."""
     if not _ok(data):
         return "What happened: see the exit codes (the JSON lists the logs)."
-    moved = {arm: [rep[arm].get("migrations", {}) for rep in data["repeats"]] for arm in ARMS}
+    reps = data["repeats"]
+    moved = {arm: [rep[arm].get("migrations", {}) for rep in reps] for arm in ARMS}
     total = lambda arm, key: sum(m.get(key, 0) for m in moved[arm])  # noqa: E731
+    gen = {(arm, job): statistics.median(rep[arm]["jobs"][job]["stage_s"].get("gen", 0.0) for rep in reps)
+           for arm in ARMS for job in ("verl-a", "verl-b")}
+    first = {arm: statistics.median(j["first_step_s"] for rep in reps for j in rep[arm]["jobs"].values())
+             for arm in ARMS}
+    later = (statistics.median(_later_step(rep["verl-sync"]) for rep in reps)
+             / statistics.median(_later_step(rep["jigsaw"]) for rep in reps))
+    steps = data["steps"]
+    own = {arm: statistics.median(max(j["first_step_s"] + (steps - 1) * (j["later_steps_s"] or 0.0)
+                                      for j in rep[arm]["jobs"].values()) for rep in reps) for arm in ARMS}
+    span = {arm: _median(data, arm, "steps_span_s") for arm in ARMS}
     return (
         f"**Migrations.** Under jigsaw the policy chose {total('jigsaw', 'issued')} moves of `verl-a`'s requests "
-        f"over {len(data['repeats'])} repeat(s): {total('jigsaw', 'carried_out')} carried out by verl's balancer, "
-        f"{total('jigsaw', 'dropped')} dropped (the request had finished), {total('jigsaw', 'tokens_kept')} tokens "
-        f"kept across them; under static halves {total('verl-sync', 'issued')}. **Why little can be gained here.** "
-        "A share cannot exceed the pool, so the pair needs a pool of 3 for its 2 + 1 devices: the device a move "
-        "frees has no taker that could use it (`verl-b`'s gang and server are fixed at its own device; `verl-a`'s "
-        "fixed servers cannot take it back either: `replicas_elastic=false`), and on CPU a pretend device is not a "
-        "core (both jobs share the 2 cores whatever the grants say). Each move costs verl at least 1 s of the "
-        "request's time (its resume loop sleeps 1 s after an aborted attempt), which the cost model's migration "
-        "price does not include. The simulator's figure is for the same declared pipelines on its `cpu` profile.")
+        f"over {len(reps)} repeat(s): {total('jigsaw', 'carried_out')} carried out by verl's balancer, "
+        f"{total('jigsaw', 'dropped')} dropped, {total('jigsaw', 'tokens_kept')} tokens kept across them; under "
+        f"static halves {total('verl-sync', 'issued')}. **Reading.** The steps' span runs from either job's first "
+        "grant to the last end, so it also counts how far apart the two jobs' start-ups put their first steps: the "
+        f"longer job's own steps took {own['jigsaw']:.1f} s under jigsaw against {own['verl-sync']:.1f} s under "
+        f"static halves (median; spans {span['jigsaw']:.1f} s and {span['verl-sync']:.1f} s). Per step, both "
+        f"arms' first steps carry the warm-up (median {first['verl-sync']:.1f} s under verl-sync, "
+        f"{first['jigsaw']:.1f} s under jigsaw, over both jobs) and the later steps are {later:.2f}x. There, "
+        f"`verl-a`'s rollout took {gen[('jigsaw', 'verl-a')]:.2f} s under jigsaw against "
+        f"{gen[('verl-sync', 'verl-a')]:.2f} s under static halves (median per step after the first): each move "
+        "costs verl at least 1 s of the request's time (its resume loop sleeps 1 s after an aborted attempt, which "
+        "the cost model's migration price does not include), and the moved requests then share one server. "
+        f"`verl-b`'s rollout took {gen[('jigsaw', 'verl-b')]:.2f} s against {gen[('verl-sync', 'verl-b')]:.2f} s. "
+        "What the moves free cannot pay here: a share cannot exceed the pool, so the pair needs a pool of 3 for "
+        "its 2 + 1 devices, and the freed device has no taker that could use it (`verl-b`'s gang and server are "
+        "fixed at its own device; `verl-a`'s fixed servers cannot take it back: `replicas_elastic=false`); on CPU "
+        "a pretend device is not a core (both jobs share the 2 cores whatever the grants say). The simulator's "
+        "figure is for the same declared pipelines on its `cpu` profile.")
 
 
 def why(data: dict) -> str:
