@@ -324,8 +324,9 @@ class _ReplicaRows:
     def predicted_rows(self, rows: np.ndarray, pred: np.ndarray) -> None:
         """The predictor answered for the rows ``rows`` (a mask) as they are now."""
         g = self.generated
-        self.g0[rows] = g[rows]
-        self.final[rows] = g[rows] + pred
+        now = g[rows]
+        self.g0[rows] = now
+        self.final[rows] = now + pred
         final = self.final if self.alive is None else self.final[self.alive]
         self.unseen = bool(np.isnan(final).any())
         self.fresh = False
@@ -623,23 +624,25 @@ class _PipelineRequests:
         cache = self._cache
         dirty = _sorted_unique(np.concatenate([r.unseen_groups() for r in parts if r.unseen] + cache.changed_groups))
         cache.changed_groups = []
-        picked = []
-        for i, r in zip(ids, parts):
-            rows = _member(r.gkey, dirty)
-            if r.alive is not None:
-                rows &= r.alive
-            if rows.any() or r.unseen:
-                picked.append((i, r, rows))
-        asked = [(i, r, m) for i, r, m in picked if m.any()]
+        # the rows to ask, over all replicas at once (one search, one count per replica),
+        # then each replica's share as a view of the one mask
+        sizes = [len(r.ids) for r in parts]
+        member = _member(np.concatenate([r.gkey for r in parts]), dirty)
+        if any(r.alive is not None for r in parts):
+            member &= np.concatenate([np.ones(n, bool) if r.alive is None else r.alive for r, n in zip(parts, sizes)])
+        starts = np.cumsum([0] + sizes[:-1])
+        counts = np.add.reduceat(member, starts, dtype=np.int64).tolist()
+        picked = [(i, r, member[a:a + n], k) for i, r, a, n, k in zip(ids, parts, starts.tolist(), sizes, counts)
+                  if k or r.unseen]
+        asked = [(i, r, m) for i, r, m, k in picked if k]
         if not asked:
-            for _, r, rows in picked:
+            for _, r, rows, _ in picked:
                 r.predicted_rows(rows, _EMPTY)
             return
         pred = self._ex.predict_remaining(self._p, _batch([r for _, r, _ in asked], [i for i, _, _ in asked],
                                                           [m for _, _, m in asked]), self._step_s)
         at = 0
-        for _, r, rows in picked:
-            k = int(rows.sum())
+        for _, r, rows, k in picked:
             r.predicted_rows(rows, pred[at:at + k])
             at += k
         if at == sum(len(r.ids) if r.alive is None else int(r.alive.sum()) for r in parts):
