@@ -292,6 +292,7 @@ def reading(data: dict, reps: list) -> str:
         text += (f"The jobs' steps overlapped for {overlap['verl-sync']:.0f} s (static) and {overlap['jigsaw']:.0f} s "
                  f"(jigsaw). ")
     text += idle_reading(reps)
+    text += same_allocation(reps)
     text += (f"The run's processes kept the 2 cores {mid['verl-sync']['cpu_busy_fraction']:.0%} (static) and "
              f"{mid['jigsaw']['cpu_busy_fraction']:.0%} (jigsaw) busy over the whole wall time: a device idle in "
              "the coordinator's trace is not an idle core (the other job's processes, start-up and the drivers' "
@@ -309,6 +310,21 @@ def _commit() -> str:
 
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
+
+
+def same_allocation(reps: list) -> str:
+    """Whether jigsaw did anything static halves did not: a wider OpenRLHF rollout, a move,
+    an engine released mid-rollout; if not, the ratios are run-to-run noise."""
+    moved = sum(rep["jigsaw"].get("migrations", 0) + rep["jigsaw"]["engine_releases"] for rep in reps)
+    wider = any(w > 1 for rep in reps for w in rep["jigsaw"]["orl_rollout_widths"])
+    if moved or wider:
+        return ""
+    spans = [rep["verl-sync"]["steps_span_s"] / rep["jigsaw"]["steps_span_s"] for rep in reps]
+    loads = [x for rep in reps for arm in ARMS for x in (rep[arm]["load_avg_start"][0], rep[arm]["load_avg_end"][0])]
+    return (f"In every repeat jigsaw made the allocation static halves make: each OpenRLHF rollout on one engine, no "
+            f"request moved, no engine released (verl holds the other device through its back-to-back steps), so "
+            f"the spread of the per-repeat ratios ({min(spans):.2f}-{max(spans):.2f}x on the span, at load averages of "
+            f"{min(loads):.0f}-{max(loads):.0f} with other engineers' work) is run-to-run noise, not a gain of the policy. ")
 
 
 def idle_reading(reps: list) -> str:
