@@ -275,9 +275,12 @@ order `request_rows` gave, instead of a tuple per request; replica, observation 
 pipeline views are built in one dict update and request views are a typed `NamedTuple`
 (a frozen dataclass sets each field through `object.__setattr__`: 0.8 us a request view,
 2.3 us a replica view, against 0.2 and 0.3 us); the GRPO groups to ask again are found
-by binary search on the sorted dirty set (`np.isin` cost tens of microseconds per
-replica, 32 replicas a pipeline at 1024 GPUs) and deduplicated without `np.unique`, whose
-first call imported `numpy.ma` inside a decide round (10-40 ms, once).
+by one binary search over all of a pipeline's replicas on the sorted dirty set (it was an
+`np.isin` and two reductions per replica, tens of microseconds each, 32 replicas a
+pipeline at 1024 GPUs) and deduplicated without `np.unique`, whose first call imported
+`numpy.ma` inside a decide round (10-40 ms, once). One invocation's figures move by 10-30%
+with the shared machine's load from run to run (the policy's, unchanged, too): the
+medians of alternated repeats under the tables are the comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -309,6 +312,45 @@ def _before_notes(path: str, label: str) -> str:
         sys.exit(f"--before: {path!r} is not a results file of this script ({e})")
     return (f"\nBefore, {label}: `{old.get('command', '?')}` (load average before: {old.get('load_before', '?')}; "
             f"after: {old.get('load_after', '?')})\n\n{table(rows)}\n")
+
+
+def _load_results(path: str, flag: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        data["results"]  # noqa: B018 - the one field every results file has
+        return data
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"{flag}: {path!r} is not a results file of this script ({e})")
+
+
+def repeats_table(before: list, after: list) -> str:
+    """Medians over alternated repeats (earlier build, then this one, run after run) of the
+    incremental build's figures per case: one pair is at the mercy of the shared machine's
+    load; the medians of several are the comparison."""
+    import numpy as np
+
+    fields = ("state_p50_us", "state_p99_us", "policy_p99_us", "decision_p50_us", "decision_p99_us")
+    rows = []
+    for g, n, _ in CASES:
+        runs = {}
+        for label, data in (("before", before), ("after", after)):
+            runs[label] = [r for d in data for r in d["results"]
+                           if (r["gpus"], r["pipelines"], r["mode"]) == (g, n, "incremental")]
+        if not runs["before"] or not runs["after"]:
+            continue
+        med = {k: {f: float(np.median([r[f] for r in v])) for f in fields} for k, v in runs.items()}
+        # the policy is the same code in both builds: the state build in units of its p50
+        # is a yardstick the machine's load moves less than microseconds
+        ratio = {k: float(np.median([r["state_p50_us"] / r["policy_p50_us"] for r in v])) for k, v in runs.items()}
+        rows.append([g, n, f"{len(runs['before'])} / {len(runs['after'])}"]
+                    + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
+                    + [f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
+    loads = ", ".join(d.get("load_before", "?").split()[0] for d in before + after)
+    return (f"\nMedians over alternated repeats (each run one invocation as above, the earlier build's first; "
+            f"1-minute load averages at their starts: {loads}):\n\n"
+            + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
+                        "decision p50 us", "decision p99 us", "state p50 / policy p50 (same policy code)"], rows)
+            + "\n")
 
 
 def run(cases=None, modes=MODES, rounds: int = 2000, cpu_budget_s: float = 240.0) -> tuple[str, dict]:
@@ -382,9 +424,15 @@ def main(argv=None) -> None:
                     help="measure nothing: re-render the block from the saved results (with --before, "
                          "--before-label; --write writes it)")
     ap.add_argument("--results", default=str(RESULTS), help="results file to save to (or --render from)")
+    ap.add_argument("--repeats", nargs=2, metavar=("BEFORE_JSONS", "AFTER_JSONS"),
+                    help="with --render: comma-separated results files of alternated repeats of the earlier build "
+                         "and of this one; their medians are shown under the tables")
     args = ap.parse_args(argv)
     results_path = Path(args.results)
     notes = _before_notes(args.before, args.before_label) if args.before else ""
+    if args.repeats:
+        before, after = ([_load_results(f, "--repeats") for f in files.split(",")] for files in args.repeats)
+        notes += repeats_table(before, after)
     if args.render:
         try:
             saved = json.loads(results_path.read_text())

@@ -63,3 +63,14 @@ def test_render_refuses_a_file_that_is_not_its_results(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         dl.main(["--render", "--results", str(bad)])
     assert str(bad) in str(e.value) and "not a results file" in str(e.value)
+
+
+def test_repeats_table_gives_medians_per_case():
+    before = [{"load_before": "9.0 1 1", "results": [_result(64, 8, 3000.0 + k, 500.0)]} for k in (0, 100, 900)]
+    after = [{"load_before": "8.0 1 1", "results": [_result(64, 8, 2000.0 + k, 500.0),
+                                                    _result(64, 8, 1.0, 1.0, mode="from-scratch")]}
+             for k in (0, 50, 700)]
+    text = dl.repeats_table(before, after)
+    row = next(line for line in text.splitlines() if line.startswith("| 64 |"))
+    assert "3 / 3" in row and "3100 -> 2050" in row  # medians of the incremental runs only
+    assert "1024" not in text and "9.0, 9.0, 9.0, 8.0" in text

@@ -138,7 +138,7 @@ class Replica:
         self.sync(t)
         step = self.step_s or self._decode_s(max(1, self.n), self.kv_tokens)
         return ReplicaObs.build(self.n, len(self.queue), self.kv_tokens, float(self.cap), self.max_seqs, step,
-                          max(0.0, self.busy_until - t))
+                                max(0.0, self.busy_until - t))
 
     def request_rows(self, t: float) -> list:
         """Observable rows of its requests (running, then queued): tokens so far, never the target."""
