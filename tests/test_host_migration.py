@@ -144,7 +144,10 @@ def test_policy_sees_rows_moves_a_tail_and_the_row_follows_the_host(ex):
     hooks = [r["hook"] for r in ex.log]
     assert hooks == ["jigsaw_migration_issued", "jigsaw_migration_done"]
     assert ex.log[0]["request_id"] == "q2" and ex.log[1]["dst_server"] == a and ex.log[1]["generated_tokens"] == 7
-    feed(ex, finished("q2", a, 9), finished("q0", a, 12), finished("q1", a, 30))
+    # request hooks carry the turn's total across attempts (hookspecs.py): 7 kept + 3 new
+    feed(ex, ("jigsaw_request_progress", dict(pipeline="m", step=0, request_id="q2", generated_tokens=10, t=0.0)))
+    assert {k.sample: v for k, v in rows(ex).items()}[2] == (a, 10, False)
+    feed(ex, finished("q2", a, 16), finished("q0", a, 12), finished("q1", a, 30))
     assert rows(ex) == {} and ex.pipelines["m"].history.count == 4
     ex.done("m", 0, "gen", tokens=78)
     assert ex.books["m"].issued == {} and ex.refusals == []

@@ -40,6 +40,10 @@ def test_the_balancer_carries_a_command_out_and_the_resumed_attempt_lands_on_the
     assert ev == [("jigsaw_request_submitted", "b", None), ("jigsaw_request_aborted", "b", 3),
                   ("jigsaw_request_migrated", "a", 3), ("jigsaw_request_submitted", "a", None)]
     assert [c["status"] for c in lb.migration_commands()] == ["aborted"]
+    # the resumed attempt generates 4 more: the hooks carry the turn's total (hookspecs.py)
+    lb.attempt_done("r2", "a", 4, "completed")
+    assert [e["generated_tokens"] for e in lb.events()
+            if e["request_id"] == "r2" and e["hook"] == "jigsaw_request_finished"] == [7]
 
 
 def test_a_command_the_balancer_cannot_carry_out_is_dropped_not_raised():

@@ -74,6 +74,7 @@ class JigsawLoadBalancer:
         self.running: dict[str, dict] = {}  # request_id -> the attempt in flight
         self._moves: dict[str, str] = {}  # request_id -> server it must resume on
         self._turns: dict[str, int] = {}
+        self._prefix: dict[str, int] = {}  # request_id -> tokens of its aborted attempts this turn
         self.step = 0
         self._t0 = time.perf_counter()
         self._lock = threading.RLock()  # verl's calls and the migration poller
@@ -216,24 +217,31 @@ class JigsawLoadBalancer:
             self._attempt_done(request_id, server_id, generated_tokens, stop_reason)
 
     def _attempt_done(self, request_id: str, server_id: str, generated_tokens: int, stop_reason: str | None) -> None:
+        # verl's client resumes an aborted attempt with prompt + what it generated and reports
+        # each attempt's own tokens; the request hooks carry the turn's total so far
+        # (hookspecs.py), so the tokens of earlier attempts are added here
         run = self.running.get(request_id)
         turn = run["turn"] if run else self._turns.get(request_id, 0)
+        total = self._prefix.get(request_id, 0) + int(generated_tokens)
+        if stop_reason in ("aborted", "abort"):
+            self._prefix[request_id] = total
         if stop_reason in ("aborted", "abort") and run is not None and run.get("aborted"):
             dst = run.get("moving_to")
             self._emit("jigsaw_request_aborted", request_id=request_id, turn=turn, replica=server_id,
-                       generated_tokens=int(generated_tokens), reason="migrate")
+                       generated_tokens=total, reason="migrate")
             self._emit("jigsaw_request_migrated", request_id=request_id, turn=turn, src_replica=server_id,
-                       dst_replica=dst, generated_tokens=int(generated_tokens))
+                       dst_replica=dst, generated_tokens=total)
             return
         if stop_reason in ("aborted", "abort"):
             self._emit("jigsaw_request_aborted", request_id=request_id, turn=turn, replica=server_id,
-                       generated_tokens=int(generated_tokens), reason="preempt")
+                       generated_tokens=total, reason="preempt")
             if run is not None:
                 run["aborted"] = True
             return
         self._emit("jigsaw_request_finished", request_id=request_id, turn=turn, replica=server_id,
-                   generated_tokens=int(generated_tokens))
+                   generated_tokens=total)
         self.running.pop(request_id, None)
+        self._prefix.pop(request_id, None)
         self._turns[request_id] = turn + 1
 
     def set_step(self, step: int, t0_wall: float | None = None) -> None:

@@ -75,15 +75,15 @@ def migration_problems(r, pipeline: str = "verl-a", steps: int = STEPS, samples:
         if not mine or mine[0]["status"] != "aborted" or not (mine[0].get("server_answer") or {}).get("aborted"):
             problems.append(f"{d['request_id']}: verl's balancer/vLLM server did not abort it: {mine}")
         kept += d["generated_tokens"]
-    # every sample once, at its full length: tokens across attempts = verl's response lengths
+    # every sample once, at its full length: each request's finished event carries the turn's
+    # total across attempts (hookspecs.py), which must equal verl's response lengths
     for m in job.steps:
         k = m["step"] - 1
         mine = {rid: es for (step, rid), es in requests.items() if step == k}
         finished = [e for es in mine.values() for e in es if e["hook"] == "jigsaw_request_finished"]
         if len(mine) != samples or len(finished) != samples:
             problems.append(f"step {k}: {len(mine)} requests, {len(finished)} finished; expected {samples} each")
-        total = sum(e["generated_tokens"] for es in mine.values() for e in es
-                    if e["hook"] in ("jigsaw_request_finished", "jigsaw_request_aborted"))
+        total = sum(e["generated_tokens"] for e in finished)
         if total != round(samples * m["response_length/mean"]):
             problems.append(f"step {k}: {total} tokens generated across attempts, verl's responses hold "
                             f"{samples * m['response_length/mean']:.0f}")

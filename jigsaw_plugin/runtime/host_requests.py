@@ -176,10 +176,12 @@ class HostRequestBook:
         if row is None:
             self.unknown += 1
             return None
+        # ``generated_tokens`` is the turn's total so far, across attempts (hookspecs.py)
+        n = int(kw.get("generated_tokens", 0))
         if hook == "jigsaw_request_progress":
-            row.progress = max(row.progress, int(kw.get("generated_tokens", 0)))
+            row.progress = max(row.progress, n - row.prefix)
         elif hook == "jigsaw_request_aborted":
-            row.prefix += int(kw.get("generated_tokens", 0))
+            row.prefix = max(row.prefix, n)
             row.progress = 0
             row.state = "resuming"
         elif hook == "jigsaw_request_migrated":
@@ -188,7 +190,7 @@ class HostRequestBook:
             self.resolved(rid)
         elif hook == "jigsaw_request_finished":
             del self.rows[rid]
-            return row.rid, row.prefix + int(kw.get("generated_tokens", 0))
+            return row.rid, max(row.prefix, n)
         return None
 
     def _submitted(self, rid: str, step: int, kw: Mapping, t: float) -> None:
