@@ -122,6 +122,9 @@ def open_rollout(ex):
 def test_policy_sees_rows_moves_a_tail_and_the_row_follows_the_host(ex):
     a, b = open_rollout(ex)
     assert {str(k): v[0] for k, v in rows(ex).items()} == {"m/0/0/0": a, "m/0/1/0": a, "m/0/2/0": b, "m/0/3/0": b}
+    # which server the policy put on which granted device (a host placing servers reads it)
+    bound = ex.rollout_servers("m")
+    assert bound == {d: r.server for r in ex.pipelines["m"].replicas for d in r.devices} and set(bound.values()) == {a, b}
     other = ex.want("o", 0, "gen")
     ex.round()
     assert other.granted == (2,)  # the third device: nothing to move yet
@@ -222,10 +225,11 @@ def test_the_coordinators_scheduler_feeds_rows_and_long_polls_commands():
         t0 = asyncio.get_running_loop().time()
         none = await fifo.take_migrations("m", 0.05)  # paced: a host's poll loop does not spin
         assert asyncio.get_running_loop().time() - t0 >= 0.04
-        return got, cmds, log, none, s.report()
+        return got, cmds, log, none, s.report(), s.rollout_servers("m"), fifo.rollout_servers("m")
 
-    got, cmds, log, fifo, report = asyncio.run(main())
+    got, cmds, log, fifo, report, bound, fifo_bound = asyncio.run(main())
     assert got == (0, 1) and [HostMigration.from_dict(c).request_id for c in cmds] == ["q2"]
+    assert set(bound) <= {0, 1} and set(bound.values()) <= set(SERVERS) and fifo_bound == {}
     assert [e["hook"] for e in log if "migration" in e["hook"]] == ["jigsaw_migration_issued"]
     assert fifo == [] and report["migrations"][0]["request_id"] == "q2"
 

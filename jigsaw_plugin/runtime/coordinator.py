@@ -258,6 +258,11 @@ class _CoordinatorImpl:
         to ``wait_s`` seconds for one."""
         return await self.scheduler.take_migrations(pipeline, float(wait_s))
 
+    def rollout_servers(self, pipeline: str) -> dict:
+        """{device: server id} the policy bound for ``pipeline``'s open rollout (a host with
+        ``migration`` that places its servers on the granted devices reads it)."""
+        return dict(self.scheduler.rollout_servers(pipeline))
+
     def migration_outcome(self, outcome: dict) -> None:
         """A host's report on a command it did not carry out (``MigrationOutcome.to_dict()``)."""
         self.scheduler.migration_outcome(MigrationOutcome.from_dict(outcome))

@@ -245,6 +245,12 @@ class CoordinatorClient:
             return []
         return [HostMigration.from_dict(c) for c in got]
 
+    def rollout_servers(self, pipeline: str) -> dict[int, str]:
+        """{device: server id} the coordinator's policy bound for ``pipeline``'s open rollout
+        (read right after the rollout's grant); empty under ``fifo-lease`` or once lost."""
+        got = self._call("rollout_servers", pipeline, fallback={})
+        return {int(d): str(s) for d, s in (got or {}).items()}
+
     def migration_outcome(self, outcome: MigrationOutcome) -> None:
         """Report a command the host did not carry out (``status="dropped"``) or whose abort
         it sent (``"aborted"``; the request events follow)."""

@@ -413,6 +413,16 @@ class HostExecutor(ExecutorCore):
         self.dirty = True
         return True
 
+    def rollout_servers(self, pipeline: str) -> dict:
+        """{device: server id} of the pipeline's replicas bound to servers (a host with
+        ``migration``): which of its servers the policy put on which granted device. The
+        binding follows the policy's launch order, which need not be the grant's device order,
+        so a host that places servers on devices (OpenRLHF) reads it here."""
+        p = self.pipelines.get(pipeline)
+        if p is None:
+            return {}
+        return {d: r.server for r in p.replicas if getattr(r, "server", None) for d in r.devices}
+
     def take_migrations(self, pipeline: str) -> list[HostMigration]:
         """The pipeline's queued migration commands, oldest first, each handed out once."""
         book = self.books.get(pipeline)

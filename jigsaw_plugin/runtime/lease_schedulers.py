@@ -8,8 +8,8 @@
   (``runtime.host_executor.HostExecutor``).
 
 Both answer the same calls (``register``, ``acquire``, ``release``, ``drop``,
-``observe``, ``take_migrations``, ``migration_outcome``) from the coordinator actor, so a
-host adapter does not know which one runs. Under a policy, a host that declared
+``observe``, ``take_migrations``, ``migration_outcome``, ``rollout_servers``) from the
+coordinator actor, so a host adapter does not know which one runs. Under a policy, a host that declared
 ``migration`` has its request events observed (the rows its policy sees) and takes the
 ``HostMigration`` commands its policy chose (``runtime.host_requests``). ``CoordinatorConfig``
 (frozen) is how the choice crosses processes.
@@ -210,6 +210,9 @@ class FifoLeaseScheduler:
     def migration_outcome(self, outcome: MigrationOutcome) -> None:
         pass
 
+    def rollout_servers(self, pipeline: str) -> dict:
+        return {}  # no policy binds servers to devices
+
     def report(self) -> dict:
         return {"policy": self.name}
 
@@ -347,6 +350,10 @@ class PolicyScheduler:
             if self.ex is not None and pipeline in self.ex.pipelines:
                 got = self.ex.take_migrations(pipeline)
         return [c.to_dict() for c in got]
+
+    def rollout_servers(self, pipeline: str) -> dict:
+        """{device: server id} the policy bound for ``pipeline``'s open rollout."""
+        return {} if self.ex is None else self.ex.rollout_servers(pipeline)
 
     def migration_outcome(self, outcome: MigrationOutcome) -> None:
         if self.ex is not None:
