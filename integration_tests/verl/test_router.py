@@ -161,6 +161,9 @@ class ReplicaStandIn:
         await asyncio.gather(*[s.sleep.remote() for s in self.servers])
 
 
+LONG = 480  # tokens of the request the resize test drains (the stand-in's max_model_len is 512)
+
+
 def test_resize_through_verls_checkpoint_engine_manager(stack):
     import ray
     from verl.checkpoint_engine import CheckpointEngineManager
@@ -175,7 +178,9 @@ def test_resize_through_verls_checkpoint_engine_manager(stack):
     resizer = ReplicaResizer(cem, lb)
 
     async def scenario():
-        long = asyncio.ensure_future(client.generate("long", prompt_ids=[3, 4, 5], sampling_params={"max_tokens": 150}))
+        # long enough to be still running when the drain comes, on a warm engine too (150
+        # tokens finished within the 0.3 s below once an earlier test had warmed the engines)
+        long = asyncio.ensure_future(client.generate("long", prompt_ids=[3, 4, 5], sampling_params={"max_tokens": LONG}))
         while ray.get(lb.get_status.remote())["total_inflight"] == 0:
             await asyncio.sleep(0.05)
         victim = next(r for r in replicas if ray.get(lb.get_inflight_count.remote(r.server_address)) > 0)
@@ -185,7 +190,7 @@ def test_resize_through_verls_checkpoint_engine_manager(stack):
         return victim, moved, out
 
     victim, moved, out = asyncio.run(scenario())
-    assert moved == ["long"] and len(out.token_ids) == 150  # migrated off the shrinking replica, finished once
+    assert moved == ["long"] and len(out.token_ids) == LONG  # migrated off the shrinking replica, finished once
     assert victim not in cem.replicas and ray.get(victim.server_handle.state.remote())["asleep"]
     assert ray.get(lb.get_all_servers.remote()) == [r.server_address for r in cem.replicas]
     cem.sleep_replicas()  # verl's manager now only drives the active replica
