@@ -61,6 +61,11 @@ def _text(where: str, value) -> None:
         raise SpecError(where, value, "a non-empty string")
 
 
+def _seq(where: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(where, value, "an integer >= 1")
+
+
 @dataclass(frozen=True)
 class HostMigration:
     """Move ``request_id`` of ``pipeline`` from ``src_server`` to ``dst_server`` (abort it
@@ -79,8 +84,7 @@ class HostMigration:
             _text(f"migration.{name}", getattr(self, name))
         if self.src_server == self.dst_server:
             raise SpecError("migration.dst_server", self.dst_server, f"a server other than src_server {self.src_server!r}")
-        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < 1:
-            raise SpecError("migration.seq", self.seq, "an integer >= 1")
+        _seq("migration.seq", self.seq)
         if isinstance(self.issued_t, bool) or not isinstance(self.issued_t, (int, float)):
             raise SpecError("migration.issued_t", self.issued_t, "a number (seconds)")
 
@@ -105,8 +109,7 @@ class MigrationOutcome:
     def __post_init__(self):
         _text("migration_outcome.pipeline", self.pipeline)
         _text("migration_outcome.request_id", self.request_id)
-        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < 1:
-            raise SpecError("migration_outcome.seq", self.seq, "an integer >= 1")
+        _seq("migration_outcome.seq", self.seq)
         if self.status not in OUTCOME_STATUSES:
             raise SpecError("migration_outcome.status", self.status, " | ".join(OUTCOME_STATUSES))
         if not isinstance(self.reason, str):

@@ -240,6 +240,7 @@ class PolicyScheduler:
         self._events: dict[int, asyncio.Event] = {}
         self._ticker: asyncio.Task | None = None
         self._commands: dict[str, asyncio.Event] = {}  # pipeline -> set when a command is queued for it
+        self._round_queued = False  # a round after a burst of request events is already scheduled
 
     # ---- membership -------------------------------------------------------------------
     def register(self, pipeline: str, host: HostPipeline | None) -> None:
@@ -332,6 +333,23 @@ class PolicyScheduler:
         if self.ex is None or not self.ex.request_event(hook, kwargs):
             return
         self._start_ticker()
+        self._round_soon()
+
+    def _round_soon(self) -> None:
+        """One round after the request events that arrive together (a step's submissions
+        come in bursts of hundreds): run on the actor's loop once the current call returns,
+        at once when there is no running loop."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._round()
+            return
+        if not self._round_queued:
+            self._round_queued = True
+            loop.call_soon(self._queued_round)
+
+    def _queued_round(self) -> None:
+        self._round_queued = False
         self._round()
 
     async def take_migrations(self, pipeline: str, wait_s: float = 0.0) -> list:
