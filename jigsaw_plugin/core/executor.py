@@ -35,6 +35,10 @@ class PolicyViolation(RuntimeError):
 
 
 class ExecutorCore:
+    # whether ``LaunchReplica(colocate_with=...)`` can be carried out: two pipelines' rollout
+    # replicas on one device group (the simulator; live engines and host executors cannot yet)
+    supports_colocation = False
+
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
         from jigsaw_plugin.costmodel import CostModel, hardware_profile
@@ -186,6 +190,11 @@ class ExecutorCore:
         if isinstance(d, StartGen):
             self._start_gen(d)
         elif isinstance(d, LaunchReplica):
+            if d.colocate_with is not None and not self.supports_colocation:
+                raise PolicyViolation(
+                    f"{type(self).__name__} cannot co-locate rollout replicas (capability 'colocation'): "
+                    f"LaunchReplica.colocate_with={d.colocate_with} is for executors whose state says "
+                    f"colocation=True (the simulator)")
             self._launch(d)
         elif isinstance(d, RetireReplica):
             rep = self.replicas.get(d.replica)

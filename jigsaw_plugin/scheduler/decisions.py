@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jigsaw_plugin.errors import SpecError
+
 __all__ = [
     "StartGen",
     "LaunchReplica",
@@ -36,12 +38,30 @@ class LaunchReplica:
     at the pipeline's most loaded replicas until the new replica holds the average load.
     ``absorb``: replica ids whose requests all migrate to the new replica (abort + resume),
     after which they are retired: how a rollout tail is re-sharded onto a wider replica.
+    ``colocate_with``: the id of another pipeline's rollout replica whose devices (exactly
+    ``devices``) the new replica shares (docs/colocation.md); the KV room the two weights
+    leave is split once, at launch: ``kv_share`` of it to the new replica, the rest to the
+    host. Only executors that declare co-location (``SchedulerState.colocation``) take it.
     """
 
     pipeline: str
     devices: tuple
     rebalance: bool = False
     absorb: tuple = ()
+    colocate_with: int | None = None
+    kv_share: float = 0.0
+
+    def __post_init__(self):
+        if self.colocate_with is None:
+            if self.kv_share != 0.0:
+                raise SpecError("LaunchReplica.kv_share", self.kv_share, "0.0 unless colocate_with is set")
+            return
+        if isinstance(self.colocate_with, bool) or not isinstance(self.colocate_with, int):
+            raise SpecError("LaunchReplica.colocate_with", self.colocate_with, "a replica id (int) or None")
+        share = self.kv_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
+            raise SpecError("LaunchReplica.kv_share", share,
+                            "a fraction strictly between 0 and 1 of the KV room the two replicas share")
 
 
 @dataclass(frozen=True, slots=True)

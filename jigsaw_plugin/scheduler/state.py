@@ -328,6 +328,7 @@ class SchedulerState:
     max_num_seqs: int  # the engines' batch limit (vLLM max_num_seqs)
     memo: Any = None  # what the policy declared at setup (Policy.setup); read-only
     classes: tuple[DeviceClassView, ...] = ()  # the pool's device classes (empty: one class, ``cost``)
+    colocation: bool = False  # the executor can run two pipelines' rollout replicas on one device group
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

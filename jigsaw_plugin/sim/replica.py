@@ -20,6 +20,7 @@ import numpy as np
 from jigsaw_plugin.core.snapshot import ReplicaObs, RequestColumns
 from jigsaw_plugin.costmodel import CostModel, ModelProfile
 from jigsaw_plugin.ids import RequestId
+from jigsaw_plugin.scheduler.colocation import colocated_step_s
 
 __all__ = ["Request", "Replica", "SEGMENT_STEPS"]
 
@@ -107,6 +108,22 @@ class Replica:
         self.predicted_work = 0.0  # predicted tokens of the requests routed here (skew-aware routing)
         self.switch_s = 0.0
         self.start_t = ready_t
+        # the replica of another pipeline sharing these devices (co-location), or None: while
+        # both have sequences admitted, each step is priced with the other's GPU work added
+        self.partner: Replica | None = None
+
+    def resize_cache(self, other_bytes: float) -> None:
+        """Re-size the KV cache with ``other_bytes`` per device taken by others (a co-located
+        replica's weights and KV share); growth beyond it is preempted as usual."""
+        cap = self.cost.kv_capacity_tokens(self.model, self.tp, other_bytes)
+        if cap <= 0:
+            raise ValueError(f"replica {self.id} of {self.model.name} has no KV room left with {other_bytes:.0f} "
+                             f"bytes per device taken")
+        self.cap = cap
+
+    def alone_step_s(self) -> float:
+        """Its decode step as if it ran alone, at the current batch (0 when not decoding)."""
+        return self._decode_s(self.n, self.kv_tokens) if self.n > 0 else 0.0
 
     def _decode_s(self, batch: int, kv: float) -> float:
         if self._pricer is None:
@@ -209,6 +226,9 @@ class Replica:
                 steps = max(room, 1.0)
         steps = min(steps, SEGMENT_STEPS)
         self.step_s = self._decode_s(self.n, kv + self.n * steps / 2)
+        if self.partner is not None and self.partner.n > 0:
+            self.step_s = colocated_step_s(self.step_s, self.partner.alone_step_s(),
+                                           self.cost.f.decode_step_overhead_s)
         return max(self.t_sync, self.busy_until) + steps * self.step_s
 
     # ---- requests ---------------------------------------------------------------------

@@ -12,6 +12,8 @@ Device classes (``sim.devices``) price each device by its class; preemptions
 
 from __future__ import annotations
 
+import dataclasses
+
 from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun
 from jigsaw_plugin.ids import RequestId
@@ -40,6 +42,8 @@ class _StageRun:
 
 
 class World(ExecutorCore):
+    supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
+
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,
                  preemption_recovery: str = "migrate", **kw):
         from collections import Counter, defaultdict
@@ -55,6 +59,10 @@ class World(ExecutorCore):
         self._push = push
         self.micro_batches = micro_batches  # micro-batch sub-stages per training stage
         self._stage_runs: dict[str, _StageRun] = {}
+        # replica id -> (since, its busy_s then) for the replica holding its devices' record:
+        # a co-located guest has none until its host closes (docs/colocation.md)
+        self._booked: dict[int, tuple] = {}
+        self.colocations: list[dict] = []  # one record per co-located pair launched
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
         self.interrupt_on_sync = getattr(policy, "interrupt_on_sync", False)
@@ -73,6 +81,13 @@ class World(ExecutorCore):
         return int(s.gen_tokens[int(s.turn_offset[request_id.sample]) + (request_id.turn or 0)])
 
     def _schedule(self, r: Replica) -> None:
+        self._schedule_one(r)
+        partner = r.partner
+        if partner is not None:  # its step is priced with r's batch: re-price it from now on
+            partner.sync(self.t)
+            self._schedule_one(partner)
+
+    def _schedule_one(self, r: Replica) -> None:
         r.tick_epoch += 1
         when = r.next_event_t()
         if when is not None:
@@ -142,14 +157,21 @@ class World(ExecutorCore):
     def _launch(self, d: LaunchReplica) -> None:
         p = self.pipelines[d.pipeline]
         devices = tuple(d.devices)
+        host, split = self._check_colocation(d, p, devices) if d.colocate_with is not None else (None, None)
         rep_id = self._new_replica_id()
-        self._claim(devices, DeviceTask("replica", p.name, replica=rep_id))
+        if host is None:
+            self._claim(devices, DeviceTask("replica", p.name, replica=rep_id))
         absent = tuple(x for x in devices if p.name not in self.resident[x])
         switch = self._switch_s(p, devices, "rollout")
         if absent:  # weights not resident: devices behind a wide-area link pull them over it
             switch += self.device_classes.weight_pull_s(p.model, [absent])
+        other = split.guest_other_bytes if split is not None else self._other_weight_bytes(p, devices)
         rep = Replica(rep_id, p.name, devices, p.model, self.device_classes.cost_for(devices),
-                      self._other_weight_bytes(p, devices), ready_t=self.t, pricer=self.pricer)
+                      other, ready_t=self.t, pricer=self.pricer)
+        if host is not None:
+            self._pair(host, rep, split)
+        else:
+            self._booked[rep_id] = (self.t, 0.0)
         rep.busy_until = self.t + switch
         rep.switch_s = switch
         rep.start_t = self.t
@@ -167,6 +189,74 @@ class World(ExecutorCore):
                 raise PolicyViolation(f"replica {rid} of {src.pipeline} cannot move into {p.name}")
             src.retiring = True
             self._migrate(Migrate(rid, rep.id))
+
+    # ---- co-location (docs/colocation.md) -------------------------------------------------
+    def snapshot(self):
+        """The state, saying that this executor can co-locate (``SchedulerState.colocation``)."""
+        state = super().snapshot()
+        return dataclasses.replace(state, colocation=True) if self.supports_colocation else state
+
+    def _check_colocation(self, d: LaunchReplica, p: PipelineRun, devices: tuple):
+        """Validate a co-located launch; returns the host replica and the KV split."""
+        from jigsaw_plugin.scheduler.colocation import split_kv
+
+        host = self.replicas.get(d.colocate_with)
+        if host is None:
+            raise PolicyViolation(f"LaunchReplica.colocate_with: replica {d.colocate_with} does not exist; "
+                                  f"allowed: the id of a live rollout replica of another pipeline")
+        if host.retiring:
+            raise PolicyViolation(f"LaunchReplica.colocate_with: replica {host.id} is retiring; allowed: a live one")
+        if host.pipeline == p.name:
+            raise PolicyViolation(f"LaunchReplica.colocate_with: replica {host.id} belongs to {p.name} itself; "
+                                  f"allowed: a replica of another pipeline (co-location pairs two pipelines)")
+        if sorted(devices) != sorted(host.devices):
+            raise PolicyViolation(f"LaunchReplica.devices: got {devices} to share replica {host.id}'s "
+                                  f"{host.devices}; allowed: exactly the host replica's devices")
+        if host.partner is not None:
+            raise PolicyViolation(f"LaunchReplica.colocate_with: replica {host.id}'s devices {host.devices} "
+                                  f"already carry two replicas ({host.id}, {host.partner.id}); allowed: at most two")
+        cost = self.device_classes.cost_for(devices)
+        split = split_kv(cost, host.model, p.model, len(devices), d.kv_share)
+        host.sync(self.t)
+        if split.guest_tokens <= 0 or split.host_tokens < host.kv_tokens:
+            raise PolicyViolation(
+                f"LaunchReplica.kv_share: {d.kv_share} of the KV room on {devices} leaves {p.name} "
+                f"{split.guest_tokens} tokens and {host.pipeline}'s replica {host.id} {split.host_tokens} "
+                f"tokens while it holds {host.kv_tokens:.0f}; the memory does not fit both")
+        return host, split
+
+    def _pair(self, host: Replica, guest: Replica, split) -> None:
+        """Book ``guest`` beside ``host`` on its devices: the host keeps the device record
+        (the trace and the gap breakdown count each device once) and shrinks its cache to
+        its part of the split; both weights stay resident while the pair lives."""
+        host.resize_cache(split.host_other_bytes)
+        host.partner, guest.partner = guest, host
+        for x in host.devices:
+            self.resident[x] = [host.pipeline, guest.pipeline]
+        self._devices_version += 1
+        self.colocations.append({"host": host.id, "host_pipeline": host.pipeline, "guest": guest.id,
+                                 "guest_pipeline": guest.pipeline, "devices": host.devices, "start_t": self.t,
+                                 "end_t": None, "host_kv_tokens": host.cap, "guest_kv_tokens": guest.cap})
+        host.preempt_overflow()
+        self._schedule_one(host)
+
+    def _unpair(self, rep: Replica) -> None:
+        """``rep`` closes while its partner runs on: the partner keeps the devices alone (its
+        KV split stays as launched: vLLM sizes its cache once)."""
+        partner = rep.partner
+        rep.partner = partner.partner = None
+        partner.sync(self.t)
+        for rec in self.colocations:
+            if rec["end_t"] is None and {rec["host"], rec["guest"]} == {rep.id, partner.id}:
+                rec["end_t"] = self.t
+        if rep.id in self._booked:  # the device record passes to the partner from now on
+            self._booked.pop(rep.id)
+            self._booked[partner.id] = (self.t, partner.busy_s)
+            task = DeviceTask("replica", partner.pipeline, replica=partner.id)
+            for x in partner.devices:
+                self.task[x] = task
+            self._devices_version += 1
+        self._schedule_one(partner)
 
     def _rebalance_into(self, p: PipelineRun, dst: Replica) -> None:
         """Move queued (not yet admitted: nothing to recompute) requests from the more loaded
@@ -197,9 +287,20 @@ class World(ExecutorCore):
         p = self.pipelines[rep.pipeline]
         p.replicas.remove(rep)
         del self.replicas[rep.id]
-        self.busy_s += (rep.busy_s + rep.switch_s) * rep.tp
-        self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, rep.start_t, self.t))
         rep.tick_epoch += 1
+        booked = self._booked.get(rep.id)
+        if booked is not None:  # it holds the device record: its time counts once per device
+            since, busy0 = booked
+            first = since == rep.start_t
+            self.busy_s += (rep.busy_s - busy0 + (rep.switch_s if first else 0.0)) * rep.tp
+            self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, since, self.t))
+        if rep.partner is not None:
+            self._unpair(rep)  # the devices stay booked by the partner
+            self._booked.pop(rep.id, None)
+            self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
+            self.dirty = True
+            return
+        self._booked.pop(rep.id, None)
         self._release(rep.devices)
         self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
 
@@ -428,9 +529,12 @@ class World(ExecutorCore):
         the step), every request of the same steps still in flight on any replica of the
         pipeline is generated again from its first token."""
         rep.sync(self.t)
+        partner = rep.partner
         moved = rep.take_all()
         rep.retiring = True
         self._close(rep)
+        if partner is not None and partner.id in self.replicas:  # it shared the lost device
+            self.lose_replica(partner, keep_tokens)
         p = self.pipelines[rep.pipeline]
         if not keep_tokens:
             steps = {r.step for r in moved}
