@@ -293,6 +293,22 @@ class _ReplicaRows:
         self.decoded = _nansum(self._gen - self.g0) if n and not self.fresh else 0.0
         self._final_changed()
 
+    def adopt(self, keys: np.ndarray, order: np.ndarray, g0: np.ndarray, final: np.ndarray) -> None:
+        """Take the last predictions of requests that moved here from another replica
+        (``keys`` of the rows they left, sorted by ``order``; their ``g0`` and ``final``):
+        a migrated request keeps its prediction instead of being asked again."""
+        want = np.flatnonzero(np.isnan(self.final))
+        at = _positions(keys, order, self.key[want])
+        hit = at >= 0
+        if not hit.any():
+            return
+        want, at = want[hit], at[hit]
+        self.g0[want], self.final[want] = g0[at], final[at]
+        self.unseen = bool(np.isnan(self.final).any())
+        self.fresh = False
+        self.decoded = _nansum(self.generated - self.g0)
+        self._final_changed()
+
     def order(self) -> np.ndarray:
         if self._order is None:
             self._order = np.argsort(self.key, kind="stable")
@@ -499,6 +515,27 @@ def _batch(parts: list, replica_ids: list, rows: list | None = None) -> RequestB
     )
 
 
+def _adopt_moved(before: dict, rows: dict) -> None:
+    """Requests the predictor has not seen on their replica that it saw on another (a
+    migration) keep that prediction: looked up in the rows of replicas that were read
+    again or are gone (``before``: the last gather's rows, ``rows``: this one's)."""
+    new = [r for r in rows.values() if r.unseen and r.key is not None]
+    if not new:
+        return
+    left = [r for i, r in before.items()
+            if rows.get(i) is not r and len(r.ids) and r.key is not None and not r.fresh]
+    if not left:
+        return
+    keys = np.concatenate([r.key for r in left])
+    g0 = np.concatenate([r.g0 for r in left])
+    final = np.concatenate([r.final for r in left])
+    asked = ~np.isnan(final)
+    keys, g0, final = keys[asked], g0[asked], final[asked]
+    order = np.argsort(keys, kind="stable")
+    for r in new:
+        r.adopt(keys, order, g0, final)
+
+
 class _PipelineCache:
     """What one pipeline's predictions were last built from (held by the executor across
     rounds, in ``ExecutorCore.request_cache``)."""
@@ -573,6 +610,8 @@ class _PipelineRequests:
             elif not r.carry(obs, t, version, gone, refresh):
                 r = self._read(rep, obs, r)
             rows[rep.id] = r
+        if not refresh.exact:
+            _adopt_moved(cache.rows, rows)
         cache.rows = self._rows = rows
         parts = [r for r in rows.values() if len(r.ids)]
         cache.rows_total = sum(len(r.ids) for r in parts)

@@ -143,12 +143,13 @@ class HistoryPredictor:
                    marginal: np.ndarray) -> np.ndarray:
         """The empirical remaining tokens per request, shrunk toward the log-normal's."""
         out = marginal.copy()
-        bins = range(len(model.empirical)) if tb.max() > 0 else (0,)
+        # only the turn bins present (a few rows are asked at a time: most bins hold none)
+        bins = np.flatnonzero(np.bincount(tb)).tolist() if tb.max() > 0 else (0,)
         for b in bins:
             emp = model.empirical[b]
             if emp is None:
                 continue
-            sel = slice(None) if len(bins) == 1 else tb == b
+            sel = slice(None) if len(bins) == 1 else tb == b  # one bin: every row
             mean, k = emp.remaining(g[sel], cap[sel])
             w = k / (k + _TAIL_SHRINK)
             out[sel] = w * mean + (1.0 - w) * marginal[sel]
