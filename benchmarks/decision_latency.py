@@ -175,6 +175,7 @@ def measure(job: tuple) -> dict:
     return {
         "gpus": gpus, "pipelines": pipelines, "prompts": prompts, "mode": mode,
         "requests_per_step": prompts * 8 * pipelines, "rounds": n, "stopped_by_budget": stopped,
+        "sim_t_s": w.t,  # simulated time the rounds reached (how far into the rollouts)
         "state_p50_us": _pct(state, 50), "state_p99_us": _pct(state, 99),
         "policy_p50_us": _pct(policy, 50), "policy_p99_us": _pct(policy, 99),
         "decision_p50_us": _pct(total, 50), "decision_p99_us": _pct(total, 99),
@@ -205,7 +206,8 @@ def table(results: list) -> str:
     rows = []
     for r in results:
         rounds = f"{r['rounds']}" + (" (budget)" if r["stopped_by_budget"] else "")
-        rows.append([r["gpus"], r["pipelines"], f"{r['requests_per_step']:,}", r["mode"], rounds,
+        sim_t = f"{r['sim_t_s']:.1f}" if "sim_t_s" in r else "-"
+        rows.append([r["gpus"], r["pipelines"], f"{r['requests_per_step']:,}", r["mode"], rounds, sim_t,
                      f"{r['state_p50_us']:.0f} / {r['state_p99_us']:.0f}",
                      f"{r['policy_p50_us']:.0f} / {r['policy_p99_us']:.0f}",
                      f"{r['decision_p50_us']:.0f} / {r['decision_p99_us']:.0f}",
@@ -214,7 +216,7 @@ def table(results: list) -> str:
                      (f"{r['predictor_p99_us']:.0f} / {100 * r['predictor_share']:.0f}% / "
                       f"{r['slow_state_us']:.0f} us, {100 * r['slow_predictor_share']:.0f}%, "
                       f"{r['slow_predictor_calls']:.1f} calls") if "predictor_share" in r else "-"])
-    return md_table(["GPUs", "pipelines", "requests/step", "state build", "rounds", "state p50 / p99 us",
+    return md_table(["GPUs", "pipelines", "requests/step", "state build", "rounds", "simulated s", "state p50 / p99 us",
                      "policy p50 / p99 us", "decision p50 / p99 us", "decision p99 wall us", "CPU s",
                      "GC after rounds: all / longest ms",
                      "predictor: p99 us / share of state / slowest 1% of state builds (mean, predictor share, calls)"],
@@ -266,21 +268,31 @@ pipeline only when its predictions are stale by progress, history or an outlived
 The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); the
 collections that then run between rounds are in the GC column.
 
-What changed in this build (docs/predictor.md, "What a round costs"), every one of them
-value for value the same state, so the policy's decisions are unchanged (the same hash
-of 400 rounds' decisions at 64 / 8; bundled workloads (a) and (c) under jigsaw give
-bit-identical result JSON, makespan 2044.622 s and 1701.093 s): the simulator's replicas
-hand their requests over as columns (`Replica.request_columns`, `RequestColumns`) in the
-order `request_rows` gave, instead of a tuple per request; replica, observation and
-pipeline views are built in one dict update and request views are a typed `NamedTuple`
-(a frozen dataclass sets each field through `object.__setattr__`: 0.8 us a request view,
-2.3 us a replica view, against 0.2 and 0.3 us); the GRPO groups to ask again are found
-by one binary search over all of a pipeline's replicas on the sorted dirty set (it was an
-`np.isin` and two reductions per replica, tens of microseconds each, 32 replicas a
-pipeline at 1024 GPUs) and deduplicated without `np.unique`, whose first call imported
-`numpy.ma` inside a decide round (10-40 ms, once). One invocation's figures move by 10-30%
-with the shared machine's load from run to run (the policy's, unchanged, too): the
-medians of alternated repeats under the tables are the comparison.
+What changed in this build (docs/predictor.md, "What a round costs"): what the policy
+reads. Every lazy state build of these cases was started by the jigsaw policy's tail
+consolidation (`Jigsaw._consolidate_tails`, measured by the caller of each gather: all of
+them at 64 / 8 and at 1024 / 32), which read the predicted drain of every live replica of
+any pipeline that had a replica with few requests, every round, to price moves of which
+about 1 in 700 was made (168 of 114,737 priced on workload (a)). It now reads less:
+a pipeline whose open steps have most of their samples still generating is not priced
+(few requests on a replica then are samples waiting on tools or on their next turn, not
+a rollout tail); a tail no sibling could take (batch or KV full, from the engines'
+reports) is not priced; a tail priced in an earlier round whose move did not pay even
+its re-prefill, and which has gained no request since, is not priced again while its
+drain, counted down by the time since, stays under half of that (the policy's memory of
+its own pricing). `_price_move` takes a tail's request count and KV use from the
+engine's report instead of building its request views, and prices the re-prefill before
+the two decode-step times (a step never gets faster with more sequences or KV: the same
+answer, tested against the full pricing). In the state build, a migrated request keeps
+the prediction it had on the replica it left instead of being asked again with its GRPO
+group, and the history predictor's empirical step visits only the turn bins present
+(same values). Decisions change; bundled workloads under jigsaw, seed 0, makespan before
+-> after: (a) 2044.62 -> 2038.06 s, (c) 1701.09 -> 1701.77 s, (d) 1861.13 -> 1858.26 s,
+(e) 3351.32 -> 3352.28 s, (f) 2172.96 -> 2173.41 s. Tried and not kept (worse than
+0.3% on (a)): asking a new turn alone, without its running siblings (2070.1 s); carrying
+the rows of replicas of fewer than 64 requests (2057.2 s). One invocation's figures move
+by 10-30% with the shared machine's load from run to run: the medians of alternated
+repeats under the tables are the comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -288,18 +300,24 @@ medians of alternated repeats under the tables are the comparison.
 
 {targets(results)}
 
-What is left (the predictor's share is in the table; the rest was measured with a
-per-function CPU timer on the same cases, outside this script): a state build is tens of
-small numpy operations per replica whose rows are read again (about 40-70 us for 40-100
-requests, most of it fixed cost) and per predictor call (about 170 us fixed, 0.2 us a
-request). The slowest rounds (step boundaries, rounds where several pipelines'
-predictions go stale together, tails whose small replicas are read whenever they
-change) read 10-20 replicas and call the predictor 3-4 times at 64 / 8, read 50-130 and
-call it about 13 times at 1024 / 32; at 1024 / 32 every round also observes and views all
-1,024 replicas (about 3 us each, 3-4 ms a round before the policy reads anything).
-Reading rows less often or asking the predictor for fewer rows (a stale pipeline
-re-asked in slices across rounds, rows carried longer) would change the predictions the
-policy reads, so its decisions: not done here, where they had to stay the same.
+A case's rounds are its first ones: "simulated s" is how far into the run they reach
+(at 1024 / 32, 400 rounds are the rollouts' first seconds, before any tail; below).
+
+What is left (measured with a per-function CPU timer on the same cases, outside this
+script). At 64 / 8 the slowest rounds are step boundaries of the GRPO pipelines, whose
+tails are priced: one pipeline's rows read again (8-9 replicas of 30-60 requests, about
+100 us each under load, mostly fixed numpy cost) and its whole prediction asked again
+(stale by progress: one call of about 400-500 requests, 0.8-1.5 ms), 2.7-3.4 ms of state
+build; views of the 64 replicas are 0.2-0.4 ms every round and the policy 0.3-0.5 ms. At
+1024 / 32 the 400 rounds cover the first 2 s of the rollouts (no pipeline is in its
+tail): the state build is the observations and views of all 1,024 replicas (about 3-4 us
+each, 3-4 ms a round) and nothing else. 6,000 rounds reach 3.0 s (`--cases 1024x32
+--rounds 6000 --cpu-budget 240`: decision p50 / p99 2,396 / 4,521 us, no predictor call);
+the rollouts' tails (after about 25 s at 64 / 8) are not reached within a run this
+machine can afford: there a priced tail reads its pipeline's 32 replicas and asks its
+predictions again, as at 64 / 8 with four times the replicas (not measured). Not done: a pipeline's rows kept as one set of
+columns rather than per replica (a read then costs its rows, not its replicas), views
+reused for replicas that did not change, a stale pipeline asked again in slices.
 {notes}"""
 
 
@@ -339,8 +357,9 @@ def repeats_table(before: list, after: list) -> str:
         if not runs["before"] or not runs["after"]:
             continue
         med = {k: {f: float(np.median([r[f] for r in v])) for f in fields} for k, v in runs.items()}
-        # the policy is the same code in both builds: the state build in units of its p50
-        # is a yardstick the machine's load moves less than microseconds
+        # where the policy is the same code in both builds, the state build in units of its
+        # p50 is a yardstick the machine's load moves less than microseconds (not where the
+        # change is the policy's, as in the build these tables show)
         ratio = {k: float(np.median([r["state_p50_us"] / r["policy_p50_us"] for r in v])) for k, v in runs.items()}
         rows.append([g, n, f"{len(runs['before'])} / {len(runs['after'])}"]
                     + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
@@ -349,7 +368,7 @@ def repeats_table(before: list, after: list) -> str:
     return (f"\nMedians over alternated repeats (each run one invocation as above, the earlier build's first; "
             f"1-minute load averages at their starts: {loads}):\n\n"
             + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
-                        "decision p50 us", "decision p99 us", "state p50 / policy p50 (same policy code)"], rows)
+                        "decision p50 us", "decision p99 us", "state p50 / policy p50"], rows)
             + "\n")
 
 
