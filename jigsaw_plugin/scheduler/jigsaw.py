@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
+from jigsaw_plugin.scheduler.colocation import colocate_tails
 from jigsaw_plugin.scheduler.decisions import (
     LaunchReplica,
     Migrate,
@@ -101,6 +102,7 @@ class JigsawConfig:
     spread_cost: float = 1.15  # replicas decode at the smallest batch whose token costs <= this x ideal
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
+    colocate: bool = False  # move a tail onto another pipeline's tail replica's devices where it pays (docs/colocation.md)
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
     # learner fed within the staleness bound, training on the trainer's site; no-op on one class
@@ -257,6 +259,8 @@ class Jigsaw(Policy):
             self._reclaim(rnd, out)
         if cfg.migration:
             self._consolidate_tails(rnd, out)
+            if cfg.colocate:
+                colocate_tails(rnd, out, cfg)
             if cfg.resize:
                 self._widen_tails(rnd, out)
         for kind, p in self._demands(rnd, out):
@@ -568,18 +572,33 @@ class Jigsaw(Policy):
 
     # ---- migration --------------------------------------------------------------------
     def _consolidate_tails(self, rnd, out) -> None:
-        """Move a tail replica's requests to a sibling and retire it, when that pays."""
+        """Move a tail replica's requests to a sibling and retire it, when that pays.
+
+        Pricing a move reads the predicted drain of every live replica of the pipeline,
+        which gathers and predicts all of its requests (most of a decide round's state
+        build). Checks on what a live system sees come first, so that a pipeline none of
+        whose tails could move is not read: a multi-turn pipeline whose open steps have
+        most of their samples still generating (a replica with few requests then is one
+        whose samples wait on tools or on their next turn, not a rollout tail), and a tail
+        no sibling could take (batch or KV full)."""
         state = rnd.state
         if not self.config.multiplex and not any(p.next_stage for p in state.order):
             return  # freed devices would only be lent, and lending is off
+        cfg = self.config
         extra: dict[int, int] = {}
         for p in state.order:
             live = [r for r in p.replicas if not r.retiring and r.load and r.id not in rnd.gone]
             if len(live) < 2:
                 continue
-            tails = [r for r in live if not r.queued and r.load <= self.config.tail_requests]
+            open_steps = [s for s in p.steps.values() if s.gen_done < s.samples]
+            if (p.lengths.turns > 1.0 and open_steps
+                    and 2 * sum(s.gen_done for s in open_steps) < sum(s.samples for s in open_steps)):
+                continue  # most of its trajectories are still generating: not a rollout tail yet
+            tails = [r for r in live if not r.queued and r.load <= cfg.tail_requests
+                     and any(d.running + r.load <= d.max_seqs and d.kv_tokens + r.kv_tokens <= 0.9 * d.kv_capacity
+                             for d in live if d is not r)]  # siblings only fill up within a round
             if not tails:
-                continue  # no replica in its tail: nothing to consolidate (and no need to predict)
+                continue  # no replica in its tail that could move: nothing to price (or predict)
             used: set = set()
             ends = {r.id: r.predicted_drain_s() for r in live}
             slack = self._slack(rnd, p)
@@ -600,11 +619,12 @@ class Jigsaw(Policy):
 
     def _price_move(self, state, p, src, live, ends, extra, used, slack):
         cost, cfg = state.cost, self.config
-        reqs = src.requests
-        k = len(reqs)
-        ctx = sum(r.kv_tokens for r in reqs)
+        # the engine's own reports (its request count and KV use), not its request views,
+        # whose KV sum differs from ``kv_tokens`` by well under 1%
+        k, ctx = src.load, src.kv_tokens
         src_left = src.predicted_tokens_left
-        gen_end = max(ends.values())
+        src_dev_s = ends[src.id] * src.tp
+        bound = max(ends.values()) * (1 + slack)
         top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
         best = None
         for dst in live:
@@ -613,16 +633,20 @@ class Jigsaw(Policy):
             n = dst.running + extra.get(dst.id, 0)
             if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
-            old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
-            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             prefill = cost.migration_s(p.model, dst.tp, ctx)
+            # a step never gets faster with more sequences or KV (new >= old), so the move
+            # costs at least its re-prefill: priced before the two step times
+            if src_dev_s < cfg.min_gain * prefill * dst.tp:
+                continue
+            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             dst_left = dst.predicted_tokens_left
             end = prefill + max(src_left, dst_left) * new
             others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
-            if max(end, others) > gen_end * (1 + slack):
+            if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
+            old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
             move_dev_s = (prefill + (new - old) * dst_left) * dst.tp
-            if ends[src.id] * src.tp < cfg.min_gain * move_dev_s:
+            if src_dev_s < cfg.min_gain * move_dev_s:
                 continue
             if best is None or end < best[1]:
                 best = (dst, end)

@@ -1,0 +1,130 @@
+"""What the jigsaw policy's tail consolidation reads (scheduler/jigsaw.py, ``_consolidate_tails``
+and ``_price_move``): the engines' reports before any prediction, no request views, and
+a pricing that skips work without changing its answer."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from jigsaw_plugin.costmodel import CostModel
+from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
+from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+from jigsaw_plugin.scheduler.state import ReplicaView
+
+COST = CostModel(hardware_profile("h100"))
+MODEL = model_profile("qwen2.5-7b")
+
+
+class _Source:
+    """A replica's predictions (what the executor's lazy source gives); request views are
+    never to be read by the consolidation."""
+
+    def __init__(self, work, left):
+        self.work, self.left, self.reads = work, left, 0
+
+    def work_and_left(self):
+        self.reads += 1
+        return self.work, self.left
+
+    def views(self):
+        raise AssertionError("the consolidation read a replica's request views")
+
+    def predicted(self):
+        raise AssertionError("work_and_left is there")
+
+
+def _replica(i, running, kv, left, tp=1, max_seqs=256, work=None, step_s=0.02):
+    src = _Source(left * running if work is None else work, left)
+    return ReplicaView.build(i, "p", tuple(range(10 * i, 10 * i + tp)), running, 0, kv, 400_000.0, max_seqs, False,
+                             step_s, 0.0, src)
+
+
+def _reference(policy, state, p, src, live, ends, extra, used, slack):
+    """``_price_move``'s answer priced in full for every destination (no early exits)."""
+    cost, cfg = state.cost, policy.config
+    k, ctx = src.load, src.kv_tokens
+    gen_end = max(ends.values())
+    best = None
+    for dst in live:
+        if dst is src or dst.id in used:
+            continue
+        n = dst.running + extra.get(dst.id, 0)
+        if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
+            continue
+        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
+        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+        prefill = cost.migration_s(p.model, dst.tp, ctx)
+        end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
+        others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
+        if max(end, others) > gen_end * (1 + slack):
+            continue
+        if ends[src.id] * src.tp < cfg.min_gain * (prefill + (new - old) * dst.predicted_tokens_left) * dst.tp:
+            continue
+        if best is None or end < best[1]:
+            best = (dst, end)
+    return best
+
+
+def test_price_move_skips_work_but_answers_as_the_full_pricing():
+    policy = Jigsaw()
+    rng = random.Random(0)
+    state = SimpleNamespace(cost=COST, t=0.0)
+    p = SimpleNamespace(model=MODEL)
+    moves = 0
+    for _ in range(300):
+        live = [_replica(i, rng.randint(1, 200), rng.uniform(1e3, 3e5), rng.uniform(1, 4000),
+                         tp=rng.choice((1, 2, 4)), step_s=rng.uniform(0.01, 0.05)) for i in range(rng.randint(2, 8))]
+        ends = {r.id: r.predicted_drain_s() for r in live}
+        src = min(live, key=lambda r: r.load)
+        extra = {r.id: rng.randint(0, 20) for r in live if rng.random() < 0.3}
+        slack = rng.choice((0.05, 0.2, 1.0))
+        got = policy._price_move(state, p, src, live, ends, extra, set(), slack)
+        want = _reference(policy, state, p, src, live, ends, extra, set(), slack)
+        assert (got is None) == (want is None)
+        if got is not None:
+            moves += 1
+            assert got[0] is want[0] and got[1] == pytest.approx(want[1], rel=1e-12)
+    assert 10 < moves < 290  # both answers are exercised
+
+
+def _round(replicas, t, done=60, samples=64, turns=1.0):
+    step = SimpleNamespace(samples=samples, gen_done=done)  # a StepView's progress
+    p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
+                        lengths=SimpleNamespace(turns=turns))  # mean turns of its finished trajectories
+    state = SimpleNamespace(cost=COST, t=t, order=(p,))
+    return SimpleNamespace(state=state, gone=set(), free=set())
+
+
+def test_a_tail_that_pays_moves_and_no_request_view_is_read():
+    policy = Jigsaw()
+    # a long tail (4 requests, 3,000 tokens left at batch 4) beside a sibling that ends later
+    tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
+    out = []
+    policy._consolidate_tails(_round([tail, other], 5.0), out)
+    assert out == [RetireReplica(1), Migrate(1, 2)]
+
+
+def test_a_tail_no_sibling_can_take_is_not_read():
+    policy = Jigsaw()
+    tail, full = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 254, 40_000.0, 3500.0, max_seqs=256)
+    out = []
+    policy._consolidate_tails(_round([tail, full], 5.0), out)
+    assert out == [] and tail._source.reads == 0 and full._source.reads == 0
+
+
+def test_a_multi_turn_pipeline_whose_samples_are_mostly_still_generating_is_not_read():
+    """Few requests on a replica of a multi-turn pipeline while most of the step's samples
+    generate (waiting on a tool, between turns) is not a rollout tail: nothing is priced or
+    predicted. A single-turn pipeline's small replica is a tail from the start."""
+    policy = Jigsaw()
+    tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
+    out = []
+    policy._consolidate_tails(_round([tail, other], 5.0, done=31, samples=64, turns=2.4), out)
+    assert out == [] and tail._source.reads == 0 and other._source.reads == 0
+    policy._consolidate_tails(_round([tail, other], 5.0, done=32, samples=64, turns=2.4), out)
+    assert out == [RetireReplica(1), Migrate(1, 2)]
+    out.clear()
+    policy._consolidate_tails(_round([tail, other], 5.0, done=0, samples=64, turns=1.0), out)
+    assert out == [RetireReplica(1), Migrate(1, 2)]
