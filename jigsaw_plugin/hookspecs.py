@@ -133,7 +133,9 @@ def jigsaw_stage_start(
     :param devices: The device ids the stage runs on; empty for host-only stages (``adv``).
     :param samples: Number of samples (responses) the stage processes.
     :param tokens: Number of tokens the stage processes, as known at the start (for
-        ``gen``: prompt tokens).
+        ``gen``: prompt tokens). A forward stage may start more than once in a step: early
+        passes over the trajectories finished so far, then its own pass over the rest
+        (``RunStage.early``, simulator only); each reports the tokens it reads.
     :param t: Seconds on the caller's clock.
 
     Return values are ignored.

@@ -73,7 +73,7 @@ def test_decisions_depend_only_on_observations():
         if step == 0:
             k = int(np.argmax(s.gen_tokens))
             longest[spec.name] = (k, int(s.gen_tokens[k]))
-            s.gen_tokens[k] += 2000  # hidden: nothing observable changes before it would have ended
+            s.gen_tokens[k] += 6000  # hidden: nothing observable changes before it would have ended
         return s
 
     sim_a, rounds_a = _run(wl, original)

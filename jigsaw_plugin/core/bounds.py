@@ -13,9 +13,11 @@ the record, never the policy's input), priced by the run's cost model:
   work.
 - ``critical_path_s``: the longest pipeline's chain that no scheduling can overlap. For a
   synchronous pipeline, every step's longest trajectory (decoded at batch 1 on the widest
-  replica a node allows, plus its tool and reward latencies) then its training passes on
-  the whole pool; for an asynchronous one, the first step's longest trajectory plus every
-  step's training passes on the whole pool.
+  replica a node allows, plus its tool and reward latencies) then its update passes on
+  the whole pool (its forward passes may run early, over the trajectories that finished
+  before the longest: ``RunStage.early``); for an asynchronous one, the first step's
+  longest trajectory plus every step's training passes on the whole pool (one pass at a
+  time per pipeline, early ones included).
 - ``makespan_lower_bound_s``: the larger of the two.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
@@ -95,7 +97,8 @@ def compute_bounds(ex) -> Bounds:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     d = _pass_device_s(cost, m, stage, s.tokens, gpus)
                     ideal += d
-                    train += d / gpus
+                    if stage in UPDATE_STAGES or p.spec.mode != "sync":
+                        train += d / gpus
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token

@@ -38,6 +38,9 @@ class ExecutorCore:
     # whether ``LaunchReplica(colocate_with=...)`` can be carried out: two pipelines' rollout
     # replicas on one device group (the simulator; live engines and host executors cannot yet)
     supports_colocation = False
+    # forward passes over a step's finished trajectories while the rest generate
+    # (RunStage.early; SchedulerState.early_passes): an executor that runs them says so
+    supports_early_passes = False
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
@@ -314,6 +317,8 @@ class ExecutorCore:
     def _check_stage(self, d: RunStage) -> tuple[PipelineRun, StepRun, tuple]:
         """Validate a RunStage, claim its devices, emit its start; returns its devices."""
         p = self.pipelines[d.pipeline]
+        if d.early:
+            return self._check_early_pass(d, p)
         if d.step != p.train_next or p.next_stage != d.stage:
             raise PolicyViolation(
                 f"{p.name}: RunStage {d.stage} of step {d.step}; next is {p.next_stage} of step {p.train_next}"
@@ -329,11 +334,42 @@ class ExecutorCore:
                 raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
             self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
         p.stage_running = True
+        if d.stage in s.covered:  # the rest of what early passes read
+            s.pass_tokens[d.stage] = s.tokens - s.covered[d.stage]
         self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
-                   samples=s.n, tokens=s.tokens, t=self.t)
+                   samples=s.n, tokens=s.pass_tokens.get(d.stage, s.tokens), t=self.t)
         if d.stage == "weight_sync":
             self._emit("jigsaw_weight_sync_start", pipeline=p.name, step=d.step, version=p.version,
                        devices=devices, bytes=int(p.model.weight_bytes), t=self.t)
+        return p, s, devices
+
+    def _check_early_pass(self, d: RunStage, p: PipelineRun) -> tuple[PipelineRun, StepRun, tuple]:
+        """Validate an early pass (``RunStage.early``), claim its devices, emit its start."""
+        if not self.supports_early_passes:
+            raise PolicyViolation(
+                f"{type(self).__name__} cannot run early passes (capability 'early_passes'): RunStage.early "
+                f"is for executors whose state says early_passes=True (the simulator)")
+        s = p.steps.get(d.step)
+        if d.step != p.train_next or s is None or s.reward_end_t is not None:
+            raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step}: only the step to train next "
+                                  f"({p.train_next}) while its batch is still being generated")
+        if p.stage_running:
+            raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step} while a stage runs")
+        if d.stage not in p.early_stages():
+            raise PolicyViolation(f"{p.name}: early {d.stage}: only {', '.join(p.early_stages()) or 'no stage'} "
+                                  f"(forward passes before the first stage that needs the whole batch)")
+        tokens = s.finished_tokens - s.covered.get(d.stage, 0)
+        if tokens <= 0:
+            raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step}: no finished trajectory left to read")
+        devices = tuple(d.devices)
+        if not devices:
+            raise PolicyViolation(f"{p.name}: early {d.stage} needs devices")
+        self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
+        p.stage_running = True
+        p.early = d.stage
+        s.pass_tokens[d.stage] = tokens
+        self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
+                   samples=s.n_gen_done, tokens=tokens, t=self.t)
         return p, s, devices
 
     def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool) -> float:
@@ -345,12 +381,13 @@ class ExecutorCore:
             gpn = max(1, self.gpus_per_node)
             rollout = {x for r in p.replicas for x in r.devices}
             cross = bool(rollout) and len({x // gpn for x in rollout | set(devices)}) > 1
-        return self.pricer.stage_s(p.name, stage, devices, s.n, s.tokens, colocated=colocated, cross_node=cross)
+        tokens = s.pass_tokens.get(stage, s.tokens)
+        return self.pricer.stage_s(p.name, stage, devices, s.n, tokens, colocated=colocated, cross_node=cross)
 
     def running_stage_end_t(self, p: PipelineRun) -> float | None:
         """Predicted end of the stage ``p`` runs now (its start + its priced duration)."""
         s = p.steps.get(p.train_next)
-        stage = p.stages[p.stage_next]
+        stage = p.early or p.stages[p.stage_next]
         if s is None or stage not in s.stage_t:
             return None
         return s.stage_t[stage][1]
@@ -364,6 +401,10 @@ class ExecutorCore:
         """Bookkeeping when a training-side stage ends (both executors)."""
         s = p.steps[step]
         self._release(devices)
+        if p.early == stage:  # an early pass: the stage itself is still to run, over the rest
+            self._early_pass_done(p, s, stage, devices)
+            return
+        s.pass_tokens.pop(stage, None)
         start = s.stage_t.get(stage, (self.t, self.t))[0]
         s.stage_t[stage] = (start, self.t)
         s.stages_done.add(stage)
@@ -389,6 +430,17 @@ class ExecutorCore:
                 p.finished_t = self.t
                 self._emit("jigsaw_pipeline_end", pipeline=p.name, t=self.t)
 
+    def _early_pass_done(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple) -> None:
+        tokens = s.pass_tokens.pop(stage)
+        s.covered[stage] = s.covered.get(stage, 0) + tokens
+        s.early_passes += 1
+        s.stage_t.pop(stage, None)  # the stage's own pass records its start and end
+        p.early = None
+        p.stage_running = False
+        self.dirty = True
+        self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage=stage,
+                   devices=devices, samples=s.n_gen_done, tokens=tokens, t=self.t)
+
     def _on_weights_synced(self, p: PipelineRun) -> None:
         """New weights are live (AReaL's executor interrupts in-flight requests here)."""
 
@@ -407,6 +459,7 @@ class ExecutorCore:
         obs = int(smp.observation_len[off:off + turns - 1].sum()) if turns > 1 else 0
         prompt = int(smp.prompt_len[sample])
         p.observed.record(prompt, gen, prompt + gen + obs, turns)
+        s.finished_tokens += prompt + gen + obs
         s.n_gen_done += 1
         if s.n_gen_done == s.n:
             s.gen_end_t = self.t

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F401  (re-exported)
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F401  (re-exported)
 
 __all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun", "ObservedLengths", "static_shares",
            "build_pipelines", "sample_tokens"]
@@ -32,6 +32,10 @@ class StepRun:
     stages_done: set = field(default_factory=set)  # stages that have ended
     trained_version: int | None = None
     migrations: int = 0
+    finished_tokens: int = 0  # prompt + generated + observation tokens of the trajectories finished so far
+    covered: dict = field(default_factory=dict)  # stage -> tokens its early passes have read
+    pass_tokens: dict = field(default_factory=dict)  # stage -> tokens the pass running now reads
+    early_passes: int = 0  # early passes that ended
 
 
 class PipelineRun:
@@ -49,6 +53,7 @@ class PipelineRun:
         self.train_next = 0  # next step to train
         self.stage_next = 0  # index into ``stages`` of train_next's next stage
         self.stage_running = False
+        self.early: str | None = None  # the stage whose early pass runs now (docs/simulator.md)
         self.version = 0  # updates applied to the trainer's weights
         self.rollout_version = 0  # weights the rollout replicas hold
         self.replicas: list = []  # live replicas of this pipeline
@@ -88,6 +93,16 @@ class PipelineRun:
 
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + len(self.pending)
+
+    def early_stages(self) -> tuple[str, ...]:
+        """The stages an early pass may run: the forward passes before the first stage that
+        needs the whole batch (advantages, updates). None of them changes a weight."""
+        out = []
+        for stage in self.stages:
+            if stage not in FORWARD_STAGES:
+                break
+            out.append(stage)
+        return tuple(out)
 
 
 def sample_tokens(samples) -> tuple[int, int]:

@@ -49,6 +49,7 @@ def _pipeline_result(p, sample_versions=None) -> dict:
         "staleness_histogram": staleness_histogram(p, sample_versions),
         "staleness_unit": "sample" if sample_versions is not None else "step",
         "migrations": sum(s.migrations for s in steps),
+        "early_passes": sum(s.early_passes for s in steps),
         "context_switches": p.context_switches,
         "generated_tokens": sum(s.generated for s in steps),
     }

@@ -814,6 +814,7 @@ def _step_view(s) -> StepView:
         stage_start_t={k: a for k, (a, _) in s.stage_t.items()},
         stage_end_t={k: b for k, (_, b) in s.stage_t.items() if b is not None and k in s.stages_done},
         min_version=s.min_version if s.min_version is not None else 0,
+        finished_tokens=s.finished_tokens, covered=dict(s.covered) if s.covered else {},
     )
 
 
@@ -838,6 +839,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
+        early_stage=p.early,
     )
 
 
@@ -854,4 +856,5 @@ def build_state(ex, memo=None, refresh: RefreshPolicy | None = None, caches: dic
         free=frozenset(ex.free), order=tuple(_pipeline_view(ex, p, t, refresh, caches) for p in ex.order),
         cost=ex.cost, max_num_seqs=ex.cost.f.max_num_seqs, memo=memo,
         classes=ex.device_classes.views() if getattr(ex, "device_classes", None) is not None else (),
+        early_passes=ex.supports_early_passes,
     )

@@ -89,6 +89,11 @@ class RunStage:
 
     ``colocated`` tells a weight sync that the rollout replicas share the trainer's devices
     (resharded in place) rather than receiving a broadcast.
+
+    ``early``: a forward pass (log-prob, reference, values) over the trajectories of step
+    ``step`` that have finished so far, while the rest still generate (an early pass; the
+    stage's own pass later reads only what no early pass covered). Only for executors whose
+    state says ``early_passes`` (docs/simulator.md, "Early forward passes").
     """
 
     pipeline: str
@@ -96,6 +101,7 @@ class RunStage:
     stage: str
     devices: tuple
     colocated: bool = True
+    early: bool = False
 
 
 @dataclass(frozen=True, slots=True)

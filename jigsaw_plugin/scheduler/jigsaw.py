@@ -103,6 +103,13 @@ class JigsawConfig:
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     colocate: bool = False  # move a tail onto another pipeline's tail replica's devices where it pays (docs/colocation.md)
+    # forward passes (log-prob, reference, values) over a step's finished trajectories on
+    # devices its rollout no longer needs, while the tail still generates: the stage's own
+    # pass then reads only the rest (docs/simulator.md, "Early forward passes")
+    early_passes: bool = True
+    early_from: float = 0.5  # ... once this fraction of the step's trajectories has finished
+    early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
+    early_overrun: float = 0.5  # a pass may end after the tail by this fraction of what it saves
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
     # learner fed within the staleness bound, training on the trainer's site; no-op on one class
@@ -287,6 +294,8 @@ class Jigsaw(Policy):
             if kind == "gen":
                 out.append(StartGen(p.name, p.gen_next))
             rnd.free.difference_update(d for g in groups for d in g)
+        if cfg.early_passes and state.early_passes and cfg.resize:
+            self._early_passes(rnd, out)
         if cfg.multiplex and cfg.loans and cfg.resize:
             self._grow_stages(rnd, out)
         return out
@@ -728,9 +737,60 @@ class Jigsaw(Policy):
 
     def _stage_s(self, state, p, stage, g) -> float:
         s = p.steps[p.train_next]
-        if stage in FORWARD_STAGES:
-            return state.cost.forward_s(p.model, g, s.tokens)
+        if stage in FORWARD_STAGES:  # what early passes did not read
+            return state.cost.forward_s(p.model, g, s.tokens - s.covered.get(stage, 0))
         return state.cost.train_s(p.model, g, s.tokens)
+
+    # ---- early forward passes ---------------------------------------------------------------
+    def _early_passes(self, rnd, out) -> None:
+        """Run a forward pass over a generating step's finished trajectories on devices left
+        free this round (its home's, then devices lent for as long as its rollout is
+        projected to run). The stage's own pass after the tail then reads only the rest: the
+        step's chain shortens by what was read early, on devices that would otherwise wait
+        for the tail. The narrowest gang that ends before the rollout is projected to (a
+        pass's fixed cost is paid per device); else the widest free one, where the time it
+        is projected to run past the rollout is under ``early_overrun`` of what it takes off
+        the stage's own pass on the home gang (an early pass still running when the batch is
+        complete holds the stage back until it ends)."""
+        state, cfg = rnd.state, self.config
+        for p in state.order:
+            s = p.steps.get(p.train_next)
+            if (p.done or p.stage_running or not rnd.free or s is None or s.rewarded >= s.samples
+                    or s.gen_done < cfg.early_from * s.samples):
+                continue
+            stage = self._early_stage(p, s)
+            if stage is None:
+                continue
+            drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            home = set(rnd.share[p.name])
+            pool = [d for d in sorted(rnd.free) if d in home]
+            pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
+            if self._cost_aware(state):  # training stays on the trainer's site
+                site = trainer_site(state)
+                pool = [d for d in pool if d in site]
+            if len(pool) < rollout_tp(p, state.cost):
+                continue  # fewer devices than hold the model's weights
+            tokens = s.finished_tokens - s.covered.get(stage, 0)
+            price = lambda g: state.cost.forward_s(p.model, g, tokens)
+            g = next((g for g in range(1, len(pool) + 1) if price(g) <= drain), 0)
+            if not g:
+                saved = price(max(1, len(home))) - state.cost.f.train_stage_overhead_s
+                g = len(pool) if price(len(pool)) - drain < cfg.early_overrun * saved else 0
+            if not g:
+                continue
+            devs = tuple(self._affinity(rnd, p, pool, "train")[:g])
+            out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True))
+            rnd.free.difference_update(devs)
+
+    def _early_stage(self, p, s) -> str | None:
+        """The first forward stage (before any stage that needs the whole batch) with enough
+        finished tokens its early passes have not read."""
+        for stage in p.stages:
+            if stage not in FORWARD_STAGES:
+                return None
+            if s.finished_tokens - s.covered.get(stage, 0) >= self.config.early_chunk * max(1, s.finished_tokens):
+                return stage
+        return None
 
     def _gang(self, rnd, p) -> tuple:
         state, free = rnd.state, rnd.free

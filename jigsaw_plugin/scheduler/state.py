@@ -197,6 +197,10 @@ class StepView:
     stage_start_t: Mapping[str, float]  # stages started so far
     stage_end_t: Mapping[str, float]  # stages ended so far
     min_version: int  # oldest policy version that generated any of its tokens
+    # what early passes may read (RunStage.early): tokens of the trajectories finished so far,
+    # and per forward stage the tokens its early passes have read
+    finished_tokens: int = 0
+    covered: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,7 @@ class PipelineView:
     stage_history_s: Mapping[str, tuple[float, ...]]  # measured durations of finished stages
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
+    early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
 
     @classmethod
     def build(cls, **values) -> "PipelineView":
@@ -329,6 +334,7 @@ class SchedulerState:
     memo: Any = None  # what the policy declared at setup (Policy.setup); read-only
     classes: tuple[DeviceClassView, ...] = ()  # the pool's device classes (empty: one class, ``cost``)
     colocation: bool = False  # the executor can run two pipelines' rollout replicas on one device group
+    early_passes: bool = False  # the executor can run forward passes over finished trajectories early
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

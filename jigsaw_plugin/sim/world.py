@@ -42,6 +42,7 @@ class _StageRun:
 
 
 class World(ExecutorCore):
+    supports_early_passes = True  # forward passes over finished trajectories while the rest generate
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
 
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,

@@ -1,0 +1,130 @@
+"""Early forward passes (``RunStage(early=True)``): the executor's bookkeeping and checks,
+and the jigsaw policy's choice on a hand-built state (docs/simulator.md, "Early forward
+passes")."""
+
+from collections import defaultdict
+
+import pytest
+
+from jigsaw_plugin.core.executor import PolicyViolation
+from jigsaw_plugin.scheduler import RunStage, get_policy
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+from jigsaw_plugin.sim.engine import Simulation
+from sim_helpers import HookLog, small_workload
+from test_jigsaw_decide import _busy_with_replicas, pipeline, replica, state, step
+
+
+def _long_tail(**kw):
+    # one synchronous GRPO pipeline with a heavy tail on a pool much wider than its rollout
+    # needs at the end: the devices its rollout lets go can read finished trajectories
+    return small_workload(gpus=8, pipelines=1, prompts=16, samples=8, steps=2, agentic=(False,),
+                          algorithms=("grpo",), median=400, **kw)
+
+
+class _Probe(Jigsaw):
+    """The jigsaw policy (early passes off) that sends one RunStage of its own, built by
+    ``make(state, pipeline, step_view)``, the first time a step to train next has some
+    trajectories finished and is still generating, on the devices free then."""
+
+    def __init__(self, make, **options):
+        super().__init__(early_passes=False, **options)
+        self.make, self.sent = make, False
+
+    def decide(self, state):
+        out = super().decide(state)
+        if self.sent:
+            return out
+        taken = {d for x in out for d in getattr(x, "devices", ())}
+        free = tuple(sorted(set(state.free) - taken))
+        for p in state.order:
+            s = p.steps.get(p.train_next)
+            if free and s is not None and 0 < s.gen_done and s.rewarded < s.samples and not p.stage_running:
+                self.sent = True
+                return out + [self.make(p, s, free)]
+        return out
+
+
+def _run(policy, hooks=None, early=True):
+    sim = Simulation(_long_tail(), policy, hooks=hooks)
+    sim.world.supports_early_passes = early
+    return sim, sim.run()
+
+
+def test_every_forward_stage_reads_each_token_once_across_its_passes():
+    log = HookLog()
+    sim, result = _run(_Probe(lambda p, s, free: RunStage(p.name, p.train_next, "old_log_prob", free, False,
+                                                          early=True)), hooks=log)
+    assert result["pipelines"]["p0"]["early_passes"] == 1
+    read = defaultdict(int)
+    for kw in log.by("jigsaw_stage_start"):
+        read[(kw["step"], kw["stage"])] += kw["tokens"]
+    for k, s in sim.world.pipelines["p0"].steps.items():
+        assert read[(k, "old_log_prob")] == s.tokens  # early + own pass: the batch, once
+        assert read[(k, "ref")] == s.tokens
+    # the early pass read only trajectories finished before it started
+    first = sim.world.pipelines["p0"].steps[0]
+    assert 0 < first.covered["old_log_prob"] < first.tokens
+    starts = [kw for kw in log.by("jigsaw_stage_start") if kw["step"] == 0 and kw["stage"] == "old_log_prob"]
+    assert len(starts) == 2 and starts[0]["t"] < first.gen_end_t <= starts[1]["t"]
+
+
+def test_an_early_pass_shortens_the_stage_after_the_tail():
+    plain, _ = _run(_Probe(lambda p, s, free: RunStage(p.name, p.train_next, "ref", free, False, early=True)))
+    base, _ = _run(get_policy("jigsaw", early_passes=False))
+    s_early, s_base = plain.world.pipelines["p0"].steps[0], base.world.pipelines["p0"].steps[0]
+    own_early = s_early.stage_t["ref"][1] - s_early.stage_t["ref"][0]
+    own_base = s_base.stage_t["ref"][1] - s_base.stage_t["ref"][0]
+    assert own_early < own_base
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p, s, free: RunStage(p.name, p.train_next, "update_actor", free, False, early=True),
+     "only old_log_prob, ref"),
+    (lambda p, s, free: RunStage(p.name, p.train_next + 1, "old_log_prob", free, False, early=True),
+     "only the step to train next"),
+    (lambda p, s, free: RunStage(p.name, p.train_next, "old_log_prob", (), False, early=True), "needs devices"),
+])
+def test_bad_early_passes_are_refused_naming_what_is_allowed(make, match):
+    with pytest.raises(PolicyViolation, match=match):
+        _run(_Probe(make))
+
+
+def test_an_executor_without_the_capability_refuses_an_early_pass():
+    probe = _Probe(lambda p, s, free: RunStage(p.name, p.train_next, "old_log_prob", free, False, early=True))
+    with pytest.raises(PolicyViolation, match="capability 'early_passes'"):
+        _run(probe, early=False)
+
+
+# ---- the policy's choice on a hand-built state ------------------------------------------
+def _tail_state(done, early_passes=True, covered=None, tokens_each=750):
+    reps = [replica("p0", 1, (0,), generated=[3000], predicted=[20000])]
+    view = step(0, samples=32, done=done)
+    view = type(view)(**{**{f: getattr(view, f) for f in view.__slots__},
+                         "finished_tokens": done * tokens_each, "covered": covered or {}})
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: view})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    st = state([p0, p1], busy=_busy_with_replicas([p0]))
+    return type(st)(**{**{f: getattr(st, f) for f in st.__dataclass_fields__}, "early_passes": early_passes})
+
+
+def _early(out):
+    return [d for d in out if isinstance(d, RunStage) and d.early]
+
+
+def test_policy_reads_finished_trajectories_on_devices_the_tail_let_go():
+    out = get_policy("jigsaw", migration=False).decide(_tail_state(done=31))
+    (early,) = _early(out)
+    assert early.pipeline == "p0" and early.step == 0 and early.stage == "old_log_prob"
+    assert set(early.devices) <= {1, 2, 3}  # its home's free devices, not the tail's
+
+
+def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
+    out = get_policy("jigsaw", migration=False).decide(_tail_state(done=31, covered={"old_log_prob": 31 * 750}))
+    (early,) = _early(out)
+    assert early.stage == "ref"
+
+
+@pytest.mark.parametrize("kw", [dict(done=8), dict(done=31, early_passes=False),
+                                dict(done=31, covered={"old_log_prob": 31 * 700, "ref": 31 * 700})])
+def test_policy_sends_no_early_pass_too_soon_unsupported_or_with_little_left(kw):
+    assert not _early(get_policy("jigsaw", migration=False).decide(_tail_state(**kw)))
