@@ -274,23 +274,24 @@ consolidation (`Jigsaw._consolidate_tails`, measured by the caller of each gathe
 them at 64 / 8 and at 1024 / 32), which read the predicted drain of every live replica of
 any pipeline that had a replica with few requests, every round, to price moves of which
 about 1 in 700 was made (168 of 114,737 priced on workload (a)). It now reads less:
-a pipeline whose open steps have most of their samples still generating is not priced
-(few requests on a replica then are samples waiting on tools or on their next turn, not
-a rollout tail); a tail no sibling could take (batch or KV full, from the engines'
-reports) is not priced; a tail priced in an earlier round whose move did not pay even
-its re-prefill, and which has gained no request since, is not priced again while its
-drain, counted down by the time since, stays under half of that (the policy's memory of
-its own pricing). `_price_move` takes a tail's request count and KV use from the
+a multi-turn pipeline whose open steps have most of their samples still generating is
+not priced (few requests on a replica then are samples waiting on tools or on their next
+turn, not a rollout tail); a tail no sibling could take (batch or KV full, from the
+engines' reports) is not priced. `_price_move` takes a tail's request count and KV use from the
 engine's report instead of building its request views, and prices the re-prefill before
 the two decode-step times (a step never gets faster with more sequences or KV: the same
 answer, tested against the full pricing). In the state build, a migrated request keeps
 the prediction it had on the replica it left instead of being asked again with its GRPO
 group, and the history predictor's empirical step visits only the turn bins present
-(same values). Decisions change; bundled workloads under jigsaw, seed 0, makespan before
--> after: (a) 2044.62 -> 2038.06 s, (c) 1701.09 -> 1701.77 s, (d) 1861.13 -> 1858.26 s,
-(e) 3351.32 -> 3352.28 s, (f) 2172.96 -> 2173.41 s. Tried and not kept (worse than
-0.3% on (a)): asking a new turn alone, without its running siblings (2070.1 s); carrying
-the rows of replicas of fewer than 64 requests (2057.2 s). One invocation's figures move
+(same values). Tried and not kept: asking a new turn alone, without its running siblings
+((a) 2070.1 s against 2038.1 s); carrying the rows of replicas of fewer than 64 requests
+(2057.2 s); a memory on the policy of tails found too short to pay, not priced again
+until they gain a request (it made the policy stateful across rounds, and with early
+forward passes (a) took 2104.8 s against 2047.3 s); skipping single-turn pipelines with
+most samples still generating too (a two-server rollout of four requests was then never
+consolidated). This build's policy also runs early forward passes (docs/simulator.md),
+whose choice is part of the policy's time here. The makespans of the bundled workloads
+under this build are in the policies block above. One invocation's figures move
 by 10-30% with the shared machine's load from run to run: the medians of alternated
 repeats under the tables are the comparison.
 
