@@ -759,8 +759,10 @@ class Jigsaw(Policy):
                     or s.gen_done < cfg.early_from * s.samples):
                 continue
             stage = self._early_stage(p, s)
-            if stage is None:
+            tp = rollout_tp(p, state.cost)
+            if stage is None or len(rnd.free) < tp or not self._in_tail(p):
                 continue
+            # the rollout's projected end reads its requests' predictions: only now
             drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
             home = set(rnd.share[p.name])
             pool = [d for d in sorted(rnd.free) if d in home]
@@ -768,7 +770,7 @@ class Jigsaw(Policy):
             if self._cost_aware(state):  # training stays on the trainer's site
                 site = trainer_site(state)
                 pool = [d for d in pool if d in site]
-            if len(pool) < rollout_tp(p, state.cost):
+            if len(pool) < tp:
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
             price = lambda g: state.cost.forward_s(p.model, g, tokens)
@@ -781,6 +783,11 @@ class Jigsaw(Policy):
             devs = tuple(self._affinity(rnd, p, pool, "train")[:g])
             out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True))
             rnd.free.difference_update(devs)
+
+    def _in_tail(self, p) -> bool:
+        """The rollout is down to its tail (the engines' loads say so): ``widen_requests``
+        or fewer requests in all, the devices of the rest free from here on."""
+        return sum(r.load for r in p.replicas if not r.retiring) + p.pending <= self.config.widen_requests
 
     def _early_stage(self, p, s) -> str | None:
         """The first forward stage (before any stage that needs the whole batch) with enough
