@@ -343,7 +343,7 @@ def _load_results(path: str, flag: str) -> dict:
 
 
 def repeats_table(before: list, after: list) -> str:
-    """Medians over alternated repeats (earlier build, then this one, run after run) of the
+    """Medians over repeats (earlier build, then this one, best alternated run after run) of the
     incremental build's figures per case: one pair is at the mercy of the shared machine's
     load; the medians of several are the comparison."""
     import numpy as np
@@ -366,8 +366,9 @@ def repeats_table(before: list, after: list) -> str:
                     + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
                     + [f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
     loads = ", ".join(d.get("load_before", "?").split()[0] for d in before + after)
-    return (f"\nMedians over alternated repeats (each run one invocation as above, the earlier build's first; "
-            f"1-minute load averages at their starts: {loads}):\n\n"
+    return (f"\nMedians over repeats of each build (each run one invocation as above, the earlier build's "
+            f"runs first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a run "
+            f"by 10-30%, so the two are side by side only where the loads are alike):\n\n"
             + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
                         "decision p50 us", "decision p99 us", "state p50 / policy p50"], rows)
             + "\n")
