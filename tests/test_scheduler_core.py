@@ -222,4 +222,8 @@ def test_no_policy_beats_the_makespan_lower_bound():
                      g["weight_sync_device_s"]]
             assert min(parts) >= -1e-6 * g["gap_device_s"], (name, g)
             assert sum(parts) == pytest.approx(g["gap_device_s"])
+            # the idle device-seconds, placed by gap length and by what came before and after
+            idle = r["idle_gaps"]
+            assert sum(idle["by_length_s"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
+            assert sum(idle["by_transition"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
             assert r["active_samples_per_s"] > 0

@@ -32,7 +32,10 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["Bounds", "compute_bounds", "gap_breakdown"]
+__all__ = ["Bounds", "compute_bounds", "gap_breakdown", "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S"]
+
+#: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
+IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
 
 _TP = (1, 2, 4, 8)
 
@@ -132,3 +135,41 @@ def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
     gap = total - bounds.ideal_device_s
     return {**parts, "gap_device_s": gap,
             "fractions": {k.removesuffix("_device_s"): (v / gap if gap > 0 else 0.0) for k, v in parts.items()}}
+
+
+def idle_gaps(ex, makespan: float) -> dict:
+    """Where the idle device-seconds of ``gap_breakdown`` lie, from the executor's per-device
+    record: by the length of each idle gap (a device's time between two tasks, or before
+    its first and after its last), and by what the device did before and after it (a task's
+    category: ``rollout``, ``weight_sync`` or a training stage; ``start`` / ``end`` of the
+    run). Short gaps between a task and the next are waits on a boundary (a micro-batch, a
+    tail's end); long ones are devices no work could use."""
+    per: dict[int, list] = {}
+    for _, category, devices, start, end in ex.trace:
+        for d in devices:
+            per.setdefault(d, []).append((start, end, category))
+    by_length = {idle_gap_label(e): 0.0 for e in IDLE_GAP_EDGES_S}
+    by_transition: dict[str, float] = {}
+
+    def add(gap: float, before: str, after: str) -> None:
+        if gap <= 1e-9:
+            return
+        label = idle_gap_label(next(e for e in IDLE_GAP_EDGES_S if gap <= e))
+        by_length[label] += gap
+        key = f"{before}->{after}"
+        by_transition[key] = by_transition.get(key, 0.0) + gap
+
+    for d in range(ex.gpus):
+        t, before = 0.0, "start"
+        for start, end, category in sorted(per.get(d, ())):
+            add(start - t, before, category)
+            if end >= t:
+                t, before = end, category
+        add(makespan - t, before, "end")
+    return {"by_length_s": by_length,
+            "by_transition": dict(sorted(by_transition.items(), key=lambda kv: -kv[1]))}
+
+
+def idle_gap_label(edge: float) -> str:
+    """The name of the idle-gap length class whose upper edge is ``edge`` seconds."""
+    return "over 100" if edge == float("inf") else f"<= {edge:g}"

@@ -125,7 +125,7 @@ def cost_result(ex, makespan: float, samples: int) -> dict:
 
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
-    from jigsaw_plugin.core.bounds import compute_bounds, gap_breakdown
+    from jigsaw_plugin.core.bounds import compute_bounds, gap_breakdown, idle_gaps
 
     versions = getattr(ex, "sample_versions", None)
     pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None)
@@ -150,6 +150,7 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
         "effective_utilisation": bounds.ideal_device_s / (gpus * makespan) if makespan > 0 else 0.0,
         "bounds": bounds.as_dict(),
         "gap_breakdown": gap_breakdown(ex, bounds, makespan),
+        "idle_gaps": idle_gaps(ex, makespan),
         "active_samples_per_s": _active_samples_per_s(ex),
         "pipelines": pipes,
         "predictor": ex.prediction_log.summary(ex.predictor_name),
