@@ -11,7 +11,7 @@ from jigsaw_plugin.scheduler import RunStage, get_policy
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.sim.engine import Simulation
 from sim_helpers import HookLog, small_workload
-from test_jigsaw_decide import _busy_with_replicas, pipeline, replica, state, step
+from test_jigsaw_decide import COST, MODEL, _busy_with_replicas, pipeline, replica, state, step
 
 
 def _long_tail(**kw):
@@ -77,7 +77,19 @@ def test_an_early_pass_shortens_the_stage_after_the_tail():
     assert own_early < own_base
 
 
+def test_an_early_pass_reads_at_most_its_tokens():
+    log = HookLog()
+    sim, _ = _run(_Probe(lambda p, s, free: RunStage(p.name, p.train_next, "old_log_prob", free, False,
+                                                     early=True, tokens=1000)), hooks=log)
+    first = sim.world.pipelines["p0"].steps[0]
+    assert first.covered["old_log_prob"] == 1000
+    read = sum(kw["tokens"] for kw in log.by("jigsaw_stage_start") if kw["step"] == 0 and kw["stage"] == "old_log_prob")
+    assert read == first.tokens
+
+
 @pytest.mark.parametrize("make, match", [
+    (lambda p, s, free: RunStage(p.name, p.train_next, "old_log_prob", free, False, early=True, tokens=-5),
+     "RunStage.tokens=-5"),
     (lambda p, s, free: RunStage(p.name, p.train_next, "update_actor", free, False, early=True),
      "only old_log_prob, ref"),
     (lambda p, s, free: RunStage(p.name, p.train_next + 1, "old_log_prob", free, False, early=True),
@@ -96,14 +108,20 @@ def test_an_executor_without_the_capability_refuses_an_early_pass():
 
 
 # ---- the policy's choice on a hand-built state ------------------------------------------
-def _tail_state(done, early_passes=True, covered=None, tokens_each=750):
-    reps = [replica("p0", 1, (0,), generated=[3000], predicted=[20000])]
-    view = step(0, samples=32, done=done)
-    view = type(view)(**{**{f: getattr(view, f) for f in view.__slots__},
+def _tail_state(done, early_passes=True, covered=None, tokens_each=750, started=(300.0, 200.0), left=20000):
+    """p0 generates step 1, its rollout down to one replica on device 0 (devices 1-3 of its
+    home free); p1 waits for its step 1. ``started``: when each started its step 1, after
+    one step each: the later one is on the job set's critical path at its observed pace."""
+    reps = [replica("p0", 1, (0,), generated=[3000], predicted=[left])]
+    view = step(1, samples=32, done=done)
+    view = type(view)(**{**{f: getattr(view, f) for f in view.__slots__}, "gen_start_t": started[0],
                          "finished_tokens": done * tokens_each, "covered": covered or {}})
-    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: view})
-    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
-    st = state([p0, p1], busy=_busy_with_replicas([p0]))
+    other = step(1)
+    other = type(other)(**{**{f: getattr(other, f) for f in other.__slots__}, "gen_start_t": started[1]})
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=2, train_next=1, version=1, generating=True,
+                  steps={1: view})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: other})
+    st = state([p0, p1], busy=_busy_with_replicas([p0]), t=max(started) + 30.0)
     return type(st)(**{**{f: getattr(st, f) for f in st.__dataclass_fields__}, "early_passes": early_passes})
 
 
@@ -114,8 +132,18 @@ def _early(out):
 def test_policy_reads_finished_trajectories_on_devices_the_tail_let_go():
     out = get_policy("jigsaw", migration=False).decide(_tail_state(done=31))
     (early,) = _early(out)
-    assert early.pipeline == "p0" and early.step == 0 and early.stage == "old_log_prob"
+    assert early.pipeline == "p0" and early.step == 1 and early.stage == "old_log_prob"
     assert set(early.devices) <= {1, 2, 3}  # its home's free devices, not the tail's
+
+
+def test_policy_reads_what_the_free_devices_can_before_the_tail_ends():
+    # a hundred times the finished tokens and a short tail: no free gang reads them all
+    # before the tail's projected end, so the pass reads a part of them, ending by then
+    st = _tail_state(done=31, tokens_each=75000, left=2000)
+    (early,) = _early(get_policy("jigsaw", migration=False).decide(st))
+    assert len(early.devices) == 3 and 0 < early.tokens < 31 * 75000
+    drain = max(r.predicted_drain_s() for r in st.order[0].replicas)
+    assert COST.forward_s(MODEL, len(early.devices), early.tokens) <= drain * 1.01
 
 
 def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
@@ -125,6 +153,7 @@ def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
 
 
 @pytest.mark.parametrize("kw", [dict(done=8), dict(done=31, early_passes=False),
-                                dict(done=31, covered={"old_log_prob": 31 * 700, "ref": 31 * 700})])
-def test_policy_sends_no_early_pass_too_soon_unsupported_or_with_little_left(kw):
+                                dict(done=31, covered={"old_log_prob": 31 * 700, "ref": 31 * 700}),
+                                dict(done=31, started=(200.0, 300.0))])
+def test_policy_sends_no_early_pass_too_soon_unsupported_with_little_left_or_off_the_critical_path(kw):
     assert not _early(get_policy("jigsaw", migration=False).decide(_tail_state(**kw)))

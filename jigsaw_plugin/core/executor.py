@@ -361,6 +361,11 @@ class ExecutorCore:
         tokens = s.finished_tokens - s.covered.get(d.stage, 0)
         if tokens <= 0:
             raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step}: no finished trajectory left to read")
+        if isinstance(d.tokens, bool) or not isinstance(d.tokens, int) or d.tokens < 0:
+            raise PolicyViolation(f"{p.name}: early {d.stage}: RunStage.tokens={d.tokens!r}; allowed: an integer >= 0 "
+                                  f"(0: every finished token not read yet)")
+        if d.tokens:
+            tokens = min(tokens, d.tokens)
         devices = tuple(d.devices)
         if not devices:
             raise PolicyViolation(f"{p.name}: early {d.stage} needs devices")

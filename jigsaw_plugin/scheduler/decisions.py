@@ -92,8 +92,9 @@ class RunStage:
 
     ``early``: a forward pass (log-prob, reference, values) over the trajectories of step
     ``step`` that have finished so far, while the rest still generate (an early pass; the
-    stage's own pass later reads only what no early pass covered). Only for executors whose
-    state says ``early_passes`` (docs/simulator.md, "Early forward passes").
+    stage's own pass later reads only what no early pass covered), reading at most
+    ``tokens`` of them (0: all). Only for executors whose state says ``early_passes``
+    (docs/simulator.md, "Early forward passes").
     """
 
     pipeline: str
@@ -102,6 +103,7 @@ class RunStage:
     devices: tuple
     colocated: bool = True
     early: bool = False
+    tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ class JigsawConfig:
     early_passes: bool = True
     early_from: float = 0.5  # ... once this fraction of the step's trajectories has finished
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
-    early_overrun: float = 0.5  # a pass may end after the tail by this fraction of what it saves
+    early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
     # learner fed within the staleness bound, training on the trainer's site; no-op on one class
@@ -745,13 +745,14 @@ class Jigsaw(Policy):
     def _early_passes(self, rnd, out) -> None:
         """Run a forward pass over a generating step's finished trajectories on devices left
         free this round (its home's, then devices lent for as long as its rollout is
-        projected to run). The stage's own pass after the tail then reads only the rest: the
-        step's chain shortens by what was read early, on devices that would otherwise wait
-        for the tail. The narrowest gang that ends before the rollout is projected to (a
-        pass's fixed cost is paid per device); else the widest free one, where the time it
-        is projected to run past the rollout is under ``early_overrun`` of what it takes off
-        the stage's own pass on the home gang (an early pass still running when the batch is
-        complete holds the stage back until it ends)."""
+        projected to run), once the rollout is down to its tail, for a pipeline on the job
+        set's critical path at its observed pace. The stage's own pass after the tail then
+        reads only the rest: the step's chain shortens by what was read early, on devices
+        that would otherwise wait for the tail. The narrowest gang that reads all the
+        finished tokens before the rollout is projected to end; else every free device,
+        reading what it can by then (a pass still running when the batch is complete would
+        hold the stage back), if that is at least ``early_min_fixed`` times the pass's
+        fixed cost."""
         state, cfg = rnd.state, self.config
         for p in state.order:
             s = p.steps.get(p.train_next)
@@ -762,6 +763,10 @@ class Jigsaw(Policy):
             tp = rollout_tp(p, state.cost)
             if stage is None or len(rnd.free) < tp or not self._in_tail(p):
                 continue
+            if not self._paced_critical(rnd, p):
+                continue  # a pipeline off the critical path would take devices the critical one could use
+            if s.samples - s.gen_done > p.load():
+                continue  # trajectories in tool calls come back for their next turn: not a tail
             # the rollout's projected end reads its requests' predictions: only now
             drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
             home = set(rnd.share[p.name])
@@ -773,16 +778,40 @@ class Jigsaw(Policy):
             if len(pool) < tp:
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
-            price = lambda g: state.cost.forward_s(p.model, g, tokens)
-            g = next((g for g in range(1, len(pool) + 1) if price(g) <= drain), 0)
+            price = lambda g, n: state.cost.forward_s(p.model, g, n)
+            fixed = state.cost.f.train_stage_overhead_s
+            # the narrowest gang that reads them all before the rollout is projected to end
+            # (a pass's fixed cost is paid per device); else all free devices, reading what
+            # they can by then (a pass still running when the batch is complete would hold
+            # the stage back), if that is worth a pass's fixed cost
+            g = next((g for g in range(1, len(pool) + 1) if price(g, tokens) <= drain), 0)
+            chunk = tokens
             if not g:
-                saved = price(max(1, len(home))) - state.cost.f.train_stage_overhead_s
-                g = len(pool) if price(len(pool)) - drain < cfg.early_overrun * saved else 0
-            if not g:
-                continue
+                g = len(pool)
+                chunk = int(tokens * (drain - fixed) / max(1e-9, price(g, tokens) - fixed))
+                if chunk <= 0 or price(g, chunk) - fixed < cfg.early_min_fixed * fixed:
+                    continue
             devs = tuple(self._affinity(rnd, p, pool, "train")[:g])
-            out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True))
+            out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True,
+                                tokens=0 if chunk >= tokens else chunk))
             rnd.free.difference_update(devs)
+
+    def _paced_finish_t(self, p) -> float | None:
+        """When ``p`` is projected to finish its run at the pace of its steps so far (the
+        wall time its finished steps took, observed; None before its first step ends)."""
+        s = p.steps.get(p.train_next)
+        if p.done or p.train_next == 0 or s is None:
+            return None
+        return s.gen_start_t * p.total_steps / p.train_next
+
+    def _paced_critical(self, rnd, p) -> bool:
+        """``p`` is projected, at its observed pace, to finish within ``latency_slack`` of
+        the last of the pipelines: its chain is the job set's makespan."""
+        mine = self._paced_finish_t(p)
+        if mine is None:
+            return False
+        last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None), default=mine)
+        return mine >= (1 - self.config.latency_slack) * last
 
     def _in_tail(self, p) -> bool:
         """The rollout is down to its tail (the engines' loads say so): ``widen_requests``
