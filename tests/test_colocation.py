@@ -3,12 +3,10 @@ simulator carrying out a co-located launch, and the clear errors of bad ones."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import LaunchReplica, get_policy
 from jigsaw_plugin.scheduler.colocation import colocated_step_s, plan_colocations, split_kv
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw, JigsawMemo
@@ -18,13 +16,13 @@ from jigsaw_plugin.scheduler.state import (
     LengthSummary,
     PipelineView,
     ReplicaView,
-    RequestView,
     SchedulerState,
     StepView,
 )
 from jigsaw_plugin.sim import Simulation
 from jigsaw_plugin.sim.world import PolicyViolation
 from sim_helpers import device_overlaps, small_workload
+from test_jigsaw_decide import _Requests
 
 COST = CostModel(hardware_profile("h100"))
 SMALL = model_profile("qwen2.5-1.5b")  # a tail's step is mostly fixed overhead: sharing is nearly free
@@ -67,19 +65,6 @@ def test_kv_split_shares_the_room_both_weights_leave():
 # ---- the policy on hand-built states ---------------------------------------------------------
 SPECS = small_workload(gpus=12, pipelines=3, prompts=8, samples=4, algorithms=("grpo",) * 3,
                        agentic=(False,), modes=("sync",) * 3, staleness=(0,) * 3).pipelines
-
-
-class _Requests:
-    def __init__(self, name, replica, generated, predicted):
-        self.pred = np.asarray(predicted, float)
-        self.rows = tuple(RequestView(RequestId(name, 0, i, 0), i // 4, None, 200, g, 4096, 10.0, replica, False, p)
-                          for i, (g, p) in enumerate(zip(generated, predicted)))
-
-    def predicted(self):
-        return self.pred
-
-    def views(self):
-        return self.rows
 
 
 def _replica(model, name, rid, devices, n, left):
