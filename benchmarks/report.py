@@ -170,12 +170,16 @@ Every jigsaw figure above is measured with the default length predictor: the pol
 tokens generated so far and predicts what remains (docs/predictor.md); the "ORACLE
 lengths" column shows what exact lengths would add. The bound table says how far any
 policy could go on the cost model. Ablation columns: "no borrow" switches off rollout
-replicas on other pipelines' spare devices; "with loans" switches on micro-batch loans
-(running stages growing onto lent devices at micro-batch boundaries, owners reclaiming),
-"with priority" whole-run completion priority, "with balance" makespan-aware shares (each
-round the pool re-apportioned so the pipelines are projected to finish together). All three
-are built, unit-tested and off by default because these runs measured them slower or mixed
-across the workloads (docs/simulator.md).
+replicas on other pipelines' spare devices; "no early_passes" switches off forward passes
+over a step's finished trajectories while its tail decodes (docs/simulator.md, "Early
+forward passes"; on (b) its effect moves with the seed: on / off 2114.6 / 2085.4 s at seed 0,
+2118.6 / 2149.8 at seed 1, 2155.9 / 2072.0 at seed 2); "with loans" switches on micro-batch
+loans (running stages growing onto lent devices at micro-batch boundaries, owners
+reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
+shares (each round the pool re-apportioned so the pipelines are projected to finish
+together), "with colocate" two pipelines' tail replicas on one device with the KV cache
+split (docs/colocation.md). These four are built, unit-tested and off by default because
+these runs measured them slower or mixed across the workloads (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)
 
