@@ -256,3 +256,31 @@ def test_balance_gives_a_ready_stage_the_devices_of_a_pipeline_near_its_end():
     on = [d for d in get_policy("jigsaw", migration=False, balance=True, min_share=0.5).decide(st) if isinstance(d, RunStage)]
     assert off and set(off[0].devices) == {0, 1, 2, 3}
     assert on and {0, 1, 2, 3} < set(on[0].devices) and 4 not in on[0].devices
+
+
+def _paced(view, started):
+    return type(view)(**{**{f: getattr(view, f) for f in view.__slots__}, "gen_start_t": started})
+
+
+def _critical_gang_state(p0_started, p1_started):
+    """p0's step 1 is ready to train on its idle home (0-3); p1 generates its step 1 on
+    devices 4-5, its rollout about to end (it wants 6-7 back at once)."""
+    ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=32 * 900), p0_started)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, steps={1: ready})
+    reps = [replica("p1", 1, (4,), generated=[100], predicted=[20]), replica("p1", 2, (5,), generated=[100],
+                                                                            predicted=[20])]
+    p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=2, train_next=1, version=1, generating=True,
+                  steps={1: _paced(step(1, samples=32, done=30), p1_started)})
+    return state([p0, p1], busy=_busy_with_replicas([p1]), t=max(p0_started, p1_started) + 60.0)
+
+
+def test_a_critical_pipelines_gang_takes_devices_an_owner_with_slack_wants_back():
+    # p0 took 300 s for its first step, p1 100 s: p0 is projected last, p1 has slack
+    stage = [d for d in get_policy("jigsaw").decide(_critical_gang_state(300.0, 100.0)) if isinstance(d, RunStage)]
+    assert stage and set(stage[0].devices) == {0, 1, 2, 3, 6, 7}
+    # switched off, or when the owner is the critical one, p1 keeps them
+    off = [d for d in get_policy("jigsaw", lend_to_critical=False).decide(_critical_gang_state(300.0, 100.0))
+           if isinstance(d, RunStage)]
+    assert off and set(off[0].devices) == {0, 1, 2, 3}
+    swapped = [d for d in get_policy("jigsaw").decide(_critical_gang_state(100.0, 300.0)) if isinstance(d, RunStage)]
+    assert swapped and set(swapped[0].devices) == {0, 1, 2, 3}

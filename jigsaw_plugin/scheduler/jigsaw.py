@@ -83,6 +83,10 @@ class JigsawConfig:
     # running stages grow onto lent devices at micro-batch boundaries; owners reclaim. Off by
     # default: on the bundled workloads it gained 1% on (a), lost 1.5% on (d) and 15% on (c)
     loans: bool = False
+    # a critical pipeline's training gang (projected last at the pipelines' observed paces)
+    # may take free devices of owners off the critical path even when they want them back
+    # soon: they wait, the makespan does not (docs/simulator.md)
+    lend_to_critical: bool = True
     # makespan-aware shares: each round, the pool is re-apportioned among the unfinished
     # pipelines so that they are projected to finish together (their remaining work that
     # spreads over devices, plus each step's longest response that does not), never below
@@ -476,13 +480,17 @@ class Jigsaw(Policy):
             return True
         return (self._may_start_gen(o) and not o.generating) or o.pending > 0
 
-    def _lendable(self, rnd, p, duration) -> list:
-        """Free devices outside ``p``'s home whose owners can spare them for ``duration``."""
+    def _lendable(self, rnd, p, duration, training: bool = False) -> list:
+        """Free devices outside ``p``'s home whose owners can spare them for ``duration``;
+        for a ``training`` gang of a pipeline on the job set's critical path at its observed
+        pace (``lend_to_critical``), also devices of owners off it, however soon they want
+        them back: such an owner has slack, the borrower sets the makespan."""
         if not self.config.multiplex:
             return []
         state = rnd.state
         mine = set(rnd.share[p.name])
         out = []
+        critical = training and self.config.lend_to_critical and self._paced_critical(rnd, p)
         for d in sorted(rnd.free):
             if d in mine:
                 continue
@@ -490,6 +498,8 @@ class Jigsaw(Policy):
             if owner is None:
                 out.append(d)
             elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
+                out.append(d)
+            elif critical and not self._paced_critical(rnd, state.pipelines[owner]):
                 out.append(d)
         return out
 
@@ -843,7 +853,7 @@ class Jigsaw(Policy):
         # at a boundary; without, it must outlast the whole stage
         g_est = max(1, len(home))
         duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
-        lent = self._lendable(rnd, p, duration)
+        lent = self._lendable(rnd, p, duration, training=True)
         if self._cost_aware(state):  # training stays on the trainer's site
             site = trainer_site(state)
             home, lent = [d for d in home if d in site], [d for d in lent if d in site]
