@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, STAGES_BY_ALGORITHM  # noqa: F401  (re-exported)
+from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM, early_stages  # noqa: F401  (re-exported)
 
 __all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun", "ObservedLengths", "static_shares",
            "build_pipelines", "sample_tokens"]
@@ -95,14 +95,8 @@ class PipelineRun:
         return sum(r.load for r in self.replicas) + len(self.pending)
 
     def early_stages(self) -> tuple[str, ...]:
-        """The stages an early pass may run: the forward passes before the first stage that
-        needs the whole batch (advantages, updates). None of them changes a weight."""
-        out = []
-        for stage in self.stages:
-            if stage not in FORWARD_STAGES:
-                break
-            out.append(stage)
-        return tuple(out)
+        """The stages an early pass may run (``algorithms.early_stages``)."""
+        return early_stages(self.stages)
 
 
 def sample_tokens(samples) -> tuple[int, int]:

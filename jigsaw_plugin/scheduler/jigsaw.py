@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -204,7 +204,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share")
+                 "share", "paced_last")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -215,6 +215,7 @@ class _Round:
         self.need: dict[str, float] = {}  # owner -> seconds until it wants its home back
         self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
         self.critical_s: float | None = None
+        self.paced_last: float | None = None  # the latest projected finish at observed paces
         self.resized: dict[str, tuple] = {}  # pipeline -> devices a ResizeStage of this round gives its stage
         self.gone: set = set()  # replicas this round retires or empties: no request may move to them
 
@@ -820,8 +821,10 @@ class Jigsaw(Policy):
         mine = self._paced_finish_t(p)
         if mine is None:
             return False
-        last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None), default=mine)
-        return mine >= (1 - self.config.latency_slack) * last
+        if rnd.paced_last is None:  # once a round: _lendable asks for every free device's owner
+            rnd.paced_last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None),
+                                 default=0.0)
+        return mine >= (1 - self.config.latency_slack) * rnd.paced_last
 
     def _in_tail(self, p) -> bool:
         """The rollout is down to its tail (the engines' loads say so): ``widen_requests``
@@ -831,9 +834,7 @@ class Jigsaw(Policy):
     def _early_stage(self, p, s) -> str | None:
         """The first forward stage (before any stage that needs the whole batch) with enough
         finished tokens its early passes have not read."""
-        for stage in p.stages:
-            if stage not in FORWARD_STAGES:
-                return None
+        for stage in early_stages(p.stages):
             if s.finished_tokens - s.covered.get(stage, 0) >= self.config.early_chunk * max(1, s.finished_tokens):
                 return stage
         return None

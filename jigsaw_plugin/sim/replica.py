@@ -19,8 +19,8 @@ import numpy as np
 
 from jigsaw_plugin.core.snapshot import ReplicaObs, RequestColumns
 from jigsaw_plugin.costmodel import CostModel, ModelProfile
+from jigsaw_plugin.costmodel.colocation import colocated_step_s
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.scheduler.colocation import colocated_step_s
 
 __all__ = ["Request", "Replica", "SEGMENT_STEPS"]
 

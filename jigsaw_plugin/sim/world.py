@@ -12,10 +12,9 @@ Device classes (``sim.devices``) price each device by its class; preemptions
 
 from __future__ import annotations
 
-import dataclasses
-
 from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun
+from jigsaw_plugin.costmodel.colocation import split_kv
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask, RunningStageView
@@ -192,15 +191,8 @@ class World(ExecutorCore):
             self._migrate(Migrate(rid, rep.id))
 
     # ---- co-location (docs/colocation.md) -------------------------------------------------
-    def snapshot(self):
-        """The state, saying that this executor can co-locate (``SchedulerState.colocation``)."""
-        state = super().snapshot()
-        return dataclasses.replace(state, colocation=True) if self.supports_colocation else state
-
     def _check_colocation(self, d: LaunchReplica, p: PipelineRun, devices: tuple):
         """Validate a co-located launch; returns the host replica and the KV split."""
-        from jigsaw_plugin.scheduler.colocation import split_kv
-
         host = self.replicas.get(d.colocate_with)
         if host is None:
             raise PolicyViolation(f"LaunchReplica.colocate_with: replica {d.colocate_with} does not exist; "
