@@ -41,6 +41,9 @@ class ExecutorCore:
     # forward passes over a step's finished trajectories while the rest generate
     # (RunStage.early; SchedulerState.early_passes): an executor that runs them says so
     supports_early_passes = False
+    # a LaunchReplica whose devices include those of the replicas it absorbs: they stop, and
+    # their requests resume on the new, wider replica (re-shard in place; SchedulerState.reshard_in_place)
+    supports_reshard_in_place = False
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
@@ -198,6 +201,13 @@ class ExecutorCore:
                     f"{type(self).__name__} cannot co-locate rollout replicas (capability 'colocation'): "
                     f"LaunchReplica.colocate_with={d.colocate_with} is for executors whose state says "
                     f"colocation=True (the simulator)")
+            if d.absorb and not self.supports_reshard_in_place:
+                held = {x for rid in d.absorb if (r := self.replicas.get(rid)) is not None for x in r.devices}
+                if held & set(d.devices):
+                    raise PolicyViolation(
+                        f"{type(self).__name__} cannot re-shard a replica in place (capability 'reshard_in_place'): "
+                        f"LaunchReplica.devices {tuple(d.devices)} overlap the absorbed replicas' devices "
+                        f"{tuple(sorted(held))}; allowed here: free devices only")
             self._launch(d)
         elif isinstance(d, RetireReplica):
             rep = self.replicas.get(d.replica)

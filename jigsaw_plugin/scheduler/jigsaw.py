@@ -106,6 +106,7 @@ class JigsawConfig:
     spread_cost: float = 1.15  # replicas decode at the smallest batch whose token costs <= this x ideal
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
+    reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
     colocate: bool = False  # move a tail onto another pipeline's tail replica's devices where it pays (docs/colocation.md)
     # forward passes (log-prob, reference, values) over a step's finished trajectories on
     # devices its rollout no longer needs, while the tail still generates: the stage's own
@@ -167,6 +168,17 @@ def finish_together(left: dict, total: int) -> dict:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if need(mid) > total else (lo, mid)
     return {k: (busy[k][0] / (hi - busy[k][1]) if k in busy else 0.0) for k in left}
+
+
+def _balanced_groups(replicas: list, k: int) -> list:
+    """``replicas`` in ``k`` groups of near-equal load (largest first onto the lightest)."""
+    groups = [[] for _ in range(k)]
+    loads = [0] * k
+    for r in sorted(replicas, key=lambda r: (-r.load, r.id)):
+        j = loads.index(min(loads))
+        groups[j].append(r)
+        loads[j] += r.load
+    return [g for g in groups if g]
 
 
 def assign_devices(static: dict, counts: dict, node_of: list) -> dict:
@@ -673,17 +685,19 @@ class Jigsaw(Policy):
         return best
 
     def _widen_tails(self, rnd, out) -> None:
-        """Re-shard a critical pipeline's rollout tail onto one wider tensor-parallel replica.
+        """Re-shard a rollout tail onto wider tensor-parallel replicas.
 
-        A tail decodes a few long requests at batch 1-16, where a step is bound by reading
+        A tail decodes a few long requests at small batches, where a step is bound by reading
         the weights: splitting them over more devices cuts the per-token time, which is the
-        pipeline's critical path, at a device-second price. Paid only by a pipeline on the
-        job set's critical path, when its projected end of generation moves earlier by more
-        than ``latency_slack`` after the weight load and the re-prefill; the wider replica
-        goes on any node with enough free devices its owners can spare.
+        pipeline's critical path, at a device-second price. The tail's replicas are grouped
+        into ``k`` groups, each absorbed by one replica of width ``w`` (a wider one, or as
+        wide but fewer requests each); the plan whose projected end of generation is
+        earliest is taken when it beats the current one by more than ``latency_slack``
+        after the weight load and the re-prefill. The new replicas go on devices the
+        pipeline's home has free, devices whose owners can spare them for that long, and
+        (``reshard_in_place``, where the executor can) the tail's own devices.
         """
         state = rnd.state
-        cost = state.cost
         for p in state.order:
             # replicas retired earlier in this round have their devices back in ``free``
             live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
@@ -694,33 +708,62 @@ class Jigsaw(Policy):
                 continue
             if self.config.priority and self._completion_s(rnd, p) < (1 - self.config.latency_slack) * self._critical_s(rnd):
                 continue  # not on the critical path: the devices are worth more elsewhere
-            width = max(r.tp for r in live)
-            ctx = sum(r.kv_tokens for rep in live for r in rep.requests)
-            left = max(rep.predicted_tokens_left for rep in live)
             now_end = max(r.predicted_drain_s() for r in live)
             pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
                 pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
-            best = None
-            w = 2 * width
-            while w <= min(state.gpus_per_node, self.config.max_widen):
-                devs = self._node_group(rnd, p, pool, w)
-                if not devs:
-                    break
-                switch = cost.context_switch_s(p.model, w, train_state=False)
-                end = (switch + cost.migration_s(p.model, w, ctx)
-                       + left * cost.decode_step_s(p.model, w, load, ctx + load * left / 2))
-                if end < now_end * (1 - self.config.latency_slack) and (best is None or end < best[0]):
-                    best = (end, devs)
-                w *= 2
+            critical = self._near_critical(rnd, p)
+            in_place = self.config.reshard_in_place and state.reshard_in_place and critical
+            best = self._widen_plan(rnd, p, live, pool, in_place, now_end * (1 - self.config.latency_slack),
+                                    spread=critical)
             if best is None:
                 continue
-            devs = best[1]
-            out.append(LaunchReplica(p.name, devs, absorb=tuple(r.id for r in live)))
-            rnd.gone.update(r.id for r in live)
-            rnd.free.difference_update(devs)
-            for r in live:
-                rnd.free.update(r.devices)
+            for devs, group in best:
+                out.append(LaunchReplica(p.name, devs, absorb=tuple(r.id for r in group)))
+                rnd.gone.update(r.id for r in group)
+                for r in group:
+                    rnd.free.update(r.devices)
+                rnd.free.difference_update(devs)  # after: a re-shard in place takes some of them
+
+    def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True):
+        """The fastest re-shard of ``live`` ending before ``beat`` seconds from now: a list of
+        (devices, absorbed replicas), one per new replica, or None."""
+        state, cost = rnd.state, rnd.state.cost
+        width = max(r.tp for r in live)
+        ctx = {r.id: sum(q.kv_tokens for q in r.requests) for r in live}
+        top = min(state.gpus_per_node, self.config.max_widen)
+        best, best_key = None, None
+        w = width
+        while w <= top:
+            for k in range(1, (len(live) if spread else 1) + 1):
+                if w == width and k >= len(live):
+                    break  # as wide and as many: no change
+                groups = _balanced_groups(live, k)
+                plan, taken, end = [], set(), 0.0
+                spare = [d for d in pool if d not in taken]
+                for j, group in enumerate(groups):
+                    # free devices, and the devices of replicas absorbed by this or an earlier group
+                    own = [d for g in groups[:j + 1] for r in g for d in r.devices] if in_place else []
+                    avail = [d for d in spare + own if d not in taken]
+                    devs = self._node_group(rnd, p, avail, w)
+                    if not devs:
+                        plan = None
+                        break
+                    taken.update(devs)
+                    spare = [d for d in spare if d not in taken]
+                    n = sum(r.load for r in group)
+                    c = sum(ctx[r.id] for r in group)
+                    left = max(r.predicted_tokens_left for r in group)
+                    end = max(end, cost.context_switch_s(p.model, w, train_state=False) + cost.migration_s(p.model, w, c)
+                              + left * cost.decode_step_s(p.model, w, n, c + n * left / 2))
+                    plan.append((devs, group))
+                if not plan or end >= beat:
+                    continue
+                key = (end, len(taken))
+                if best_key is None or key < best_key:
+                    best, best_key = plan, key
+            w *= 2
+        return best
 
     # ---- placement --------------------------------------------------------------------
     def _affinity(self, rnd, p, devices, kind) -> list:
@@ -825,6 +868,16 @@ class Jigsaw(Policy):
             rnd.paced_last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None),
                                  default=0.0)
         return mine >= (1 - self.config.latency_slack) * rnd.paced_last
+
+    def _near_critical(self, rnd, p) -> bool:
+        """``p`` may be on the job set's critical path: before its first step ends (no pace
+        observed yet), or projected at its observed pace to finish within ``max_slack`` of
+        the last of the pipelines."""
+        mine = self._paced_finish_t(p)
+        if mine is None:
+            return True
+        self._paced_critical(rnd, p)  # computes the round's latest paced finish
+        return mine >= (1 - self.config.max_slack) * rnd.paced_last
 
     def _in_tail(self, p) -> bool:
         """The rollout is down to its tail (the engines' loads say so): ``widen_requests``

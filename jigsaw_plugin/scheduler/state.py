@@ -335,6 +335,7 @@ class SchedulerState:
     classes: tuple[DeviceClassView, ...] = ()  # the pool's device classes (empty: one class, ``cost``)
     colocation: bool = False  # the executor can run two pipelines' rollout replicas on one device group
     early_passes: bool = False  # the executor can run forward passes over finished trajectories early
+    reshard_in_place: bool = False  # a LaunchReplica may take the devices of the replicas it absorbs
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

@@ -43,6 +43,7 @@ class _StageRun:
 class World(ExecutorCore):
     supports_early_passes = True  # forward passes over finished trajectories while the rest generate
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
+    supports_reshard_in_place = True  # a widened tail may take its own replicas' devices
 
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,
                  preemption_recovery: str = "migrate", **kw):
@@ -158,11 +159,14 @@ class World(ExecutorCore):
         p = self.pipelines[d.pipeline]
         devices = tuple(d.devices)
         host, split = self._check_colocation(d, p, devices) if d.colocate_with is not None else (None, None)
+        handed = self._hand_over(d, p, devices)
         rep_id = self._new_replica_id()
         if host is None:
             self._claim(devices, DeviceTask("replica", p.name, replica=rep_id))
         absent = tuple(x for x in devices if p.name not in self.resident[x])
         switch = self._switch_s(p, devices, "rollout")
+        if handed:  # re-sharded in place: the weights are loaded again at the new width
+            switch = max(switch, self.pricer.context_switch_s(p.name, devices, train_state=False))
         if absent:  # weights not resident: devices behind a wide-area link pull them over it
             switch += self.device_classes.weight_pull_s(p.model, [absent])
         other = split.guest_other_bytes if split is not None else self._other_weight_bytes(p, devices)
@@ -183,12 +187,40 @@ class World(ExecutorCore):
             self._route_many(p, reqs)
         if d.rebalance:
             self._rebalance_into(p, rep)
+        for src, moved in handed:
+            self._move(p, src, rep, moved)
         for rid in d.absorb:
+            if rid not in self.replicas:  # handed over above
+                continue
             src = self.replicas[rid]
             if src.pipeline != p.name:
                 raise PolicyViolation(f"replica {rid} of {src.pipeline} cannot move into {p.name}")
             src.retiring = True
             self._migrate(Migrate(rid, rep.id))
+
+    def _hand_over(self, d: LaunchReplica, p: PipelineRun, devices: tuple) -> list:
+        """An in-place re-shard: absorbed replicas whose devices the new replica takes stop
+        first (their requests aborted with the tokens they have, their devices released);
+        the caller resumes the requests on the new replica. Returns (replica, requests)."""
+        handed = []
+        want = set(devices)
+        for rid in d.absorb:
+            src = self.replicas.get(rid)
+            if src is None:
+                raise PolicyViolation(f"LaunchReplica.absorb: unknown replica {rid}; allowed: live replica ids of {p.name}")
+            if src.pipeline != p.name:
+                raise PolicyViolation(f"replica {rid} of {src.pipeline} cannot move into {p.name}")
+            if not want & set(src.devices):
+                continue
+            if src.partner is not None:
+                raise PolicyViolation(f"LaunchReplica.devices: {devices} take devices of replica {rid}, which shares "
+                                      f"them with replica {src.partner.id}; allowed: the devices of unshared replicas")
+            src.sync(self.t)
+            moved = src.take_all()
+            src.retiring = True
+            self._close(src)
+            handed.append((src, moved))
+        return handed
 
     # ---- co-location (docs/colocation.md) -------------------------------------------------
     def _check_colocation(self, d: LaunchReplica, p: PipelineRun, devices: tuple):
@@ -314,7 +346,10 @@ class World(ExecutorCore):
                 src.take(r)
         else:
             moved = src.take_all()
-        p = self.pipelines[src.pipeline]
+        self._move(self.pipelines[src.pipeline], src, dst, moved)
+
+    def _move(self, p: PipelineRun, src: Replica, dst: Replica, moved: list) -> None:
+        """Resume ``moved`` (taken from ``src``) on ``dst`` with the tokens they have."""
         for r in moved:
             r.migrations += 1
             p.steps[r.step].migrations += 1
@@ -325,11 +360,12 @@ class World(ExecutorCore):
                        turn=r.turn, src_replica=src.id, dst_replica=dst.id,
                        generated_tokens=r.done, t=self.t)
         dst.admit(self.t)
-        src.admit(self.t)
-        self._schedule(src)
         self._schedule(dst)
-        if src.retiring and src.load == 0:
-            self._close(src)
+        if src.id in self.replicas:  # still open (not handed over in a re-shard)
+            src.admit(self.t)
+            self._schedule(src)
+            if src.retiring and src.load == 0:
+                self._close(src)
         self.dirty = True
 
     def _run_stage(self, d: RunStage) -> None:
