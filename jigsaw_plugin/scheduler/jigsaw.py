@@ -30,6 +30,9 @@ runs much slower than on its static share; every device its owner is not using i
   re-apportioned so the unfinished pipelines are projected to finish together (work that
   spreads over devices plus each step's longest response, which does not), so freed
   devices go to the pipeline whose completion is furthest out;
+- asynchronous pipelines (``async_reserve``): while a generated step waits to be trained,
+  the next step's rollout (which the staleness bound lets start) and the training gang
+  split the home, balanced from the observed lengths; the gang's part stays free for it;
 - heterogeneous pools (``cost_aware``): rollout replicas on the cheapest devices per
   token that keep the learner fed within the staleness bound, training on the trainer's
   site (scheduler/activation.py);
