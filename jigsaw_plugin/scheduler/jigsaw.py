@@ -950,9 +950,8 @@ class Jigsaw(Policy):
         training (both projected from the lengths observed so far; a whole number of
         replicas, at least one). While no batch waits (the step to train next is still
         generating) the rollout is what holds the training back: no cap."""
-        got = rnd.rollout_cap.get(p.name, 0)
-        if got != 0:
-            return got
+        if p.name in rnd.rollout_cap:
+            return rnd.rollout_cap[p.name]
         cap = None
         s = p.steps.get(p.train_next)
         cfg = self.config
@@ -979,9 +978,13 @@ class Jigsaw(Policy):
         if not wants:
             return 0
         tp = rollout_tp(p, rnd.state.cost)
+        return max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)
+
+    @staticmethod
+    def _rollout_held(rnd, p) -> int:
+        """Home devices ``p``'s live rollout replicas hold."""
         mine = set(rnd.share[p.name])
-        held = sum(1 for r in p.replicas if not r.retiring for d in r.devices if d in mine)
-        return max(0, (cap - held) // tp * tp)
+        return sum(1 for r in p.replicas if not r.retiring for d in r.devices if d in mine)
 
     def _replica_devices(self, rnd, p, want) -> list:
         if want <= 0:
@@ -994,9 +997,7 @@ class Jigsaw(Policy):
         avail = [d for d in home if d in free]
         cap = self._rollout_cap(rnd, p)
         if cap is not None:  # the rest of the home is its training gang's (async_reserve)
-            mine = set(rnd.share[p.name])
-            held = sum(1 for r in p.replicas if not r.retiring for d in r.devices if d in mine)
-            avail = avail[:max(0, (cap - held) // tp * tp)]
+            avail = avail[:max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)]
         if self._cost_aware(state):
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
