@@ -30,6 +30,9 @@ runs much slower than on its static share; every device its owner is not using i
   re-apportioned so the unfinished pipelines are projected to finish together (work that
   spreads over devices plus each step's longest response, which does not), so freed
   devices go to the pipeline whose completion is furthest out;
+- asynchronous pipelines (``async_reserve``): while a generated step waits to be trained,
+  the next step's rollout (which the staleness bound lets start) and the training gang
+  split the home, balanced from the observed lengths; the gang's part stays free for it;
 - heterogeneous pools (``cost_aware``): rollout replicas on the cheapest devices per
   token that keep the learner fed within the staleness bound, training on the trainer's
   site (scheduler/activation.py);
@@ -116,6 +119,10 @@ class JigsawConfig:
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
     early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
+    # an async pipeline with a batch to train keeps its training gang's devices: its next
+    # rollout holds at most the rollout part of a split of its home balanced from what it
+    # has observed, and grows onto the rest only while no batch waits (docs/simulator.md)
+    async_reserve: bool = True
     # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
     # learner fed within the staleness bound, training on the trainer's site; no-op on one class
     cost_aware: bool = True
@@ -216,7 +223,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last")
+                 "share", "paced_last", "rollout_cap")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -230,6 +237,7 @@ class _Round:
         self.paced_last: float | None = None  # the latest projected finish at observed paces
         self.resized: dict[str, tuple] = {}  # pipeline -> devices a ResizeStage of this round gives its stage
         self.gone: set = set()  # replicas this round retires or empties: no request may move to them
+        self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -902,6 +910,11 @@ class Jigsaw(Policy):
             return tuple(self._affinity(rnd, p, devs, "train")[:1])
         if not self.config.resize:
             return tuple(home) if len(home_free) == len(home) else ()
+        room = self._rollout_room(rnd, p)
+        if room:  # the rollout's part of the home stays free for it (async_reserve)
+            leave = set(self._affinity(rnd, p, home_free, "rollout")[:room])
+            home = [d for d in home if d not in leave]
+            home_free = [d for d in home_free if d not in leave]
         loans = self.config.loans
         # with micro-batch loans a loan need only last one micro-batch: its owner reclaims it
         # at a boundary; without, it must outlast the whole stage
@@ -979,6 +992,53 @@ class Jigsaw(Policy):
         cfg = self.config
         return cfg.borrow and cfg.multiplex and cfg.resize and cfg.lookahead
 
+    def _rollout_cap(self, rnd, p) -> int | None:
+        """Home devices an asynchronous pipeline's rollout may hold while a batch of it waits
+        to be trained (``async_reserve``); None: no cap.
+
+        Under a staleness bound the next step's rollout overlaps this step's training, and
+        the two share the home. A training gang cannot grow once started, a rollout can add
+        replicas at any time: so the gang's part is kept free for it, and the rollout gets
+        the split of the home that balances the next step's generation against this step's
+        training (both projected from the lengths observed so far; a whole number of
+        replicas, at least one). While no batch waits (the step to train next is still
+        generating) the rollout is what holds the training back: no cap."""
+        if p.name in rnd.rollout_cap:
+            return rnd.rollout_cap[p.name]
+        cap = None
+        s = p.steps.get(p.train_next)
+        cfg = self.config
+        if (cfg.async_reserve and cfg.resize and p.spec.mode == "async" and not p.done
+                and s is not None and s.rewarded >= s.samples):
+            cost, stats = rnd.state.cost, observed_stats(p)
+            tp = rollout_tp(p, cost)
+            n = len(rnd.share[p.name])
+            cap = tp
+            if n > tp:
+                cap = min(range(tp, n, tp), key=lambda r: (max(gen_estimate_s(p, cost, r, stats),
+                                                               train_estimate_s(p, cost, n - r, stats)), r))
+        rnd.rollout_cap[p.name] = cap
+        return cap
+
+    def _rollout_room(self, rnd, p) -> int:
+        """Free home devices a training gang of ``p`` leaves for its rollout: what its
+        rollout cap allows beyond the replicas it holds, when the rollout wants devices now
+        (its next step may start, or requests wait for a replica)."""
+        cap = self._rollout_cap(rnd, p)
+        if cap is None:
+            return 0
+        wants = (self._may_start_gen(p) and not p.generating) or p.pending > 0 or any(r.queued for r in p.replicas)
+        if not wants:
+            return 0
+        tp = rollout_tp(p, rnd.state.cost)
+        return max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)
+
+    @staticmethod
+    def _rollout_held(rnd, p) -> int:
+        """Home devices ``p``'s live rollout replicas hold."""
+        mine = set(rnd.share[p.name])
+        return sum(1 for r in p.replicas if not r.retiring for d in r.devices if d in mine)
+
     def _replica_devices(self, rnd, p, want) -> list:
         if want <= 0:
             return []
@@ -988,6 +1048,9 @@ class Jigsaw(Policy):
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
         avail = [d for d in home if d in free]
+        cap = self._rollout_cap(rnd, p)
+        if cap is not None:  # the rest of the home is its training gang's (async_reserve)
+            avail = avail[:max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)]
         if self._cost_aware(state):
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
