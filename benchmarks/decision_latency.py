@@ -32,9 +32,18 @@ A case cannot run away: it stops after ``--rounds`` decide rounds or ``--cpu-bud
 CPU seconds, whichever comes first (its figures are then those of the rounds it ran, and
 the table says so), and the kernel stops its process at twice the budget (RLIMIT_CPU).
 
+A case's rounds are its first ones; ``--rounds 0`` runs it to its end (or its CPU
+budget), and every case's rounds are also reported in tenths, in the order they ran (their
+simulated time span, decision p50 / p99), so that the rollouts' tail rounds are seen apart
+from the first ones. ``--breakdown`` times the state build's and the policy's functions
+per round (``BREAKDOWN``) and prints the split of the slowest 1% of rounds.
+
     python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick
+    python benchmarks/decision_latency.py --cases 64x8 --rounds 0             # the whole run
+    python benchmarks/decision_latency.py --breakdown --cases 64x8 --rounds 0 # where the time goes
     python benchmarks/decision_latency.py --write        # every case; writes its block
     python benchmarks/decision_latency.py --render --before OLD.json   # re-render the saved results
+    python benchmarks/decision_latency.py --render --also "whole run=RUN.json" --repeats B1,B2 A1,A2
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ class _Budget:
     @hookimpl(tryfirst=True)
     def jigsaw_schedule(self, state):
         self.seen += 1
-        if self.seen > self.rounds or time.process_time() - self.start > self.cpu_s:
+        if 0 < self.rounds < self.seen or time.process_time() - self.start > self.cpu_s:
             raise _Stop
         return None
 
@@ -137,11 +146,12 @@ def measure(job: tuple) -> dict:
     # timer, Linux samples the process clock (process_time) at scheduler ticks only (4 ms
     # steps here); the thread clock stays exact, and the simulation runs on this thread
     w.clock = time.thread_time
-    wall, pred_us, pred_calls = [], [], []
+    wall, pred_us, pred_calls, sim_t = [], [], [], []
     decide = w.decide
 
     def timed_decide():  # wall time of the whole round, beside the CPU split
         predictor.us, predictor.calls = 0.0, 0
+        sim_t.append(w.t)
         t0 = time.perf_counter()
         out = decide()
         wall.append((time.perf_counter() - t0) * 1e6)
@@ -173,6 +183,7 @@ def measure(job: tuple) -> dict:
     total = [a + b for a, b in zip(state[:n], policy[:n])]
     slow = sorted(range(n), key=lambda i: -state[i])[:max(1, n // 100)]  # the slowest 1% of state builds
     return {
+        "spread": spread(sim_t[:n], state[:n], policy[:n]),
         "gpus": gpus, "pipelines": pipelines, "prompts": prompts, "mode": mode,
         "requests_per_step": prompts * 8 * pipelines, "rounds": n, "stopped_by_budget": stopped,
         "sim_t_s": w.t,  # simulated time the rounds reached (how far into the rollouts)
@@ -187,6 +198,43 @@ def measure(job: tuple) -> dict:
         "slow_predictor_share": sum(pred_us[i] for i in slow) / max(sum(state[i] for i in slow), 1e-9) if n else 0.0,
         "slow_predictor_calls": sum(pred_calls[i] for i in slow) / len(slow) if n else 0.0,
     }
+
+
+SPREAD_PARTS = 10
+
+
+def spread(sim_t: list, state: list, policy: list, parts: int = SPREAD_PARTS) -> list:
+    """The rounds in ``parts`` consecutive slices of equal count, in the order they ran:
+    per slice its simulated time span and its decision p50 / p99 (and the state build's
+    and the policy's p99), so that a run's tail rounds are seen apart from its first."""
+    n = len(state)
+    out = []
+    for k in range(parts):
+        a, b = k * n // parts, (k + 1) * n // parts
+        if b <= a:
+            continue
+        total = [x + y for x, y in zip(state[a:b], policy[a:b])]
+        out.append({"rounds": b - a, "t0_s": sim_t[a], "t1_s": sim_t[b - 1],
+                    "decision_p50_us": _pct(total, 50), "decision_p99_us": _pct(total, 99),
+                    "state_p99_us": _pct(state[a:b], 99), "policy_p99_us": _pct(policy[a:b], 99)})
+    return out
+
+
+def spread_table(results: list) -> str:
+    """Each case's ``spread``: where in its run the slow rounds are."""
+    rows = []
+    for r in results:
+        for k, part in enumerate(r.get("spread", ())):
+            rows.append([r["gpus"], r["pipelines"], r["mode"], f"{k + 1} / {len(r['spread'])}", part["rounds"],
+                         f"{part['t0_s']:.1f} - {part['t1_s']:.1f}",
+                         f"{part['decision_p50_us']:.0f} / {part['decision_p99_us']:.0f}",
+                         f"{part['state_p99_us']:.0f}", f"{part['policy_p99_us']:.0f}"])
+    if not rows:
+        return ""
+    return ("\nThe same rounds in tenths, in the order they ran (each tenth the same count of rounds; "
+            "simulated seconds it spans):\n\n"
+            + md_table(["GPUs", "pipelines", "state build", "tenth", "rounds", "simulated s", "decision p50 / p99 us",
+                        "state p99 us", "policy p99 us"], rows) + "\n")
 
 
 def _run_jobs(jobs: list) -> list:
@@ -268,58 +316,72 @@ pipeline only when its predictions are stale by progress, history or an outlived
 The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); the
 collections that then run between rounds are in the GC column.
 
-What changed in this build (docs/predictor.md, "What a round costs"): what the policy
-reads. Every lazy state build of these cases was started by the jigsaw policy's tail
-consolidation (`Jigsaw._consolidate_tails`, measured by the caller of each gather: all of
-them at 64 / 8 and at 1024 / 32), which read the predicted drain of every live replica of
-any pipeline that had a replica with few requests, every round, to price moves of which
-about 1 in 700 was made (168 of 114,737 priced on workload (a)). It now reads less:
-a multi-turn pipeline whose open steps have most of their samples still generating is
-not priced (few requests on a replica then are samples waiting on tools or on their next
-turn, not a rollout tail); a tail no sibling could take (batch or KV full, from the
-engines' reports) is not priced. `_price_move` takes a tail's request count and KV use from the
-engine's report instead of building its request views, and prices the re-prefill before
-the two decode-step times (a step never gets faster with more sequences or KV: the same
-answer, tested against the full pricing). In the state build, a migrated request keeps
-the prediction it had on the replica it left instead of being asked again with its GRPO
-group, and the history predictor's empirical step visits only the turn bins present
-(same values). Tried and not kept: asking a new turn alone, without its running siblings
-((a) 2070.1 s against 2038.1 s); carrying the rows of replicas of fewer than 64 requests
-(2057.2 s); a memory on the policy of tails found too short to pay, not priced again
-until they gain a request (it made the policy stateful across rounds, and with early
-forward passes (a) took 2104.8 s against 2047.3 s); skipping single-turn pipelines with
-most samples still generating too (a two-server rollout of four requests was then never
-consolidated). This build's policy also runs early forward passes (docs/simulator.md),
-whose choice is part of the policy's time here. The makespans of the bundled workloads
-under this build are in the policies block above. One invocation's figures move
-by 10-30% with the shared machine's load from run to run: the medians of alternated
-repeats under the tables are the comparison.
+Where a slow round's time goes (`python benchmarks/decision_latency.py --breakdown --cases
+64x8 --rounds 0 --cpu-budget 60`: a thread-CPU timer on each function of the state build
+and of the policy, in the slowest 1% of the whole run's 5,304 rounds; load about 3.6):
+the slowest rounds (4.6 ms on average, timers included) are rounds in which the tail
+consolidation (`Jigsaw._consolidate_tails`) reads the predicted drain of 7-8 pipelines at
+once (this benchmark's pipelines are copies of two, and reach their rollout tails
+together, the first at about 25 s). Each read gathers its pipeline's rows (`_gather`,
+3.8 ms of the 4.6): the replicas whose requests changed read again (3-5 a pipeline of 8;
+1.0 ms, 0.6 ms of it taking the requests' fields from the simulator's replicas), the
+predictor asked where predictions are stale or a request is new (3.4 calls a round,
+1.35 ms: a call's fixed cost is about 160 us on an idle core, 300-500 us under the
+machine's load), each changed replica's aggregates (0.3 ms), the staleness checks
+(0.2 ms) and the predictor's batch (0.2 ms). Outside the gathers: the snapshot's views of
+the 64 replicas (0.2 ms every round), `_price_move` (0.2 ms), the rest of the policy.
+
+What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
+rows, predictions and decisions:
+
+* a pipeline's changed replicas are read together: the simulator's replicas hand over one
+  set of columns for all of them (`Replica.request_columns_of`: one C loop per field over
+  all their requests, not one per replica), and the state build computes the keys, the
+  last prediction each request keeps (looked up in its own replica's last rows only) and
+  the masks once, each replica's rows slices of them (`core.snapshot._read_many`); a live
+  engine's rows are joined and turned into columns once;
+* the predictor's batch is joined column by column (tokens so far, time in flight and the
+  masks worked on once, not per replica);
+* a pipeline whose decoding since its last call is past the refresh share of the work
+  predicted then is due whatever its aggregates say: they are not computed before the
+  call (they are after it);
+* reductions call the ufuncs' reduce, not `ndarray.sum`'s Python wrappers; the predictor's
+  accuracy notes read their fields as Python numbers at once.
+
+Checked: `tests/test_snapshot_read_many.py` compares the rows read together with the rows
+read one by one, and the joined batch with the per-replica one, at every decide round of
+a run; jigsaw's makespans on (a) 2026.61457 s and (c) 1683.04996 s (seed 0) are the same
+to the last digit before and after. Tried and not kept, in earlier builds: asking a new
+turn alone, without its running siblings ((a) 2070.1 s against 2038.1 s); carrying the
+rows of replicas of fewer than 64 requests (2057.2 s); a memory on the policy of tails
+found too short to pay (stateful; (a) 2104.8 s against 2047.3 s). One invocation's
+figures move by 10-30% with the shared machine's load from run to run: the medians of
+alternated repeats under the tables are the comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
 {table(results)}
 
 {targets(results)}
-
-A case's rounds are its first ones: "simulated s" is how far into the run they reach
-(at 1024 / 32, 400 rounds are the rollouts' first seconds, before any tail; below).
-
-What is left (measured with a per-function CPU timer on the same cases, outside this
-script). At 64 / 8 the slowest rounds are step boundaries of the GRPO pipelines, whose
-tails are priced: one pipeline's rows read again (8-9 replicas of 30-60 requests, about
-100 us each under load, mostly fixed numpy cost) and its whole prediction asked again
-(stale by progress: one call of about 400-500 requests, 0.8-1.5 ms), 2.7-3.4 ms of state
-build; views of the 64 replicas are 0.2-0.4 ms every round and the policy 0.3-0.5 ms. At
-1024 / 32 the 400 rounds cover the first 2 s of the rollouts (no pipeline is in its
-tail): the state build is the observations and views of all 1,024 replicas (about 3-4 us
-each, 3-4 ms a round) and nothing else. 6,000 rounds reach 3.0 s (`--cases 1024x32
---rounds 6000 --cpu-budget 240`: decision p50 / p99 2,396 / 4,521 us, no predictor call);
-the rollouts' tails (after about 25 s at 64 / 8) are not reached within a run this
-machine can afford: there a priced tail reads its pipeline's 32 replicas and asks its
-predictions again, as at 64 / 8 with four times the replicas (not measured). Not done: a pipeline's rows kept as one set of
-columns rather than per replica (a read then costs its rows, not its replicas), views
-reused for replicas that did not change, a stale pipeline asked again in slices.
-{notes}"""
+{spread_table(results)}
+A case's rounds here are its first 400: "simulated s" is how far into the run they reach
+(at 1024 / 32, 400 rounds are the rollouts' first 2.3 s, before any tail). Runs that reach
+the tails (the whole run at 64 / 8; at 1024 / 32 as far as the CPU budget goes: its whole
+run is longer than this machine can give one case) follow, with their rounds in tenths.
+{notes}
+What is left. At 64 / 8 the target cannot be met by the state build alone: over the whole
+run the policy's own p99 is itself near 1 ms (the tail consolidation's pricing, the tail
+widening, which reads its pipelines' request views, and early passes), and a slow round
+holds 3-4 predictor calls of a fixed 160-500 us each. At 1024 / 32, once the rollouts
+reach their tails, the policy's own p99 is over 10 ms by itself (see the long run above):
+the state build is not what misses that target. In the state build: the predictor's
+fixed cost per call (its GRPO-group evidence and two EM steps, some 200 numpy calls
+whatever the batch size), a stale pipeline asked again whole rather than in slices, and
+the simulator's replicas keeping their requests as objects (each read takes every field
+of every changed replica's requests again; keeping them as columns in the replica would
+change the row order the predictor sums in, so every decision would have to be checked
+again).
+"""
 
 
 def _before_notes(path: str, label: str) -> str:
@@ -331,6 +393,19 @@ def _before_notes(path: str, label: str) -> str:
         sys.exit(f"--before: {path!r} is not a results file of this script ({e})")
     return (f"\nBefore, {label}: `{old.get('command', '?')}` (load average before: {old.get('load_before', '?')}; "
             f"after: {old.get('load_after', '?')})\n\n{table(rows)}\n")
+
+
+def _also_notes(spec: str) -> str:
+    """``LABEL=PATH``: another invocation's results (e.g. a whole run), its table, targets and
+    tenths, under this one's."""
+    label, sep, path = spec.partition("=")
+    if not sep or not label or not path:
+        sys.exit(f"--also: {spec!r} is not LABEL=PATH; allowed: a label, '=', a results file of this script")
+    data = _load_results(path, "--also")
+    results = data["results"]
+    return (f"\n{label}: `{data.get('command', '?')}` (load average before: {data.get('load_before', '?')}; "
+            f"after: {data.get('load_after', '?')})\n\n{table(results)}\n\n{targets(results)}\n"
+            f"{spread_table(results)}")
 
 
 def _load_results(path: str, flag: str) -> dict:
@@ -413,6 +488,119 @@ def predictor_calls(sizes=(64, 512, 1024, 4096)) -> list:
     return out
 
 
+# What ``--breakdown`` times: (module, class or None, function). A profiler's view, taken
+# in its own process only: each is wrapped with a thread-CPU timer (inclusive of what it
+# calls; a call inside another call of itself is not counted twice).
+BREAKDOWN = [
+    ("jigsaw_plugin.core.executor", "ExecutorCore", "snapshot"),
+    ("jigsaw_plugin.core.snapshot", None, "_pipeline_view"),
+    ("jigsaw_plugin.core.snapshot", "_PipelineRequests", "_gather"),
+    ("jigsaw_plugin.core.snapshot", None, "_read_many"),
+    ("jigsaw_plugin.sim.replica", "Replica", "request_columns_of"),
+    ("jigsaw_plugin.core.snapshot", "_ReplicaRows", "__init__"),
+    ("jigsaw_plugin.core.snapshot", "_ReplicaRows", "advance"),
+    ("jigsaw_plugin.core.snapshot", "_ReplicaRows", "carry"),
+    ("jigsaw_plugin.core.snapshot", "_ReplicaRows", "outlived"),
+    ("jigsaw_plugin.core.snapshot", "_PipelineRequests", "_stale"),
+    ("jigsaw_plugin.core.snapshot", None, "_adopt_moved"),
+    ("jigsaw_plugin.core.snapshot", "_PipelineRequests", "_predict_all"),
+    ("jigsaw_plugin.core.snapshot", "_PipelineRequests", "_predict_groups"),
+    ("jigsaw_plugin.core.snapshot", None, "_batch"),
+    ("jigsaw_plugin.core.executor", "ExecutorCore", "predict_remaining"),
+    ("jigsaw_plugin.core.snapshot", "_PipelineRequests", "views"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "decide"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_consolidate_tails"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_price_move"),
+    ("jigsaw_plugin.scheduler.state", "ReplicaView", "predicted_drain_s"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_widen_tails"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_early_passes"),
+]
+
+
+def _timed(fn, name: str, spent: dict, calls: dict):
+    import functools
+
+    depth = [0]
+
+    @functools.wraps(fn)
+    def timed(*a, **k):
+        if depth[0]:
+            return fn(*a, **k)
+        depth[0] += 1
+        t0 = time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[name] = spent.get(name, 0.0) + (time.thread_time() - t0) * 1e6
+            calls[name] = calls.get(name, 0) + 1
+            depth[0] -= 1
+    return timed
+
+
+def measure_breakdown(job: tuple) -> dict:
+    """Per-function CPU time of each decide round of one case (``BREAKDOWN``), in this
+    process: (gpus, pipelines, prompts, rounds, cpu_budget_s). Returns the slowest 1% of
+    rounds (by decision time) with their split, and the mean split over all rounds."""
+    import importlib
+
+    from jigsaw_plugin.manager import get_plugin_manager, register
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    gpus, pipelines, prompts, rounds, cpu_budget_s = job
+    spent, calls = {}, {}
+    for module, owner, name in BREAKDOWN:
+        mod = importlib.import_module(module)
+        holder = getattr(mod, owner) if owner else mod
+        label = f"{owner}.{name}" if owner else name
+        setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
+    pm = get_plugin_manager()
+    register(pm, _Budget(rounds, cpu_budget_s), "decision-latency-budget")
+    sim = Simulation(load(workload(gpus, pipelines, prompts)), get_policy("jigsaw"), 0, pm=pm)
+    w = sim.world
+    w.clock = time.thread_time
+    decide, per_round = w.decide, []
+
+    def split_decide():
+        spent.clear()
+        calls.clear()
+        t = w.t
+        out = decide()
+        per_round.append((w.state_build_us[-1] + w.policy_us[-1], t, dict(spent), dict(calls)))
+        return out
+
+    w.decide = split_decide
+    try:
+        sim.run()
+    except _Stop:
+        pass
+    slow = sorted(per_round, key=lambda r: -r[0])[:max(1, len(per_round) // 100)]
+    mean = {}
+    for _, _, sp, _ in per_round:
+        for k, v in sp.items():
+            mean[k] = mean.get(k, 0.0) + v / len(per_round)
+    return {"gpus": gpus, "pipelines": pipelines, "rounds": len(per_round),
+            "slowest": [{"decision_us": d, "sim_t_s": t, "us": sp, "calls": c} for d, t, sp, c in slow],
+            "mean_us": mean}
+
+
+def breakdown_text(b: dict) -> str:
+    """The slowest 1% of rounds of a ``measure_breakdown`` run: each function's mean time
+    over them, its calls per round, and its mean over all rounds."""
+    slow = b["slowest"]
+    names = sorted({k for r in slow for k in r["us"]} | set(b["mean_us"]),
+                   key=lambda k: -sum(r["us"].get(k, 0.0) for r in slow))
+    rows = [[k, f"{sum(r['us'].get(k, 0.0) for r in slow) / len(slow):.0f}",
+             f"{sum(r['calls'].get(k, 0) for r in slow) / len(slow):.1f}", f"{b['mean_us'].get(k, 0.0):.0f}"]
+            for k in names]
+    d = sum(r["decision_us"] for r in slow) / len(slow)
+    span = f"{min(r['sim_t_s'] for r in slow):.1f}-{max(r['sim_t_s'] for r in slow):.1f}"
+    return (f"{b['gpus']} GPUs / {b['pipelines']} pipelines, {b['rounds']} rounds; the slowest {len(slow)} "
+            f"(1%): decision {d:.0f} us on average (timers included), at simulated {span} s. Inclusive CPU us "
+            f"(a function's time includes the timed functions it calls):\n\n"
+            + md_table(["function", "slowest 1%: us per round", "calls per round", "all rounds: us per round"], rows))
+
+
 def _parse_cases(text: str) -> list:
     known = {(g, n): pr for g, n, pr in CASES}
     out = []
@@ -433,12 +621,16 @@ def main(argv=None) -> None:
     ap.add_argument("--cases", default=",".join(f"{g}x{n}" for g, n, _ in CASES),
                     help="comma-separated GPUSxPIPELINES (default: all)")
     ap.add_argument("--modes", default=",".join(MODES), help="incremental, from-scratch or both")
-    ap.add_argument("--rounds", type=int, default=2000, help="decide rounds per case at most")
+    ap.add_argument("--rounds", type=int, default=2000,
+                    help="decide rounds per case at most (0: no limit, the whole run within --cpu-budget)")
     ap.add_argument("--cpu-budget", type=float, default=240.0, help="CPU seconds per case at most")
     ap.add_argument("--write", action="store_true", help="write the block into docs/benchmarks.md")
     ap.add_argument("--before", metavar="JSON", help="results file of an earlier build's run (this script's "
                     "benchmarks/results/decision_latency.json, taken from a copy of that build): shown under it")
     ap.add_argument("--before-label", default="the previous build", help="what --before measured")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only time the state build's and the policy's functions per round (a profiler's "
+                         "view: BREAKDOWN) and print the split of the slowest 1%% of rounds of each case")
     ap.add_argument("--predictor-calls", action="store_true",
                     help="only time HistoryPredictor.predict by batch size (docs/predictor.md)")
     ap.add_argument("--render", action="store_true",
@@ -448,9 +640,14 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", nargs=2, metavar=("BEFORE_JSONS", "AFTER_JSONS"),
                     help="with --render: comma-separated results files of alternated repeats of the earlier build "
                          "and of this one; their medians are shown under the tables")
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=PATH",
+                    help="with --render: another invocation's results file shown under the main table "
+                         "(its command, table, targets and tenths), e.g. a whole run; repeatable")
     args = ap.parse_args(argv)
     results_path = Path(args.results)
     notes = _before_notes(args.before, args.before_label) if args.before else ""
+    for spec in args.also:
+        notes += _also_notes(spec)
     if args.repeats:
         before, after = ([_load_results(f, "--repeats") for f in files.split(",")] for files in args.repeats)
         notes += repeats_table(before, after)
@@ -469,12 +666,21 @@ def main(argv=None) -> None:
         for row in predictor_calls():
             print(json.dumps(row))
         return
+    if args.breakdown:
+        print(f"load average {_load_avg()}")
+        for g, n, pr in _parse_cases(args.cases):
+            with ProcessPoolExecutor(max_workers=1, max_tasks_per_child=1) as ex:
+                b = ex.submit(measure_breakdown, (g, n, pr, args.rounds, args.cpu_budget)).result()
+            print(breakdown_text(b) + "\n")
+        print(f"load average {_load_avg()}")
+        return
     modes = tuple(m.strip() for m in args.modes.split(","))
     bad = [m for m in modes if m not in MODES]
     if bad:
         sys.exit(f"--modes: {bad[0]!r}; allowed: {', '.join(MODES)}")
-    if args.rounds < 1 or not 0 < args.cpu_budget <= 3600:
-        sys.exit("--rounds must be >= 1 and --cpu-budget in (0, 3600] seconds")
+    if args.rounds < 0 or not 0 < args.cpu_budget <= 3600:
+        sys.exit(f"--rounds {args.rounds} / --cpu-budget {args.cpu_budget}: allowed --rounds >= 0 (0: the whole "
+                 f"run) and --cpu-budget in (0, 3600] seconds")
     cases = _parse_cases(args.cases)
     load_before = _load_avg()
     results = _run_jobs([(g, n, pr, m, args.rounds, args.cpu_budget) for g, n, pr in cases for m in modes])

@@ -74,3 +74,47 @@ def test_repeats_table_gives_medians_per_case():
     row = next(line for line in text.splitlines() if line.startswith("| 64 |"))
     assert "3 / 3" in row and "3100 -> 2050" in row  # medians of the incremental runs only
     assert "1024" not in text and "9.0, 9.0, 9.0, 8.0" in text
+
+
+def test_spread_splits_the_rounds_in_order_and_the_block_shows_them():
+    sim_t = [float(i) for i in range(20)]
+    state = [100.0] * 18 + [5000.0, 7000.0]  # the slow rounds come last (a run's tail)
+    parts = dl.spread(sim_t, state, [10.0] * 20)
+    assert [p["rounds"] for p in parts] == [2] * 10
+    assert parts[0]["t0_s"] == 0.0 and parts[-1]["t1_s"] == 19.0
+    assert parts[0]["decision_p99_us"] == 110.0 and parts[-1]["decision_p99_us"] > 6000.0
+    r = _result(64, 8, 900.0, 400.0)
+    r["spread"] = parts
+    text = dl.spread_table([r])
+    assert "| 64 | 8 | incremental | 10 / 10 | 2 | 18.0 - 19.0 |" in text
+    assert dl.spread([], [], []) == [] and dl.spread_table([_result(64, 8, 900.0, 400.0)]) == ""
+
+
+def test_a_round_limit_of_zero_runs_to_the_budget_and_bad_limits_are_refused():
+    budget = dl._Budget(0, 1e9)
+    for _ in range(5000):
+        assert budget.jigsaw_schedule(state=None) is None  # no round limit
+    two = dl._Budget(2, 1e9)
+    two.jigsaw_schedule(state=None)
+    two.jigsaw_schedule(state=None)
+    with pytest.raises(dl._Stop):
+        two.jigsaw_schedule(state=None)  # the third round is past the limit
+    with pytest.raises(dl._Stop):
+        dl._Budget(0, -1.0).jigsaw_schedule(state=None)  # no round limit, CPU budget spent
+    with pytest.raises(SystemExit) as e:
+        dl.main(["--rounds", "-1", "--cases", "64x8"])
+    assert "--rounds -1" in str(e.value) and "0: the whole run" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        dl.main(["--render", "--also", "no-label"])
+    assert "LABEL=PATH" in str(e.value)
+
+
+def test_breakdown_times_each_function_of_the_slow_rounds():
+    text = dl.breakdown_text({"gpus": 64, "pipelines": 8, "rounds": 200, "mean_us": {"f": 10.0, "g": 1.0},
+                              "slowest": [{"decision_us": 900.0, "sim_t_s": 3.0, "us": {"f": 500.0, "g": 50.0},
+                                           "calls": {"f": 2, "g": 1}},
+                                          {"decision_us": 700.0, "sim_t_s": 4.0, "us": {"f": 300.0},
+                                           "calls": {"f": 1}}]})
+    lines = text.splitlines()
+    assert "the slowest 2 (1%): decision 800 us" in lines[0] and "3.0-4.0 s" in lines[0]
+    assert "| f | 400 | 1.5 | 10 |" in text and "| g | 25 | 0.5 | 1 |" in text

@@ -141,11 +141,14 @@ class ExecutorCore:
 
     def _note_predictions(self, batch, pred, step_s: dict | None) -> None:
         """Record a few predictions at this decision point (scored when they finish)."""
-        step = max(1, len(batch) // 16)
-        for i in range(0, len(batch), step):
-            if not batch.queued[i]:
-                s = (step_s or {}).get(int(batch.replica[i]), 0.0)
-                self.prediction_log.note(batch.ids[i], int(batch.generated[i]), float(pred[i]), s, self.t)
+        pick = slice(0, len(batch), max(1, len(batch) // 16))
+        step_s = step_s or {}
+        # the picked rows' fields as Python numbers at once, not one numpy scalar at a time
+        for rid, queued, replica, generated, p in zip(batch.ids[pick], batch.queued[pick].tolist(),
+                                                      batch.replica[pick].tolist(), batch.generated[pick].tolist(),
+                                                      pred[pick].tolist()):
+            if not queued:
+                self.prediction_log.note(rid, int(generated), p, step_s.get(replica, 0.0), self.t)
 
     # ---- the decide round -----------------------------------------------------------------
     def snapshot(self):

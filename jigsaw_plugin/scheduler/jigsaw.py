@@ -662,10 +662,12 @@ class Jigsaw(Policy):
         # the engine's own reports (its request count and KV use), not its request views,
         # whose KV sum differs from ``kv_tokens`` by well under 1%
         k, ctx = src.load, src.kv_tokens
-        src_left = src.predicted_tokens_left
         src_dev_s = ends[src.id] * src.tp
-        bound = max(ends.values()) * (1 + slack)
-        top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
+        # the re-prefill depends on the destination's width only: priced once per width (a
+        # tail too short to pay for it is then turned away by a comparison per sibling, not
+        # a cost-model call); the bound and the latest ends once a sibling passes it
+        prefill_of: dict = {}
+        src_left = bound = top = None
         best = None
         for dst in live:
             if dst is src or dst.id in used:
@@ -673,11 +675,17 @@ class Jigsaw(Policy):
             n = dst.running + extra.get(dst.id, 0)
             if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
-            prefill = cost.migration_s(p.model, dst.tp, ctx)
+            prefill = prefill_of.get(dst.tp)
+            if prefill is None:
+                prefill = prefill_of[dst.tp] = cost.migration_s(p.model, dst.tp, ctx)
             # a step never gets faster with more sequences or KV (new >= old), so the move
             # costs at least its re-prefill: priced before the two step times
             if src_dev_s < cfg.min_gain * prefill * dst.tp:
                 continue
+            if bound is None:
+                src_left = src.predicted_tokens_left
+                bound = max(ends.values()) * (1 + slack)
+                top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
             new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             dst_left = dst.predicted_tokens_left
             end = prefill + max(src_left, dst_left) * new

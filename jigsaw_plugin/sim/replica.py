@@ -186,6 +186,44 @@ class Replica:
             np.fromiter(map(_BUDGET, reqs), np.int64, n),
             t - np.fromiter(map(_TURN_SUBMIT_T, reqs), float, n), queued, (None,) * n)
 
+    @staticmethod
+    def request_columns_of(replicas: list, t: float) -> tuple:
+        """``request_columns`` of several replicas as one set of columns, the replicas'
+        rows one after another in the order given, and each one's row count: one C loop
+        per field for all of them (a step boundary reads every replica of a pipeline; a
+        numpy call's fixed cost, paid per replica, was most of such a read). The values and
+        their order are those of the replicas' own ``request_columns``."""
+        reqs: list = []
+        run_all: list = []
+        sizes, runs, ps = [], [], []
+        for rep in replicas:
+            rep.sync(t)
+            run = rep.running()
+            reqs += run
+            reqs += rep.queue
+            run_all += run
+            sizes.append(len(run) + len(rep.queue))
+            runs.append(len(run))
+            ps.append(rep.p)
+        n, k = len(reqs), len(run_all)
+        queued = np.ones(n, bool)
+        at = 0
+        for size, r in zip(sizes, runs):
+            queued[at:at + r] = False
+            at += size
+        generated = np.fromiter(map(_DONE, reqs), float, n)
+        # as request_columns: r.done + int(p - r.admit_p) for a running request, each
+        # replica's own p (the same float operations, element by element)
+        generated[~queued] += np.trunc(np.repeat(np.asarray(ps, float), runs)
+                                       - np.fromiter(map(_ADMIT_P, run_all), float, k))
+        cols = RequestColumns(
+            tuple(map(_ID, reqs)), np.fromiter(map(_GROUP, reqs), np.int64, n),
+            np.fromiter(map(_STEP, reqs), np.int64, n), np.fromiter(map(_SAMPLE, reqs), np.int64, n),
+            np.fromiter(map(_TURN, reqs), np.int64, n), np.fromiter(map(_CONTEXT, reqs), np.int64, n), generated,
+            np.fromiter(map(_BUDGET, reqs), np.int64, n),
+            t - np.fromiter(map(_TURN_SUBMIT_T, reqs), float, n), queued, (None,) * n)
+        return cols, sizes
+
     def running(self) -> list[Request]:
         return [r for (_, _, e, r) in self._heap if r.epoch == e and r.replica is self]
 
