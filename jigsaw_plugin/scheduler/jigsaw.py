@@ -177,6 +177,12 @@ def finish_together(left: dict, total: int) -> dict:
     return {k: (busy[k][0] / (hi - busy[k][1]) if k in busy else 0.0) for k in left}
 
 
+def _tail_s(cost, model, tp: int, n: int, context: float, left: float) -> float:
+    """Projected time for ``n`` requests holding ``context`` KV tokens on a replica of width
+    ``tp`` to decode the longest one's ``left`` tokens (the KV grows by half of that on average)."""
+    return left * cost.decode_step_s(model, tp, n, context + n * left / 2)
+
+
 def _balanced_groups(replicas: list, k: int) -> list:
     """``replicas`` in ``k`` groups of near-equal load (largest first onto the lightest)."""
     groups = [[] for _ in range(k)]
@@ -771,7 +777,7 @@ class Jigsaw(Policy):
                     c = sum(ctx[r.id] for r in group)
                     left = max(r.predicted_tokens_left for r in group)
                     end = max(end, cost.context_switch_s(p.model, w, train_state=False) + cost.migration_s(p.model, w, c)
-                              + left * cost.decode_step_s(p.model, w, n, c + n * left / 2))
+                              + _tail_s(cost, p.model, w, n, c, left))
                     plan.append((devs, group))
                 if not plan or end >= beat:
                     continue

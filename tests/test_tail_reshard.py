@@ -1,0 +1,127 @@
+"""Tail widening that re-shards in place and spreads over several replicas.
+
+Policy half on hand-built states (``Jigsaw._widen_tails`` / ``_widen_plan``); executor half
+on the simulator's world (``LaunchReplica`` whose devices include the absorbed replicas').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jigsaw_plugin.scheduler import LaunchReplica, Migrate, get_policy
+from jigsaw_plugin.sim import Simulation
+from jigsaw_plugin.sim.world import PolicyViolation
+from sim_helpers import device_overlaps, small_workload
+from test_jigsaw_decide import _busy_with_replicas, pipeline, replica, state, step
+
+LONG = [20000, 18000]  # predicted tokens left: a tail worth re-sharding
+
+
+def _tail_on_whole_home(tps=(2, 2)):
+    """p0's tail fills its home (devices 0-3) with narrow replicas; p1's home (4-7) is busy
+    with its own rollout, so nothing is free or lendable: only an in-place re-shard widens."""
+    reps, d = [], 0
+    for i, tp in enumerate(tps):
+        reps.append(replica("p0", i + 1, tuple(range(d, d + tp)), generated=[3000, 2500], predicted=LONG))
+        d += tp
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=28)})
+    p1_reps = [replica("p1", 9, (4, 5, 6, 7), generated=[100] * 4, predicted=[30000] * 4)]
+    p1 = pipeline(1, range(4, 8), replicas=p1_reps, gen_next=1, generating=True, steps={0: step(0, done=0)})
+    return state([p0, p1], busy=_busy_with_replicas([p0, p1]))
+
+
+def _widened(out):
+    return [d for d in out if isinstance(d, LaunchReplica) and d.absorb]
+
+
+def _absorbed(out):
+    """Replicas whose requests end on a new replica: absorbed, or migrated (consolidation in
+    the same round) into an absorbed one."""
+    got = {r for d in _widened(out) for r in d.absorb}
+    return got | {m.src for m in out if isinstance(m, Migrate) and m.dst in got}
+
+
+def test_a_tail_filling_its_home_is_re_sharded_in_place_onto_its_own_devices():
+    st = dataclasses.replace(_tail_on_whole_home(), reshard_in_place=True)
+    out = get_policy("jigsaw").decide(st)
+    wide = _widened(out)
+    assert len(wide) == 1, "the two tp2 replicas' long tail should move onto one tp4 replica"
+    assert _absorbed(out) == {1, 2} and sorted(wide[0].devices) == [0, 1, 2, 3]
+
+
+def test_without_the_capability_or_the_switch_the_tail_stays_where_it_is():
+    st = _tail_on_whole_home()
+    assert not st.reshard_in_place  # hand-built states (like the live runtime) lack it
+    assert not _widened(get_policy("jigsaw").decide(st))
+    st = dataclasses.replace(st, reshard_in_place=True)
+    assert not _widened(get_policy("jigsaw", reshard_in_place=False).decide(st))
+
+
+def test_a_tail_spreads_over_several_replicas_when_one_wide_replica_would_be_slower():
+    # three tp1 replicas of 40 requests each on a home of 8 devices, widened at most to tp4
+    # (``max_widen``): one tp4 replica would decode all 120 at batch 120; two tp4 replicas
+    # (the tail's three devices and five free ones) split them and finish sooner
+    reps = [replica("p0", i + 1, (i,), generated=[3000] * 40, predicted=[2000] * 40) for i in range(3)]
+    p0 = pipeline(0, range(8), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=200, done=80)})
+    st = dataclasses.replace(state([p0], busy=_busy_with_replicas([p0])), reshard_in_place=True)
+    out = get_policy("jigsaw", max_widen=4).decide(st)
+    wide = _widened(out)
+    assert len(wide) == 2 and all(len(d.devices) == 4 for d in wide), out
+    absorbed = [r for d in wide for r in d.absorb]
+    assert sorted(absorbed) == [1, 2, 3]  # each old replica absorbed exactly once
+    devs = [x for d in wide for x in d.devices]
+    assert len(devs) == len(set(devs)) == 8
+    # each new replica takes only free devices and those of the replicas it or an earlier one absorbs
+    gone = set()
+    for d in wide:
+        gone |= {x for r in reps if r.id in d.absorb for x in r.devices}
+        assert set(d.devices) <= gone | {3, 4, 5, 6, 7}
+
+
+# ---- the executor -------------------------------------------------------------------------
+def _world():
+    wl = small_workload(gpus=4, pipelines=1, prompts=8, samples=4, steps=1, median=3000, agentic=(False,))
+    sim = Simulation(wl, get_policy("jigsaw", resize=False, migration=False), seed=3)  # four tp1 replicas, left alone
+    w = sim.world
+    w.decide_and_apply()
+    return sim, w
+
+
+def _generated(rep, r):
+    """Tokens of ``r``'s turn generated so far (before its admission to ``rep``, and since)."""
+    return r.done + (int(rep.p - r.admit_p) if r in rep.running() else 0)
+
+
+def test_the_simulator_re_shards_in_place_without_losing_a_request():
+    sim, w = _world()
+    reps = [r for r in w.replicas.values() if r.pipeline == "p0"]
+    assert len(reps) >= 2
+    w.t += 5.0
+    for r in reps:
+        r.sync(w.t)
+    held = {r.rid for rep in reps for r in list(rep.queue) + rep.running()}
+    tokens = {r.rid: _generated(rep, r) for rep in reps for r in list(rep.queue) + rep.running()}
+    assert sum(tokens.values()) > 0
+    devices = tuple(d for rep in reps for d in rep.devices)
+    w.apply(LaunchReplica("p0", devices, absorb=tuple(r.id for r in reps)))
+    new = [r for r in w.replicas.values() if r.pipeline == "p0"]
+    assert len(new) == 1 and sorted(new[0].devices) == sorted(devices)
+    moved = {r.rid for r in list(new[0].queue) + new[0].running()}
+    assert moved == held
+    assert all(_generated(new[0], r) == tokens[r.rid] for r in list(new[0].queue) + new[0].running())  # tokens kept
+    assert new[0].switch_s > 0  # the weights are loaded again at the new width
+    res = sim.run()
+    assert res["pipelines"]["p0"]["samples"] == 8 * 4
+    assert device_overlaps(w.trace) == []
+
+
+def test_an_executor_without_the_capability_refuses_an_in_place_re_shard():
+    _, w = _world()
+    w.supports_reshard_in_place = False  # as the live runtime and host executors declare
+    reps = [r for r in w.replicas.values() if r.pipeline == "p0"]
+    devices = tuple(d for rep in reps for d in rep.devices)
+    with pytest.raises(PolicyViolation, match="capability 'reshard_in_place'"):
+        w.apply(LaunchReplica("p0", devices, absorb=tuple(r.id for r in reps)))
+    assert not w.snapshot().reshard_in_place
