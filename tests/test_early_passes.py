@@ -22,12 +22,13 @@ def _long_tail(**kw):
 
 
 class _Probe(Jigsaw):
-    """The jigsaw policy (early passes off) that sends one RunStage of its own, built by
+    """The jigsaw policy (early passes and in-place re-shards off) that sends one RunStage of its own, built by
     ``make(state, pipeline, step_view)``, the first time a step to train next has some
     trajectories finished and is still generating, on the devices free then."""
 
     def __init__(self, make, **options):
-        super().__init__(early_passes=False, **options)
+        # no in-place re-shard: the tail must leave devices free for the probe's pass
+        super().__init__(early_passes=False, reshard_in_place=False, **options)
         self.make, self.sent = make, False
 
     def decide(self, state):
