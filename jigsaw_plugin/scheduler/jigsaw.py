@@ -660,6 +660,11 @@ class Jigsaw(Policy):
         if all(src_dev_s < cfg.min_gain * prefill_of[w] * w for w in widths):
             return None
         src_left = bound = top = None
+        # the slowest a destination's step can be after the move is at least the step of
+        # the tail's own batch and KV alone on its width (a step never gets faster with
+        # more sequences or KV): a move that would end past the bound even so is turned
+        # away before its two step times are priced
+        step_floor: dict = {}
         best = None
         for dst in live:
             if dst is src or dst.id in used:
@@ -679,10 +684,15 @@ class Jigsaw(Policy):
                 src_left = src.predicted_tokens_left
                 bound = max(ends.values()) * (1 + slack)
                 top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
-            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             dst_left = dst.predicted_tokens_left
-            end = prefill + max(src_left, dst_left) * new
             others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
+            floor = step_floor.get(dst.tp)
+            if floor is None:
+                floor = step_floor[dst.tp] = cost.decode_step_s(p.model, dst.tp, k, ctx)
+            if max(prefill + max(src_left, dst_left) * floor, others) > bound:
+                continue  # would stretch the pipeline's generation beyond its slack (end >= this)
+            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+            end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
             old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
