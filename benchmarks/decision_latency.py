@@ -316,20 +316,37 @@ pipeline only when its predictions are stale by progress, history or an outlived
 The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); the
 collections that then run between rounds are in the GC column.
 
-Where a slow round's time goes (`python benchmarks/decision_latency.py --breakdown --cases
-64x8 --rounds 0 --cpu-budget 60`: a thread-CPU timer on each function of the state build
-and of the policy, in the slowest 1% of the whole run's 5,304 rounds; load about 3.6):
-the slowest rounds (4.6 ms on average, timers included) are rounds in which the tail
-consolidation (`Jigsaw._consolidate_tails`) reads the predicted drain of 7-8 pipelines at
-once (this benchmark's pipelines are copies of two, and reach their rollout tails
-together, the first at about 25 s). Each read gathers its pipeline's rows (`_gather`,
-3.8 ms of the 4.6): the replicas whose requests changed read again (3-5 a pipeline of 8;
-1.0 ms, 0.6 ms of it taking the requests' fields from the simulator's replicas), the
-predictor asked where predictions are stale or a request is new (3.4 calls a round,
-1.35 ms: a call's fixed cost is about 160 us on an idle core, 300-500 us under the
-machine's load), each changed replica's aggregates (0.3 ms), the staleness checks
-(0.2 ms) and the predictor's batch (0.2 ms). Outside the gathers: the snapshot's views of
-the 64 replicas (0.2 ms every round), `_price_move` (0.2 ms), the rest of the policy.
+Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
+state build and of the policy, the slowest 1% of a case's rounds; the figures here are of
+one such run each, timers included, at load about 2.4 at 64 / 8 and 3-4 at 1024 / 32):
+
+* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 5,304
+  rounds): the slowest rounds (4.4 ms on average) are rounds in which the tail
+  consolidation (`Jigsaw._consolidate_tails`) reads the predicted drain of 7-8 pipelines
+  at once (this benchmark's pipelines are copies of two and reach their rollout tails
+  together, the first at about 25 s). Each read gathers its pipeline's rows (3.4 ms of
+  the 4.4): the replicas whose requests changed read again (3-5 of a pipeline's 8; 0.9
+  ms, 0.5 ms of it taking the requests' fields from the simulator's replicas), the
+  predictor asked where predictions are stale or a request is new (3.2 calls, 1.3 ms: a
+  call's fixed cost is about 160 us on an idle core, 300-500 us under the machine's
+  load), the staleness checks (0.2 ms), the predictor's batch (0.15 ms), the changed
+  replicas' aggregates (0.1 ms). Outside the gathers: the views of the 64 replicas (0.2
+  ms every round) and the tail widening (0.4 ms, half of it the request views it reads).
+  The previous build (a4de67a), run just before at the same load: 4.5 ms, gathers 3.4
+  ms (its 11 one-by-one reads a round 0.9 ms, the predictor 1.3 ms, aggregates 0.3 ms).
+  Reading a pipeline's changed replicas together did not make this case's reads
+  measurably cheaper (3-5 replicas of 30-60 requests a pipeline: the per-request cost of
+  taking their fields is most of it); the aggregates are cheaper.
+* 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
+  400`): by 3.5 simulated seconds most of the 1,024 replicas hold fewer than the policy's
+  `tail_requests` (32) and are priced as tails, every round, against every sibling (550
+  tails a round) and most are long enough to pass the re-prefill check, so every
+  pipeline's drains are read: the slowest rounds (20.8 ms) are the consolidation (16.4
+  ms: 31 pipelines gathered, 7.3 ms, of which the staleness checks 2.4 ms and the rows
+  advanced 1.2 ms, the predictor 0.65 ms; the 1,024 drains 2.1 ms; the pricing loops 5.5
+  ms) and the views of the 1,024 replicas (3.7 ms every round). In the same 16,000 rounds
+  of both builds (the long-run tables below) the policy's own p99 went from 13.1 to 7.6
+  ms and the decision p99 from 19.4 to 15.2 ms.
 
 What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
 rows, predictions and decisions:
@@ -344,19 +361,26 @@ rows, predictions and decisions:
   masks worked on once, not per replica);
 * a pipeline whose decoding since its last call is past the refresh share of the work
   predicted then is due whatever its aggregates say: they are not computed before the
-  call (they are after it);
+  call, only after it; a gather computes aggregates only for the replicas that do not
+  keep theirs (read, carried or predicted since);
+* the tail consolidation reads drains as its pricing needs them: a tail's own first, its
+  siblings' once one of them passes the re-prefill check; `_price_move` prices the
+  re-prefill once per destination width and turns away a tail too short to pay for it
+  onto any width before looking at its siblings;
 * reductions call the ufuncs' reduce, not `ndarray.sum`'s Python wrappers; the predictor's
   accuracy notes read their fields as Python numbers at once.
 
 Checked: `tests/test_snapshot_read_many.py` compares the rows read together with the rows
 read one by one, and the joined batch with the per-replica one, at every decide round of
-a run; jigsaw's makespans on (a) 2026.61457 s and (c) 1683.04996 s (seed 0) are the same
-to the last digit before and after. Tried and not kept, in earlier builds: asking a new
-turn alone, without its running siblings ((a) 2070.1 s against 2038.1 s); carrying the
-rows of replicas of fewer than 64 requests (2057.2 s); a memory on the policy of tails
-found too short to pay (stateful; (a) 2104.8 s against 2047.3 s). One invocation's
-figures move by 10-30% with the shared machine's load from run to run: the medians of
-alternated repeats under the tables are the comparison.
+a run; `tests/test_decision_latency_tails.py` the lazy pricing with the full one; jigsaw's
+makespans on (a) 2026.61457 s and (c) 1683.04996 s (seed 0) and this benchmark's 64 / 8
+run (303.917 s in 5,304 rounds) are the same to the last digit before and after. Tried
+and not kept, in earlier builds: asking a new turn alone, without its running siblings
+((a) 2070.1 s against 2038.1 s); carrying the rows of replicas of fewer than 64 requests
+(2057.2 s); a memory on the policy of tails found too short to pay (stateful; (a) 2104.8
+s against 2047.3 s). One invocation's figures move by 10-30% with the shared machine's
+load from run to run: the medians of alternated repeats under the tables are the
+comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -364,23 +388,33 @@ alternated repeats under the tables are the comparison.
 
 {targets(results)}
 {spread_table(results)}
-A case's rounds here are its first 400: "simulated s" is how far into the run they reach
-(at 1024 / 32, 400 rounds are the rollouts' first 2.3 s, before any tail). Runs that reach
-the tails (the whole run at 64 / 8; at 1024 / 32 as far as the CPU budget goes: its whole
-run is longer than this machine can give one case) follow, with their rounds in tenths.
+A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
+run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
+400 rounds are the rollouts' first 2.3 s, before any tail). Runs that reach the tails
+follow where they were rendered with this block (`--also`): the whole run at 64 / 8, and
+at 1024 / 32 16,000 rounds (3.7 s; the whole run is longer than this machine can give one
+case: on the previous build 600 CPU s ran 56,858 rounds and reached 48.8 s, at a decision
+p99 of 23.1 ms, the policy's own p99 14.4 ms). The two builds run the same simulation
+round for round (their decisions are the same), so a pair's rows are the same rounds.
 {notes}
-What is left. At 64 / 8 the target cannot be met by the state build alone: over the whole
-run the policy's own p99 is itself near 1 ms (the tail consolidation's pricing, the tail
-widening, which reads its pipelines' request views, and early passes), and a slow round
-holds 3-4 predictor calls of a fixed 160-500 us each. At 1024 / 32, once the rollouts
-reach their tails, the policy's own p99 is over 10 ms by itself (see the long run above):
-the state build is not what misses that target. In the state build: the predictor's
-fixed cost per call (its GRPO-group evidence and two EM steps, some 200 numpy calls
-whatever the batch size), a stale pipeline asked again whole rather than in slices, and
-the simulator's replicas keeping their requests as objects (each read takes every field
-of every changed replica's requests again; keeping them as columns in the replica would
-change the row order the predictor sums in, so every decision would have to be checked
-again).
+What is left. Neither target holds once the runs reach the rollouts' tails. At 64 / 8
+the state build alone cannot meet it:
+over the whole run the policy's own p99 is about 0.8 ms (the tail consolidation's pricing,
+the tail widening, which reads its pipelines' request views, and early passes), and a slow
+round holds 3-4 predictor calls of a fixed 160-500 us each. At 1024 / 32 the first 400
+rounds (2.3 s, before any replica is a tail) meet 10 ms; from about 3.4 s, when most
+replicas hold fewer than `tail_requests` and every one is priced every round, the
+policy's own p99 is over 10 ms by itself (the long run above), and the gathers that
+pricing triggers are 7 ms more. Left in the state build: the predictor's fixed cost per
+call (its GRPO-group evidence and two EM steps, some 200 numpy calls whatever the batch
+size); a gather's per-replica Python (advancing, the staleness checks: 1.2 and 2.4 ms a
+round at 1024 / 32), which per-pipeline arrays of the replicas' aggregates would replace;
+a stale pipeline asked again whole rather than in slices; the simulator's replicas keeping
+their requests as objects (a read takes every field of every changed replica's requests
+again; keeping columns in the replica would change the row order the predictor sums in,
+so every decision would have to be checked again). Left in the policy (not this
+benchmark's to change): pricing a replica as a tail only where a move can pay, and the
+pricing loop itself (every tail against every sibling).
 """
 
 
@@ -441,9 +475,10 @@ def repeats_table(before: list, after: list) -> str:
                     + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
                     + [f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
     loads = ", ".join(d.get("load_before", "?").split()[0] for d in before + after)
-    return (f"\nMedians over repeats of each build (each run one invocation as above, the earlier build's "
-            f"runs first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a run "
-            f"by 10-30%, so the two are side by side only where the loads are alike):\n\n"
+    command = after[0].get("command", "?") if after else "?"
+    return (f"\nMedians over repeats of each build (`{command}`, each build's runs alternated, the earlier "
+            f"build's first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a "
+            f"run by 10-30%, so the two are side by side only where the loads are alike):\n\n"
             + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
                         "decision p50 us", "decision p99 us", "state p50 / policy p50"], rows)
             + "\n")
@@ -551,7 +586,9 @@ def measure_breakdown(job: tuple) -> dict:
     spent, calls = {}, {}
     for module, owner, name in BREAKDOWN:
         mod = importlib.import_module(module)
-        holder = getattr(mod, owner) if owner else mod
+        holder = getattr(mod, owner, None) if owner else mod
+        if holder is None or not hasattr(holder, name):
+            continue  # an earlier build without it (the split is then the functions it has)
         label = f"{owner}.{name}" if owner else name
         setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
     pm = get_plugin_manager()
@@ -637,9 +674,9 @@ def main(argv=None) -> None:
                     help="measure nothing: re-render the block from the saved results (with --before, "
                          "--before-label; --write writes it)")
     ap.add_argument("--results", default=str(RESULTS), help="results file to save to (or --render from)")
-    ap.add_argument("--repeats", nargs=2, metavar=("BEFORE_JSONS", "AFTER_JSONS"),
+    ap.add_argument("--repeats", nargs=2, action="append", default=[], metavar=("BEFORE_JSONS", "AFTER_JSONS"),
                     help="with --render: comma-separated results files of alternated repeats of the earlier build "
-                         "and of this one; their medians are shown under the tables")
+                         "and of this one; their medians are shown under the tables (repeatable: one table each)")
     ap.add_argument("--also", action="append", default=[], metavar="LABEL=PATH",
                     help="with --render: another invocation's results file shown under the main table "
                          "(its command, table, targets and tenths), e.g. a whole run; repeatable")
@@ -648,8 +685,8 @@ def main(argv=None) -> None:
     notes = _before_notes(args.before, args.before_label) if args.before else ""
     for spec in args.also:
         notes += _also_notes(spec)
-    if args.repeats:
-        before, after = ([_load_results(f, "--repeats") for f in files.split(",")] for files in args.repeats)
+    for pair in args.repeats:
+        before, after = ([_load_results(f, "--repeats") for f in files.split(",")] for files in pair)
         notes += repeats_table(before, after)
     if args.render:
         try:

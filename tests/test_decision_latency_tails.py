@@ -80,7 +80,9 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
         src = min(live, key=lambda r: r.load)
         extra = {r.id: rng.randint(0, 20) for r in live if rng.random() < 0.3}
         slack = rng.choice((0.05, 0.2, 1.0))
-        got = policy._price_move(state, p, src, live, ends, extra, set(), slack)
+        # the drains read as the pricing needs them (the consolidation's way), or all given
+        lazy = {} if rng.random() < 0.5 else dict(ends)
+        got = policy._price_move(state, p, src, live, lazy, extra, set(), slack, {r.tp for r in live})
         want = _reference(policy, state, p, src, live, ends, extra, set(), slack)
         assert (got is None) == (want is None)
         if got is not None:
@@ -128,3 +130,18 @@ def test_a_multi_turn_pipeline_whose_samples_are_mostly_still_generating_is_not_
     out.clear()
     policy._consolidate_tails(_round([tail, other], 5.0, done=0, samples=64, turns=1.0), out)
     assert out == [RetireReplica(1), Migrate(1, 2)]
+
+
+def test_a_tail_too_short_to_pay_for_any_move_reads_only_its_own_drain():
+    """A tail whose freed device-seconds do not cover min_gain x the re-prefill onto any
+    sibling's width is turned away on its own prediction: its siblings' drains are not read
+    (they are once a sibling passes that check, for the bound and the latest ends)."""
+    policy = Jigsaw()
+    # the siblings hold more than tail_requests (32): they are not tails themselves
+    short, a, b = _replica(1, 4, 8_000.0, 2.0), _replica(2, 40, 40_000.0, 3500.0), _replica(3, 60, 60_000.0, 900.0)
+    out = []
+    policy._consolidate_tails(_round([short, a, b], 5.0), out)
+    assert out == [] and short._source.reads == 1 and a._source.reads == 0 and b._source.reads == 0
+    long_tail, a, b = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 40, 40_000.0, 3500.0), _replica(3, 60, 6e4, 900.0)
+    policy._consolidate_tails(_round([long_tail, a, b], 5.0), out)
+    assert out[:1] == [RetireReplica(1)] and a._source.reads == 1 and b._source.reads == 1

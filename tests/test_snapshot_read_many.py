@@ -4,8 +4,9 @@ by one gives, bit for bit: at every decide round of a short run, for every pipel
 the rows its last gather kept as the old rows (so the last predictions are carried over
 as the one-by-one read carries them), every array and scalar of every replica's rows is
 equal; and the predictor's batch joined column by column (``_batch``) equals the one
-joined replica by replica (as it was built before), whole and masked. The live runtime's replicas report rows, not columns: their rows joined are read
-once (``_columns_of``), checked here on hand-built engines."""
+joined replica by replica (as it was built before), whole and masked. The live runtime's
+replicas report rows, not columns: their rows joined are read once (``_columns_of``),
+checked here on hand-built engines."""
 
 import math
 

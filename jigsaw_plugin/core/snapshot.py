@@ -468,6 +468,12 @@ class _ReplicaRows:
         agg = self._agg
         return agg[5] - (self._decoded_run - agg[0]), agg
 
+    def aggregate(self) -> None:
+        """Compute its aggregates now where they are not kept (read, carried or predicted
+        since): a replica that only advanced keeps them (1,024 a round at 1024 GPUs)."""
+        if self._agg is None:
+            self._agg = self._aggregate()
+
     def outlived(self) -> bool:
         """A row generated past its predicted final length with budget left."""
         if not len(self.ids):
@@ -731,7 +737,7 @@ class _PipelineRequests:
                 self._predict_groups()
             for r in self._rows.values():
                 if len(r.ids):
-                    r.outlived()  # its aggregates, here rather than at the policy's first read
+                    r.aggregate()  # here rather than at the policy's first read
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
 
     def _predict_all(self) -> None:

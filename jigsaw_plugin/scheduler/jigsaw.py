@@ -646,12 +646,16 @@ class Jigsaw(Policy):
             if not tails:
                 continue  # no replica in its tail that could move: nothing to price (or predict)
             used: set = set()
-            ends = {r.id: r.predicted_drain_s() for r in live}
+            # replica -> predicted drain, read as the pricing needs it: a tail's own first,
+            # every live replica's only once a sibling passes the re-prefill check (most
+            # tails are too short to pay for any move: their siblings' drains are not read)
+            ends: dict = {}
+            widths = {r.tp for r in live}
             slack = self._slack(rnd, p)
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
                     continue
-                move = self._price_move(state, p, src, live, ends, extra, used, slack)
+                move = self._price_move(state, p, src, live, ends, extra, used, slack, widths)
                 if move is None:
                     continue
                 dst, end = move
@@ -663,17 +667,30 @@ class Jigsaw(Policy):
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
 
-    def _price_move(self, state, p, src, live, ends, extra, used, slack):
+    def _price_move(self, state, p, src, live, ends, extra, used, slack, widths):
+        """The sibling to move ``src``'s requests to and the move's projected end, or None.
+        ``ends``: replica -> predicted drain, filled as needed (moves made this round set
+        theirs); ``widths``: the tensor-parallel widths of ``live``."""
         cost, cfg = state.cost, self.config
         # the engine's own reports (its request count and KV use), not its request views,
         # whose KV sum differs from ``kv_tokens`` by well under 1%
         k, ctx = src.load, src.kv_tokens
+        if src.id not in ends:
+            ends[src.id] = src.predicted_drain_s()
         src_dev_s = ends[src.id] * src.tp
-        # the re-prefill depends on the destination's width only: priced once per width (a
-        # tail too short to pay for it is then turned away by a comparison per sibling, not
-        # a cost-model call); the bound and the latest ends once a sibling passes it
-        prefill_of: dict = {}
+        # the re-prefill depends on the destination's width only: priced once per width, and
+        # a tail whose freed device-seconds do not cover min_gain x the re-prefill onto any
+        # width is turned away before the siblings are looked at (the loop below would
+        # turn each away by the same comparison)
+        prefill_of = {w: cost.migration_s(p.model, w, ctx) for w in widths}
+        if all(src_dev_s < cfg.min_gain * prefill_of[w] * w for w in widths):
+            return None
         src_left = bound = top = None
+        # the slowest a destination's step can be after the move is at least the step of
+        # the tail's own batch and KV alone on its width (a step never gets faster with
+        # more sequences or KV): a move that would end past the bound even so is turned
+        # away before its two step times are priced
+        step_floor: dict = {}
         best = None
         for dst in live:
             if dst is src or dst.id in used:
@@ -681,21 +698,27 @@ class Jigsaw(Policy):
             n = dst.running + extra.get(dst.id, 0)
             if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
-            prefill = prefill_of.get(dst.tp)
-            if prefill is None:
-                prefill = prefill_of[dst.tp] = cost.migration_s(p.model, dst.tp, ctx)
+            prefill = prefill_of[dst.tp]
             # a step never gets faster with more sequences or KV (new >= old), so the move
             # costs at least its re-prefill: priced before the two step times
             if src_dev_s < cfg.min_gain * prefill * dst.tp:
                 continue
             if bound is None:
+                for r in live:  # every drain, in live order (the order the latest ends tie in)
+                    if r.id not in ends:
+                        ends[r.id] = r.predicted_drain_s()
                 src_left = src.predicted_tokens_left
                 bound = max(ends.values()) * (1 + slack)
                 top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
-            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
             dst_left = dst.predicted_tokens_left
-            end = prefill + max(src_left, dst_left) * new
             others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
+            floor = step_floor.get(dst.tp)
+            if floor is None:
+                floor = step_floor[dst.tp] = cost.decode_step_s(p.model, dst.tp, k, ctx)
+            if max(prefill + max(src_left, dst_left) * floor, others) > bound:
+                continue  # would stretch the pipeline's generation beyond its slack (end >= this)
+            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+            end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
             old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
