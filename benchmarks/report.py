@@ -179,7 +179,10 @@ over a step's finished trajectories while its tail decodes (docs/simulator.md, "
 forward passes"; on (b), before `lend_to_critical`, its effect moved with the seed: on / off
 2114.6 / 2085.4 s at seed 0, 2118.6 / 2149.8 at seed 1, 2155.9 / 2072.0 at seed 2); "no
 lend_to_critical" stops a critical pipeline's training gangs from taking devices that owners
-with slack want back soon (docs/simulator.md); "with loans" switches on micro-batch
+with slack want back soon (docs/simulator.md); "no reshard_in_place" keeps a widened tail
+off its own replicas' devices (free devices only); "no async_reserve" lets an asynchronous
+pipeline's next rollout take its whole home while a generated batch waits to be trained
+(docs/simulator.md); "with loans" switches on micro-batch
 loans (running stages growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish

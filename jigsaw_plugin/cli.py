@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3, help="ray backend: side-by-side runs per policy (median)")
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
                    help="flip one jigsaw mechanism from its default: switch off migration, resize, lookahead, "
-                        "multiplex, borrow, early_passes or lend_to_critical; switch on loans, priority, balance or colocate")
+                        "multiplex, borrow, early_passes, lend_to_critical, reshard_in_place or async_reserve; switch on loans, priority, balance or colocate")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--predictor", default="history", choices=("history", "oracle"),
                    help="the candidate's remaining-length predictor (oracle: an ablation reading true lengths)")

@@ -14,7 +14,8 @@ from jigsaw_plugin.errors import SpecError
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
 
 # --ablate flips one jigsaw mechanism from its default: these are on by default (switched off) ...
-ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_passes", "lend_to_critical")
+ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_passes", "lend_to_critical",
+             "reshard_in_place", "async_reserve")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
 OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
