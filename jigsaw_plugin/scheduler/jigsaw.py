@@ -775,12 +775,15 @@ class Jigsaw(Policy):
         (devices, absorbed replicas), one per new replica, or None."""
         state, cost = rnd.state, rnd.state.cost
         width = max(r.tp for r in live)
-        ctx = {r.id: sum(q.kv_tokens for q in r.requests) for r in live}
+        # the engines' KV reports, not request views (within 0.2% of their sum; no rows built)
+        ctx = {r.id: r.kv_tokens for r in live}
         top = min(state.gpus_per_node, self.config.max_widen)
         best, best_key = None, None
+        room = len(pool) + (sum(r.tp for r in live) if in_place else 0)
         w = width
         while w <= top:
-            for k in range(1, (len(live) if spread else 1) + 1):
+            k = 1
+            while k <= (len(live) if spread else 1) and k * w <= room:
                 if w == width and k >= len(live):
                     break  # as wide and as many: no change
                 groups = _balanced_groups(live, k)
@@ -802,6 +805,7 @@ class Jigsaw(Policy):
                     end = max(end, cost.context_switch_s(p.model, w, train_state=False) + cost.migration_s(p.model, w, c)
                               + _tail_s(cost, p.model, w, n, c, left))
                     plan.append((devs, group))
+                k *= 2  # 1, 2, 4, ... replicas: the plans a round prices stay few
                 if not plan or end >= beat:
                     continue
                 key = (end, len(taken))
