@@ -366,7 +366,9 @@ rows, predictions and decisions:
 * the tail consolidation reads drains as its pricing needs them: a tail's own first, its
   siblings' once one of them passes the re-prefill check; `_price_move` prices the
   re-prefill once per destination width and turns away a tail too short to pay for it
-  onto any width before looking at its siblings;
+  onto any width before looking at its siblings, and a destination whose move would end
+  past the pipeline's bound even at the step of the tail's own batch and KV alone (a
+  step never gets faster with more sequences or KV) before pricing its two step times;
 * reductions call the ufuncs' reduce, not `ndarray.sum`'s Python wrappers; the predictor's
   accuracy notes read their fields as Python numbers at once.
 
