@@ -344,9 +344,11 @@ one such run each, timers included, at load about 2.4 at 64 / 8 and 3-4 at 1024 
   pipeline's drains are read: the slowest rounds (20.8 ms) are the consolidation (16.4
   ms: 31 pipelines gathered, 7.3 ms, of which the staleness checks 2.4 ms and the rows
   advanced 1.2 ms, the predictor 0.65 ms; the 1,024 drains 2.1 ms; the pricing loops 5.5
-  ms) and the views of the 1,024 replicas (3.7 ms every round). In the same 16,000 rounds
-  of both builds (the long-run tables below) the policy's own p99 went from 13.1 to 7.6
-  ms and the decision p99 from 19.4 to 15.2 ms.
+  ms) and the views of the 1,024 replicas (3.7 ms every round); that was before the
+  pricing's step floor. In the same 16,000 rounds (the long-run tables below) the
+  decision p99 / the policy's own p99 were 19.4 / 13.1 and 21.1 / 13.6 ms on the previous
+  build, 15.2 / 7.6 ms with the drains read as needed (9f0123e), 11.0 / 5.2 ms with the
+  step floor (4ddb402).
 
 What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
 rows, predictions and decisions:
@@ -366,7 +368,9 @@ rows, predictions and decisions:
 * the tail consolidation reads drains as its pricing needs them: a tail's own first, its
   siblings' once one of them passes the re-prefill check; `_price_move` prices the
   re-prefill once per destination width and turns away a tail too short to pay for it
-  onto any width before looking at its siblings;
+  onto any width before looking at its siblings, and a destination whose move would end
+  past the pipeline's bound even at the step of the tail's own batch and KV alone (a
+  step never gets faster with more sequences or KV) before pricing its two step times;
 * reductions call the ufuncs' reduce, not `ndarray.sum`'s Python wrappers; the predictor's
   accuracy notes read their fields as Python numbers at once.
 
@@ -380,7 +384,13 @@ and not kept, in earlier builds: asking a new turn alone, without its running si
 (2057.2 s); a memory on the policy of tails found too short to pay (stateful; (a) 2104.8
 s against 2047.3 s). One invocation's figures move by 10-30% with the shared machine's
 load from run to run: the medians of alternated repeats under the tables are the
-comparison.
+comparison. Which build each table measures: the main table is the current one (with
+the lead's merge of tail re-shards and async_reserve, which changed the simulated runs:
+the 64 / 8 run now takes 316.07 s in 4,702 rounds, and its policy's own p99 over the
+whole run went up); the tables of single runs under it name their build; the medians
+compare the previous build (a4de67a) with this one as it was before that merge and
+before its last two steps (the pricing's step floor, the one-look staleness check:
+9f0123e).
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -394,27 +404,31 @@ run) and CPU budget allow: "simulated s" is how far into the run they reach (at 
 follow where they were rendered with this block (`--also`): the whole run at 64 / 8, and
 at 1024 / 32 16,000 rounds (3.7 s; the whole run is longer than this machine can give one
 case: on the previous build 600 CPU s ran 56,858 rounds and reached 48.8 s, at a decision
-p99 of 23.1 ms, the policy's own p99 14.4 ms). The two builds run the same simulation
-round for round (their decisions are the same), so a pair's rows are the same rounds.
+p99 of 23.1 ms, the policy's own p99 14.4 ms). The previous build and this one before the
+lead's merge run the same simulation round for round (their decisions are the same), so
+their rows are the same rounds; the current build's policy decides differently.
 {notes}
 What is left. Neither target holds once the runs reach the rollouts' tails. At 64 / 8
-the state build alone cannot meet it:
-over the whole run the policy's own p99 is about 0.8 ms (the tail consolidation's pricing,
-the tail widening, which reads its pipelines' request views, and early passes), and a slow
-round holds 3-4 predictor calls of a fixed 160-500 us each. At 1024 / 32 the first 400
-rounds (2.3 s, before any replica is a tail) meet 10 ms; from about 3.4 s, when most
-replicas hold fewer than `tail_requests` and every one is priced every round, the
-policy's own p99 is over 10 ms by itself (the long run above), and the gathers that
-pricing triggers are 7 ms more. Left in the state build: the predictor's fixed cost per
-call (its GRPO-group evidence and two EM steps, some 200 numpy calls whatever the batch
-size); a gather's per-replica Python (advancing, the staleness checks: 1.2 and 2.4 ms a
-round at 1024 / 32), which per-pipeline arrays of the replicas' aggregates would replace;
-a stale pipeline asked again whole rather than in slices; the simulator's replicas keeping
-their requests as objects (a read takes every field of every changed replica's requests
-again; keeping columns in the replica would change the row order the predictor sums in,
-so every decision would have to be checked again). Left in the policy (not this
-benchmark's to change): pricing a replica as a tail only where a move can pay, and the
-pricing loop itself (every tail against every sibling).
+the state build alone cannot meet it: over the whole run the policy's own p99 is 0.8 ms
+on this build before the lead's merge and over 2 ms after it (the tail consolidation's
+pricing, the tail widening and re-shards, which read their pipelines' request views,
+early passes), and a slow round holds 3-4 predictor calls of a fixed 160-500 us each. At
+1024 / 32 the first 400 rounds (2.3 s, before any replica is a tail) meet 10 ms; over
+16,000 rounds (3.7 s) the decision p99 is about 10 ms (10.2 ms on the current build;
+21.1 and 19.4 ms on the previous one), and it grows as the run goes on (its last tenth:
+12.3 ms), since from about 3 s most replicas hold fewer than `tail_requests` and every
+one is priced every round, each pricing gathering its pipeline. The whole run is beyond
+this machine's budget for one case; on the previous build 600 CPU s reached 48.8 s at a
+decision p99 of 23.1 ms. Left in the state build: the predictor's fixed cost per call
+(its GRPO-group evidence and two EM steps, some 200 numpy calls whatever the batch
+size); a gather's per-replica Python (advancing each replica's rows, the staleness
+checks), which per-pipeline arrays of the replicas' aggregates would replace; the views
+of every replica every round (3-4 us each: 3.7 ms at 1024 / 32); a stale pipeline asked
+again whole rather than in slices; the simulator's replicas keeping their requests as
+objects (a read takes every field of every changed replica's requests again; keeping
+columns in the replica would change the row order the predictor sums in, so every
+decision would have to be checked again). Left in the policy (not this benchmark's to
+change): pricing a replica as a tail only where a move can pay.
 """
 
 
