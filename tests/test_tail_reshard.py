@@ -14,22 +14,27 @@ from jigsaw_plugin.scheduler import LaunchReplica, Migrate, get_policy
 from jigsaw_plugin.sim import Simulation
 from jigsaw_plugin.sim.world import PolicyViolation
 from sim_helpers import device_overlaps, small_workload
-from test_jigsaw_decide import _busy_with_replicas, pipeline, replica, state, step
+from test_jigsaw_decide import _busy_with_replicas, _paced, pipeline, replica, state, step
 
 LONG = [20000, 18000]  # predicted tokens left: a tail worth re-sharding
 
 
-def _tail_on_whole_home(tps=(2, 2)):
-    """p0's tail fills its home (devices 0-3) with narrow replicas; p1's home (4-7) is busy
-    with its own rollout, so nothing is free or lendable: only an in-place re-shard widens."""
-    reps, d = [], 0
-    for i, tp in enumerate(tps):
-        reps.append(replica("p0", i + 1, tuple(range(d, d + tp)), generated=[3000, 2500], predicted=LONG))
-        d += tp
-    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=28)})
+def _tail_on_whole_home(paced=None):
+    """p0's tail fills its home (devices 0-3) with two tp2 replicas; p1's home (4-7) is busy
+    with its own rollout, so nothing is free or lendable: only an in-place re-shard widens.
+    ``paced``: (p0, p1) start times of their step 1, one step done each (a pace observed);
+    None: both in their first step (no pace yet)."""
+    k = 0 if paced is None else 1
+    reps = [replica("p0", i + 1, (2 * i, 2 * i + 1), generated=[3000, 2500], predicted=LONG) for i in range(2)]
     p1_reps = [replica("p1", 9, (4, 5, 6, 7), generated=[100] * 4, predicted=[30000] * 4)]
-    p1 = pipeline(1, range(4, 8), replicas=p1_reps, gen_next=1, generating=True, steps={0: step(0, done=0)})
-    return state([p0, p1], busy=_busy_with_replicas([p0, p1]))
+    pipes = []
+    for i, (share, rs, done) in enumerate(((range(4), reps, 28), (range(4, 8), p1_reps, 0))):
+        st = step(k, done=done)
+        if paced is not None:
+            st = _paced(st, paced[i])
+        pipes.append(pipeline(i, share, replicas=rs, gen_next=k + 1, train_next=k, version=k, generating=True,
+                              steps={k: st}))
+    return state(pipes, busy=_busy_with_replicas(pipes), t=100.0 if paced is None else max(paced) + 50.0)
 
 
 def _widened(out):
@@ -57,6 +62,15 @@ def test_without_the_capability_or_the_switch_the_tail_stays_where_it_is():
     assert not _widened(get_policy("jigsaw").decide(st))
     st = dataclasses.replace(st, reshard_in_place=True)
     assert not _widened(get_policy("jigsaw", reshard_in_place=False).decide(st))
+
+
+def test_only_a_pipeline_near_the_critical_path_re_shards_in_place():
+    # at the observed paces p0 (a step in 100 s) is far ahead of p1 (300 s): its tail keeps
+    # its devices for consolidation to free; behind p1 (p0 300 s, p1 100 s) it re-shards
+    ahead = dataclasses.replace(_tail_on_whole_home(paced=(100.0, 300.0)), reshard_in_place=True)
+    assert not _widened(get_policy("jigsaw").decide(ahead))
+    behind = dataclasses.replace(_tail_on_whole_home(paced=(300.0, 100.0)), reshard_in_place=True)
+    assert _absorbed(get_policy("jigsaw").decide(behind)) == {1, 2}
 
 
 def test_a_tail_spreads_over_several_replicas_when_one_wide_replica_would_be_slower():
