@@ -754,13 +754,15 @@ class Jigsaw(Policy):
             if self.config.priority and self._completion_s(rnd, p) < (1 - self.config.latency_slack) * self._critical_s(rnd):
                 continue  # not on the critical path: the devices are worth more elsewhere
             now_end = max(r.predicted_drain_s() for r in live)
+            beat = now_end * (1 - self.config.latency_slack)
+            if self._widen_floor_s(state, p, live) >= beat:
+                continue  # no re-shard could end sooner: not worth gathering devices for
             pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
                 pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
             critical = self._near_critical(rnd, p)
             in_place = self.config.reshard_in_place and state.reshard_in_place and critical
-            best = self._widen_plan(rnd, p, live, pool, in_place, now_end * (1 - self.config.latency_slack),
-                                    spread=critical)
+            best = self._widen_plan(rnd, p, live, pool, in_place, beat, spread=critical)
             if best is None:
                 continue
             for devs, group in best:
@@ -769,6 +771,20 @@ class Jigsaw(Policy):
                 for r in group:
                     rnd.free.update(r.devices)
                 rnd.free.difference_update(devs)  # after: a re-shard in place takes some of them
+
+    def _widen_floor_s(self, state, p, live) -> float:
+        """A floor under every re-shard plan's projected end: the longest predicted request
+        alone at batch 1 with no KV on the fastest width a plan may use (a step never gets
+        faster with more sequences or KV; the switch and re-prefill only add)."""
+        width = max(r.tp for r in live)
+        widths, w = [], width
+        while w <= min(state.gpus_per_node, self.config.max_widen):
+            widths.append(w)
+            w *= 2
+        if not widths:
+            return _INF
+        left = max(r.predicted_tokens_left for r in live)
+        return left * min(state.cost.decode_step_s(p.model, w, 1, 0.0) for w in widths)
 
     def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True):
         """The fastest re-shard of ``live`` ending before ``beat`` seconds from now: a list of
