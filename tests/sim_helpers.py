@@ -66,3 +66,20 @@ def device_overlaps(trace_records) -> list:
             if s1 < e0 - 1e-6:
                 bad.append((d, n0, n1, e0, s1))
     return bad
+
+
+def run_with_probe(probe, name: str):
+    """Run the jigsaw policy on a small two-pipeline workload (one agentic) with ``probe``
+    registered as a hook plugin under ``name``; the probe sees the simulation as ``probe.sim``."""
+    from jigsaw_plugin.manager import get_plugin_manager, register
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    wl = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(False, True), median=600)
+    pm = get_plugin_manager(load_entrypoints=False)
+    register(pm, probe, name)
+    sim = Simulation(wl, get_policy("jigsaw"), seed=3, pm=pm)
+    probe.sim = sim
+    sim.run()
+    return sim
+

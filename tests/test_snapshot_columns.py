@@ -18,11 +18,8 @@ from jigsaw_plugin.core.snapshot import RequestColumns
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.hookspecs import hookimpl
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.manager import get_plugin_manager, register
-from jigsaw_plugin.scheduler import get_policy
 from jigsaw_plugin.scheduler.state import PipelineView, ReplicaView
-from jigsaw_plugin.sim import Simulation
-from sim_helpers import small_workload
+from sim_helpers import run_with_probe
 
 
 class _CompareColumns:
@@ -48,13 +45,8 @@ class _CompareColumns:
 
 
 def test_replica_columns_equal_its_rows_at_every_round():
-    wl = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(False, True), median=600)
-    pm = get_plugin_manager(load_entrypoints=False)
     cmp = _CompareColumns()
-    register(pm, cmp, "compare-columns")
-    sim = Simulation(wl, get_policy("jigsaw"), seed=3, pm=pm)
-    cmp.sim = sim
-    sim.run()
+    run_with_probe(cmp, "compare-columns")
     assert cmp.rows > 1000 and cmp.running_rows > 100  # decoding rows seen, not only fresh ones
 
 

@@ -15,10 +15,7 @@ import numpy as np
 from jigsaw_plugin.core.snapshot import ReplicaObs, _batch, _columns_of, _read_many, _ReplicaRows
 from jigsaw_plugin.hookspecs import hookimpl
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.manager import get_plugin_manager, register
-from jigsaw_plugin.scheduler import get_policy
-from jigsaw_plugin.sim import Simulation
-from sim_helpers import small_workload
+from sim_helpers import run_with_probe
 
 _SCALARS = ("version", "t", "t_read", "kv", "running", "ids", "prompt_key", "n_decoding", "_shift", "_decoded_run",
             "unseen", "fresh", "decoded", "carried", "drift", "alive")
@@ -90,13 +87,8 @@ def _same_batch(got, want: dict) -> None:
 
 
 def test_read_together_equals_one_by_one_at_every_round():
-    wl = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(False, True), median=600)
-    pm = get_plugin_manager(load_entrypoints=False)
     cmp = _CompareReads()
-    register(pm, cmp, "compare-reads")
-    sim = Simulation(wl, get_policy("jigsaw"), seed=3, pm=pm)
-    cmp.sim = sim
-    sim.run()
+    run_with_probe(cmp, "compare-reads")
     # decoding rows seen, and predictions carried over from the last gather's rows
     assert cmp.rounds > 50 and cmp.rows > 1000 and cmp.carried_over > 300
 

@@ -390,7 +390,6 @@ class Jigsaw(Policy):
         for p in rnd.state.order:
             if p.done:
                 continue
-            rs = p.running_stage
             if self._paused(rnd, p):
                 demands.append((1, "resume", p))  # paused by a reclaim: it needs devices again
             stage = p.next_stage
