@@ -759,7 +759,9 @@ class Jigsaw(Policy):
             pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
                 pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
-            critical = self._near_critical(rnd, p)
+            # a projection (the observed pace): without the look-ahead, free devices only (greedy
+            # gangs then start narrow, and a tail holding its devices wide starved (a)'s PPO agent: 2787 s)
+            critical = self.config.lookahead and self._near_critical(rnd, p)
             in_place = self.config.reshard_in_place and state.reshard_in_place and critical
             best = self._widen_plan(rnd, p, live, pool, in_place, beat, spread=critical)
             if best is None:
