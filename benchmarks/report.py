@@ -165,8 +165,8 @@ a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_3
         f"| no pipeline's mean step > 1.25x its mean step alone on its static share | ({k}) | "
         f"largest ratio {summary[k]['max_step_ratio']:.2f} | {'yes' if summary[k]['max_step_ratio'] <= 1.25 else 'no'} |\n"
         for k in ("a", "b", "c", "d")
-    ) + (f"""| decision p99 < 1 ms at 64 GPUs / 8 pipelines | decision-latency benchmark | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
-| decision p99 < 10 ms at 1024 GPUs / 32 pipelines | decision-latency benchmark | {lat_summary[(1024, 32)]:.0f} us | {'yes' if lat_summary[(1024, 32)] < 10000 else 'no'} |
+    ) + (f"""| decision p99 < 1 ms at 64 GPUs / 8 pipelines | decision-latency benchmark, first 400 rounds (whole runs: its block) | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
+| decision p99 < 10 ms at 1024 GPUs / 32 pipelines | decision-latency benchmark, first 400 rounds (before the tails; whole runs: its block) | {lat_summary[(1024, 32)]:.0f} us | {'yes, in those rounds' if lat_summary[(1024, 32)] < 10000 else 'no'} |
 """ if lat_summary else
         f"| decision p99 < 1 ms at 64 GPUs / 8 pipelines | (b), this run | {summary['b']['p99_us']:.0f} us "
         f"(p50 {summary['b']['p50_us']:.0f} us) | {'yes' if summary['b']['p99_us'] < 1000 else 'no'} |\n") + """
