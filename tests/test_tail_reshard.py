@@ -139,3 +139,16 @@ def test_an_executor_without_the_capability_refuses_an_in_place_re_shard():
     with pytest.raises(PolicyViolation, match="capability 'reshard_in_place'"):
         w.apply(LaunchReplica("p0", devices, absorb=tuple(r.id for r in reps)))
     assert not w.snapshot().reshard_in_place
+
+
+def test_a_refused_re_shard_stops_nothing():
+    # the new replica would take all four devices but absorbs only two replicas: the other
+    # two replicas' devices are busy, so it is refused before any replica stops
+    _, w = _world()
+    reps = sorted((r for r in w.replicas.values() if r.pipeline == "p0"), key=lambda r: r.id)
+    before = {r.id: {q.rid for q in list(r.queue) + r.running()} for r in reps}
+    devices = tuple(d for rep in reps for d in rep.devices)
+    with pytest.raises(PolicyViolation, match="busy"):
+        w.apply(LaunchReplica("p0", devices, absorb=(reps[0].id, reps[1].id)))
+    after = {r.id: {q.rid for q in list(r.queue) + r.running()} for r in w.replicas.values() if r.pipeline == "p0"}
+    assert after == before

@@ -202,9 +202,9 @@ class World(ExecutorCore):
         """An in-place re-shard: absorbed replicas whose devices the new replica takes stop
         first (their requests aborted with the tokens they have, their devices released);
         the caller resumes the requests on the new replica. Returns (replica, requests)."""
-        handed = []
         want = set(devices)
-        for rid in d.absorb:
+        stopping = []
+        for rid in d.absorb:  # every check before anything stops: a refusal loses nothing
             src = self.replicas.get(rid)
             if src is None:
                 raise PolicyViolation(f"LaunchReplica.absorb: unknown replica {rid}; allowed: live replica ids of {p.name}")
@@ -215,6 +215,16 @@ class World(ExecutorCore):
             if src.partner is not None:
                 raise PolicyViolation(f"LaunchReplica.devices: {devices} take devices of replica {rid}, which shares "
                                       f"them with replica {src.partner.id}; allowed: the devices of unshared replicas")
+            stopping.append(src)
+        if stopping:
+            held = {x for src in stopping for x in src.devices}
+            busy = [x for x in devices if x not in self.free and x not in held]
+            if busy:
+                raise PolicyViolation(f"LaunchReplica.devices: {busy} of {devices} are busy "
+                                      f"({[self.task.get(x) for x in busy]!r}); allowed: free devices and those "
+                                      f"of the replicas it absorbs")
+        handed = []
+        for src in stopping:
             src.sync(self.t)
             moved = src.take_all()
             src.retiring = True
