@@ -734,8 +734,9 @@ class Jigsaw(Policy):
         A tail decodes a few long requests at small batches, where a step is bound by reading
         the weights: splitting them over more devices cuts the per-token time, which is the
         pipeline's critical path, at a device-second price. The tail's replicas are grouped
-        into ``k`` groups, each absorbed by one replica of width ``w`` (a wider one, or as
-        wide but fewer requests each); the plan whose projected end of generation is
+        into ``k`` groups (1, 2, 4, ...), each absorbed by one replica of width ``w`` (as
+        wide as now or wider: several wide replicas where one would decode too large a
+        batch); the plan whose projected end of generation is
         earliest is taken when it beats the current one by more than ``latency_slack``
         after the weight load and the re-prefill. The new replicas go on devices the
         pipeline's home has free, devices whose owners can spare them for that long, and
