@@ -778,15 +778,19 @@ class Jigsaw(Policy):
         """A floor under every re-shard plan's projected end: the longest predicted request
         alone at batch 1 with no KV on the fastest width a plan may use (a step never gets
         faster with more sequences or KV; the switch and re-prefill only add)."""
-        width = max(r.tp for r in live)
-        widths, w = [], width
-        while w <= min(state.gpus_per_node, self.config.max_widen):
-            widths.append(w)
-            w *= 2
+        widths = self._widen_widths(state, live)
         if not widths:
             return _INF
         left = max(r.predicted_tokens_left for r in live)
         return left * min(state.cost.decode_step_s(p.model, w, 1, 0.0) for w in widths)
+
+    def _widen_widths(self, state, live) -> list:
+        """The widths a re-shard of ``live`` may use: theirs, doubled up to a node or ``max_widen``."""
+        widths, w = [], max(r.tp for r in live)
+        while w <= min(state.gpus_per_node, self.config.max_widen):
+            widths.append(w)
+            w *= 2
+        return widths
 
     def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True):
         """The fastest re-shard of ``live`` ending before ``beat`` seconds from now: a list of
@@ -795,18 +799,16 @@ class Jigsaw(Policy):
         width = max(r.tp for r in live)
         # the engines' KV reports, not request views (within 0.2% of their sum; no rows built)
         ctx = {r.id: r.kv_tokens for r in live}
-        top = min(state.gpus_per_node, self.config.max_widen)
         best, best_key = None, None
         room = len(pool) + (sum(r.tp for r in live) if in_place else 0)
-        w = width
-        while w <= top:
+        for w in self._widen_widths(state, live):
             k = 1
             while k <= (len(live) if spread else 1) and k * w <= room:
                 if w == width and k >= len(live):
                     break  # as wide and as many: no change
                 groups = _balanced_groups(live, k)
                 plan, taken, end = [], set(), 0.0
-                spare = [d for d in pool if d not in taken]
+                spare = list(pool)
                 for j, group in enumerate(groups):
                     # free devices, and the devices of replicas absorbed by this or an earlier group
                     own = [d for g in groups[:j + 1] for r in g for d in r.devices] if in_place else []
@@ -829,7 +831,6 @@ class Jigsaw(Policy):
                 key = (end, len(taken))
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
-            w *= 2
         return best
 
     # ---- placement --------------------------------------------------------------------
@@ -929,22 +930,22 @@ class Jigsaw(Policy):
         """``p`` is projected, at its observed pace, to finish within ``latency_slack`` of
         the last of the pipelines: its chain is the job set's makespan."""
         mine = self._paced_finish_t(p)
-        if mine is None:
-            return False
-        if rnd.paced_last is None:  # once a round: _lendable asks for every free device's owner
+        return mine is not None and mine >= (1 - self.config.latency_slack) * self._paced_last(rnd)
+
+    def _paced_last(self, rnd) -> float:
+        """The latest projected finish of the pipelines at their observed paces (once a
+        round: _lendable asks for every free device's owner)."""
+        if rnd.paced_last is None:
             rnd.paced_last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None),
                                  default=0.0)
-        return mine >= (1 - self.config.latency_slack) * rnd.paced_last
+        return rnd.paced_last
 
     def _near_critical(self, rnd, p) -> bool:
         """``p`` may be on the job set's critical path: before its first step ends (no pace
         observed yet), or projected at its observed pace to finish within ``max_slack`` of
         the last of the pipelines."""
         mine = self._paced_finish_t(p)
-        if mine is None:
-            return True
-        self._paced_critical(rnd, p)  # computes the round's latest paced finish
-        return mine >= (1 - self.config.max_slack) * rnd.paced_last
+        return mine is None or mine >= (1 - self.config.max_slack) * self._paced_last(rnd)
 
     def _in_tail(self, p) -> bool:
         """The rollout is down to its tail (the engines' loads say so): ``widen_requests``
@@ -1089,7 +1090,10 @@ class Jigsaw(Policy):
         wants = (self._may_start_gen(p) and not p.generating) or p.pending > 0 or any(r.queued for r in p.replicas)
         if not wants:
             return 0
-        tp = rollout_tp(p, rnd.state.cost)
+        return self._under_cap(rnd, p, cap, rollout_tp(p, rnd.state.cost))
+
+    def _under_cap(self, rnd, p, cap: int, tp: int) -> int:
+        """Home devices ``p``'s rollout may still take under ``cap``: whole replicas."""
         return max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)
 
     @staticmethod
@@ -1109,7 +1113,7 @@ class Jigsaw(Policy):
         avail = [d for d in home if d in free]
         cap = self._rollout_cap(rnd, p)
         if cap is not None:  # the rest of the home is its training gang's (async_reserve)
-            avail = avail[:max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)]
+            avail = avail[:self._under_cap(rnd, p, cap, tp)]
         if self._cost_aware(state):
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
