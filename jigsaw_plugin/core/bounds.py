@@ -3,10 +3,14 @@
 Computed after a run from the samples it processed (true lengths are fine here: this is
 the record, never the policy's input), priced by the run's cost model:
 
-- ``ideal_device_s``: the least device-seconds any policy could spend. Decode at the
-  engine's largest batch with no KV reads (``max_num_seqs`` sequences per step, on the
-  replica width that makes a token cheapest), every prompt and observation token
-  prefilled once, every training-side pass at its compute alone (no per-stage overhead,
+- ``ideal_device_s``: the least device-seconds any policy could spend. Decode: the larger
+  of two floors, per synchronous step (an asynchronous pipeline's steps may share decode
+  steps: over its whole run), each a lower bound on its own: every token at the engine's
+  largest batch with no KV reads (``max_num_seqs`` sequences per step, on the replica width
+  that makes a token cheapest); and the HBM reads no decode step avoids: the weights once
+  per decode step (at least as many steps as the longest trajectory has tokens) and each
+  token's own KV cache, its whole context, once (``_read_floor_device_s``). Every prompt
+  and observation token prefilled once, every training-side pass at its compute alone (no per-stage overhead,
   on the gang width that makes it cheapest). Weight syncs, tool calls and rewards cost no
   device time here.
 - ``work_s``: ``ideal_device_s / gpus``: no policy finishes sooner than the pool can do the
@@ -69,6 +73,38 @@ def _tail_token_s(cost, model, limit: int) -> float:
     return min(cost.decode_step_s(model, tp, 1, 0.0) for tp in _widths(cost, model, limit))
 
 
+def _read_s_per_byte(ex) -> float:
+    """Least device-seconds to read one byte of HBM in a decode step, over the pool's
+    device classes (the fastest class: a bound must hold wherever the decode runs)."""
+    classes = getattr(ex, "device_classes", None)
+    costs = classes.costs if classes is not None else [ex.cost]
+    return min(1.0 / (c.hw.hbm_bytes_per_s * c.f.decode_bw_eff) for c in costs)
+
+
+def _read_floor_device_s(model, smp, per_byte: float) -> tuple[float, int]:
+    """The HBM reads a step's decode cannot avoid, in device-seconds, and the decode steps
+    they assume. A decode step of ``b`` sequences on ``tp`` devices takes at least its
+    memory term, ``(weights + the b sequences' KV) / (tp x bandwidth)`` (the cost model's
+    step is the larger of that and its FLOPs, plus overheads), so it costs at least
+    ``(weights + KV) x per_byte`` device-seconds whatever its width and batch. Summed over
+    steps: the weights once per step, at least as many steps as the longest trajectory has
+    tokens (one token per sequence per step), plus every generated token's KV read once: a
+    turn of ``L`` tokens after a context of ``c`` reads ``L c + L (L - 1) / 2`` tokens of KV
+    (the context of turn k + 1 is turn k's plus its tokens and the tool's observation, as
+    the executor resumes it)."""
+    gen = np.asarray(smp.gen_tokens, dtype=np.float64)
+    if not len(gen):
+        return 0.0, 0
+    starts = np.asarray(smp.turn_offset[:-1])
+    sample = np.repeat(np.arange(len(starts)), np.diff(np.asarray(smp.turn_offset)))
+    grown = gen + np.asarray(smp.observation_len, dtype=np.float64)
+    before = np.cumsum(grown) - grown  # tokens grown in earlier turns, all samples
+    ctx = np.asarray(smp.prompt_len, dtype=np.float64)[sample] + before - before[starts][sample]
+    kv_tokens = float(np.sum(gen * ctx + gen * (gen - 1) / 2))
+    steps = int(np.max(np.add.reduceat(smp.gen_tokens, starts)))
+    return (steps * model.weight_bytes + kv_tokens * model.kv_bytes_per_token) * per_byte, steps
+
+
 def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
     """Least device-seconds of a training-side pass: compute without the stage's fixed cost."""
     price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
@@ -79,6 +115,7 @@ def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
 def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
     cost, gpus, gpn = ex.cost, ex.gpus, ex.gpus_per_node
+    per_byte = _read_s_per_byte(ex)
     ideal = 0.0
     rollout_ideal = 0.0
     critical = 0.0
@@ -87,14 +124,25 @@ def compute_bounds(ex) -> Bounds:
         per_token = _decode_token_device_s(cost, m, gpn)
         tail_token = _tail_token_s(cost, m, gpn)
         prefill_per_token = min(cost.prefill_s(m, tp, 1e6) * tp / 1e6 for tp in _widths(cost, m, gpn))
+        sync = p.spec.mode == "sync"
         chain = 0.0
+        batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
+        decode_steps = 0
         steps = [p.steps[k] for k in sorted(p.steps)]
         for i, s in enumerate(steps):
             smp = s.samples
             gen = float(np.sum(smp.gen_tokens))
             fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
-            ideal += gen * per_token + fresh * prefill_per_token
-            rollout_ideal += gen * per_token + fresh * prefill_per_token
+            read_s, longest_tokens = _read_floor_device_s(m, smp, per_byte)
+            if sync:  # a synchronous step's decode steps are its own: its floors hold alone
+                decode = max(gen * per_token, read_s)
+            else:  # steps may share decode steps: only the run's floors hold (below)
+                batched += gen * per_token
+                reads += read_s - longest_tokens * m.weight_bytes * per_byte
+                decode_steps = max(decode_steps, longest_tokens)
+                decode = 0.0
+            ideal += decode + fresh * prefill_per_token
+            rollout_ideal += decode + fresh * prefill_per_token
             train = 0.0
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
@@ -110,6 +158,10 @@ def compute_bounds(ex) -> Bounds:
             if p.spec.mode == "sync" or i == 0:
                 chain += longest
             chain += train
+        if not sync:
+            decode = max(batched, reads + decode_steps * m.weight_bytes * per_byte)
+            ideal += decode
+            rollout_ideal += decode
         critical = max(critical, chain)
     work = ideal / gpus
     return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal)
