@@ -182,8 +182,10 @@ lend_to_critical" stops a critical pipeline's training gangs from taking devices
 with slack want back soon (docs/simulator.md); "no reshard_in_place" keeps a widened tail
 off its own replicas' devices (free devices only); "no async_reserve" lets an asynchronous
 pipeline's next rollout take its whole home while a generated batch waits to be trained
-(docs/simulator.md); "with loans" switches on micro-batch
-loans (running stages growing onto lent devices at micro-batch boundaries, owners
+(docs/simulator.md); "no critical_loans" keeps the critical pipeline's running stage at
+the width it started with (on: it grows at micro-batch boundaries onto devices owners with
+slack lend it, and they reclaim them at a boundary); "with loans" switches on micro-batch
+loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish
 together), "with colocate" two pipelines' tail replicas on one device with the KV cache

@@ -284,3 +284,27 @@ def test_a_critical_pipelines_gang_takes_devices_an_owner_with_slack_wants_back(
     assert off and set(off[0].devices) == {0, 1, 2, 3}
     swapped = [d for d in get_policy("jigsaw").decide(_critical_gang_state(100.0, 300.0)) if isinstance(d, RunStage)]
     assert swapped and set(swapped[0].devices) == {0, 1, 2, 3}
+
+
+def test_only_the_critical_pipelines_running_stage_grows_onto_lent_devices():
+    # p0's update_actor runs on its home 0-3; p1 decodes a long tail on device 4, devices
+    # 5-7 free. With critical_loans (loans off), p0's stage grows onto 5-7 when p0 is the
+    # pipeline projected last, and keeps its width when p1 is.
+    rs = RunningStageView(1, "update_actor", (0, 1, 2, 3), None, 6, 8, 105.0, True)
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    busy = {4: DeviceTask("replica", "p1", replica=5), **{d: DeviceTask("stage", "p0", stage="update_actor")
+                                                           for d in range(4)}}
+
+    def decide(p0_start, p1_start, **opts):
+        # each pipeline's observed pace projects its run to end at gen_start_t x steps / train_next
+        ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=8_000_000), p0_start)
+        p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                      running_end=300.0, running_stage=rs, steps={1: ready})
+        p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=3, train_next=2, version=2, generating=True,
+                      steps={2: StepView(2, 32, 31, 31, 0, p1_start, {}, {}, 1)})
+        out = get_policy("jigsaw", migration=False, **opts).decide(state([p0, p1], busy=busy))
+        return [d for d in out if isinstance(d, ResizeStage)]
+
+    assert decide(90.0, 20.0) == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3, 5, 6, 7))]
+    assert decide(90.0, 20.0, critical_loans=False) == []
+    assert decide(20.0, 90.0) == []  # p1 projected last: p0 has slack, its stage keeps its width

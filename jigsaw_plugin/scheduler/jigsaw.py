@@ -19,7 +19,8 @@ runs much slower than on its static share; every device its owner is not using i
   first and then on any free device whose owner can spare it for the predicted rollout;
 - micro-batch loans: a running training stage grows onto free devices at its next
   micro-batch boundary (``ResizeStage``), so a loan need not fit a whole stage; a new
-  stage starts on its home plus devices lendable for one micro-batch;
+  stage starts on its home plus devices lendable for one micro-batch (``loans``, off by
+  default); ``critical_loans`` (on) grows only the critical pipeline's running stage;
 - tails priced in device-seconds: a replica decoding at a small batch (a few long
   requests, where a token costs many times its ideal) hands them to a sibling with room
   (abort + resume) when the device-seconds freed outweigh the re-prefill and the
@@ -86,6 +87,13 @@ class JigsawConfig:
     # running stages grow onto lent devices at micro-batch boundaries; owners reclaim. Off by
     # default: on the bundled workloads it gained 1% on (a), lost 1.5% on (d) and 15% on (c)
     loans: bool = False
+    # micro-batch loans for the job set's critical pipeline only (projected last at the
+    # observed paces, as ``lend_to_critical``): its running stage grows at micro-batch
+    # boundaries onto devices free now, including those of owners off the critical path;
+    # owners with work ready reclaim them at the next boundary. Other stages keep their
+    # width. Measured (3 seeds): -1.0% makespan on (a), -1.8% (b), -0.4% (c), -0.6% (d),
+    # -0.5% (f), +0.3% (e) (docs/simulator.md)
+    critical_loans: bool = True
     # a critical pipeline's training gang (projected last at the pipelines' observed paces)
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
@@ -293,7 +301,7 @@ class Jigsaw(Policy):
         rnd = _Round(state, home, owner)
         out: list = []
         self._retire_drained(rnd, out)
-        if cfg.multiplex and cfg.loans and cfg.resize:
+        if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._reclaim(rnd, out)
         if cfg.migration:
             self._consolidate_tails(rnd, out)
@@ -327,7 +335,7 @@ class Jigsaw(Policy):
             rnd.free.difference_update(d for g in groups for d in g)
         if cfg.early_passes and state.early_passes and cfg.resize:
             self._early_passes(rnd, out)
-        if cfg.multiplex and cfg.loans and cfg.resize:
+        if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._grow_stages(rnd, out)
         return out
 
@@ -581,10 +589,13 @@ class Jigsaw(Policy):
 
     def _grow_stages(self, rnd, out) -> None:
         """Running stages take the free devices left, furthest-from-completion first: their
-        own home devices, then devices lent for at least a micro-batch."""
+        own home devices, then devices lent for at least a micro-batch. With ``loans`` off
+        and ``critical_loans`` on, only the critical pipeline's stage grows, and onto the
+        devices ``lend_to_critical`` lends it."""
         state = rnd.state
         running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
-                   and p.running_stage.micro_batches_left >= 2]
+                   and p.running_stage.micro_batches_left >= 2
+                   and (self.config.loans or self._paced_critical(rnd, p))]
         running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
         for p in running:
             if not rnd.free:
@@ -596,7 +607,8 @@ class Jigsaw(Policy):
             home = set(rnd.share[p.name])
             own = [d for d in sorted(rnd.free) if d in home]
             g0 = len(base)
-            lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1))
+            lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
+                                  training=not self.config.loans)
             add = own + [d for d in lend if d not in home]
             if not add:
                 continue
