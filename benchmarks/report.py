@@ -184,7 +184,9 @@ off its own replicas' devices (free devices only); "no async_reserve" lets an as
 pipeline's next rollout take its whole home while a generated batch waits to be trained
 (docs/simulator.md); "no critical_loans" keeps the critical pipeline's running stage at
 the width it started with (on: it grows at micro-batch boundaries onto devices owners with
-slack lend it, and they reclaim them at a boundary); "with loans" switches on micro-batch
+slack lend it, and they reclaim them at a boundary); "no bulk_width" launches rollout
+replicas at the spec's width whatever the observed context (on: the width whose decoded
+token costs least at the batch the KV cache holds); "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish

@@ -308,3 +308,24 @@ def test_only_the_critical_pipelines_running_stage_grows_onto_lent_devices():
     assert decide(90.0, 20.0) == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3, 5, 6, 7))]
     assert decide(90.0, 20.0, critical_loans=False) == []
     assert decide(20.0, 90.0) == []  # p1 projected last: p0 has slack, its stage keeps its width
+
+
+def test_a_long_context_rollout_decodes_on_wider_replicas():
+    # 1024 samples of a 7B: at a 15K-token observed context a one-device replica's cache
+    # holds about 47 sequences, each decode step reading the weights for them alone; a
+    # two- or four-device replica holds several times as many per copy of the weights
+    big = small_workload(gpus=8, pipelines=2, prompts=128, samples=8, algorithms=("grpo", "grpo"),
+                         agentic=(False, False)).pipelines[0]
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+
+    def widths(context, **opts):
+        p0 = pipeline(0, range(4), spec=big)
+        p0 = type(p0)(**{**{f: getattr(p0, f) for f in p0.__dataclass_fields__},
+                         "lengths": LengthSummary(100, 150.0, context - 150.0, context, 1.0, 16000.0)})
+        out = get_policy("jigsaw", **opts).decide(state([p0, p1]))
+        return {len(d.devices) for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0"}
+
+    assert widths(750.0) == {1}  # a short context: the batch is not held back by the cache
+    wide = widths(15150.0)
+    assert wide and min(wide) >= 2
+    assert widths(15150.0, bulk_width=False) == {1}

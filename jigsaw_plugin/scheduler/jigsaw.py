@@ -31,6 +31,8 @@ runs much slower than on its static share; every device its owner is not using i
   re-apportioned so the unfinished pipelines are projected to finish together (work that
   spreads over devices plus each step's longest response, which does not), so freed
   devices go to the pipeline whose completion is furthest out;
+- rollout widths (``bulk_width``): replicas decode at the width whose token costs least
+  at the batch the KV cache holds for the observed context (wider for long contexts);
 - asynchronous pipelines (``async_reserve``): while a generated step waits to be trained,
   the next step's rollout (which the staleness bound lets start) and the training gang
   split the home, balanced from the observed lengths; the gang's part stays free for it;
@@ -94,6 +96,10 @@ class JigsawConfig:
     # width. Measured (3 seeds): -1.0% makespan on (a), -1.8% (b), -0.4% (c), -0.6% (d),
     # -0.5% (f), +0.3% (e) (docs/simulator.md)
     critical_loans: bool = True
+    # rollout replicas at the width whose decoded token costs least at the context observed
+    # so far (long contexts: a wider replica's cache holds more sequences per copy of the
+    # weights); the spec's width until a trajectory has finished (docs/simulator.md)
+    bulk_width: bool = True
     # a critical pipeline's training gang (projected last at the pipelines' observed paces)
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
@@ -1037,7 +1043,7 @@ class Jigsaw(Policy):
 
     def _wanted_replicas(self, rnd, p) -> int:
         state = rnd.state
-        tp = rollout_tp(p, state.cost)
+        tp = self._bulk_tp(state, p)
         home = rnd.home[p.name][0]
         if not self.config.resize:
             return max(1, len(home) // tp)
@@ -1052,6 +1058,31 @@ class Jigsaw(Policy):
             spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
+
+    def _bulk_tp(self, state, p) -> int:
+        """The width a rollout's replicas decode on (``bulk_width``): the narrowest of the
+        spec's width and its doublings (within a node, and no wider than the model's KV
+        heads, which a wider replica would copy) whose decoded token costs within 5% of the
+        cheapest, at the batch its KV cache holds at the context observed so far (the
+        requests outstanding at most). A long context fills a narrow replica's cache with a
+        few sequences, each decode step reading the weights for them alone; a wider replica
+        holds more sequences per copy of the weights. Before any trajectory has finished
+        (no context observed) the spec's width: the prior, the length budget, would widen
+        every rollout."""
+        base = rollout_tp(p, state.cost)
+        if not (self.config.bulk_width and self.config.resize) or p.lengths.observed == 0:
+            return base
+        cost, m = state.cost, p.model
+        ctx = max(1.0, p.lengths.context_tokens)
+        n = max(1, p.load() if p.generating else p.spec.samples_per_step)
+        per_token = {}
+        w = base
+        while w <= min(state.gpus_per_node, max(base, m.kv_heads)):
+            b = max(1, min(state.max_num_seqs, int(cost.kv_capacity_tokens(m, w) // ctx), n))
+            per_token[w] = cost.decode_step_s(m, w, b, b * ctx) * w / b
+            w *= 2
+        cheapest = min(per_token.values())
+        return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
 
     def _cost_aware(self, state) -> bool:
         """Whether rollout goes on activation's devices and training on the trainer's site
@@ -1083,7 +1114,7 @@ class Jigsaw(Policy):
         if (cfg.async_reserve and cfg.resize and p.spec.mode == "async" and not p.done
                 and s is not None and s.rewarded >= s.samples):
             cost, stats = rnd.state.cost, observed_stats(p)
-            tp = rollout_tp(p, cost)
+            tp = self._bulk_tp(rnd.state, p)
             n = len(rnd.share[p.name])
             cap = tp
             if n > tp:
@@ -1102,7 +1133,7 @@ class Jigsaw(Policy):
         wants = (self._may_start_gen(p) and not p.generating) or p.pending > 0 or any(r.queued for r in p.replicas)
         if not wants:
             return 0
-        return self._under_cap(rnd, p, cap, rollout_tp(p, rnd.state.cost))
+        return self._under_cap(rnd, p, cap, self._bulk_tp(rnd.state, p))
 
     def _under_cap(self, rnd, p, cap: int, tp: int) -> int:
         """Home devices ``p``'s rollout may still take under ``cap``: whole replicas."""
@@ -1118,7 +1149,7 @@ class Jigsaw(Policy):
         if want <= 0:
             return []
         state, free = rnd.state, rnd.free
-        tp = rollout_tp(p, state.cost)
+        tp = self._bulk_tp(state, p)
         home = rnd.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
