@@ -166,3 +166,13 @@ def test_cpu_factors_stay_those_fitted_to_real_cpu_runs():
     assert (f.decode_step_overhead_s, f.forward_mfu, f.train_mfu, f.decode_bw_eff, f.decode_mfu) == \
         (0.0047, 0.283, 0.559, 0.40, 0.60)
     assert f.micro_batch_overhead_s == 0.0 and f.cuda_graph_max_batch == 0
+
+
+def test_replica_widths_are_those_vllm_can_shard_the_model_over():
+    # vLLM: attention heads must divide by tp, KV heads divide by tp or be copied whole
+    from jigsaw_plugin.costmodel import model_profile
+
+    assert model_profile("qwen2.5-7b").tp_widths(8) == [1, 2, 4]  # 28 heads: never 8 devices
+    assert model_profile("qwen2.5-1.5b").tp_widths(8) == [1, 2, 4]  # 12 heads
+    assert model_profile("qwen2.5-32b").tp_widths(8) == [1, 2, 4, 8]  # 40 heads, 8 KV heads
+    assert not model_profile("qwen2.5-7b").fits_tp(3)

@@ -227,3 +227,16 @@ def test_no_policy_beats_the_makespan_lower_bound():
             assert sum(idle["by_length_s"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
             assert sum(idle["by_transition"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
             assert r["active_samples_per_s"] > 0
+
+
+def test_a_replica_vllm_cannot_shard_is_refused():
+    # Qwen2.5-7B on 8 devices: 28 attention heads do not divide; the executor names the widths
+    from jigsaw_plugin.core.executor import PolicyViolation
+    from jigsaw_plugin.scheduler.decisions import LaunchReplica
+    from jigsaw_plugin.sim.world import World
+
+    wl = small_workload(gpus=8, pipelines=1, models=("qwen2.5-7b",), algorithms=("grpo",), agentic=(False,),
+                        modes=("sync",), staleness=(0,))
+    world = World(wl, get_policy("verl-sync"), lambda ev: None)
+    with pytest.raises(PolicyViolation, match=r"allowed widths: \[1, 2, 4\]"):
+        world.apply(LaunchReplica("p0", tuple(range(8))))

@@ -289,6 +289,8 @@ BAD_WORKLOADS = [
     ("gpus not multiple of tp", _set("pipelines.1.gpus", 3), "pipelines[1].gpus", 3),
     ("tp over cluster", _set("pipelines.0.rollout_tp", 16), "pipelines[0].rollout_tp", 16),
     ("zero tp", _set("pipelines.1.rollout_tp", 0), "pipelines[1].rollout_tp", 0),
+    # Qwen2.5-7B's 28 attention heads do not split over 8 devices (vLLM refuses it)
+    ("tp vllm cannot shard", _set("pipelines.0.rollout_tp", 8), "pipelines[0].rollout_tp", 8),
 ]
 
 

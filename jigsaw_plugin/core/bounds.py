@@ -59,7 +59,10 @@ class Bounds:
 
 
 def _widths(cost, model, limit: int) -> list[int]:
-    return [tp for tp in _TP if tp <= max(1, limit) and cost.kv_capacity_tokens(model, tp) > 0] or [max(1, limit)]
+    """Replica widths a schedule can use: within a node, sharding the model as vLLM can
+    (``ModelProfile.fits_tp``), leaving KV room."""
+    return ([tp for tp in _TP if tp <= max(1, limit) and model.fits_tp(tp) and cost.kv_capacity_tokens(model, tp) > 0]
+            or [max(1, limit)])
 
 
 def _decode_token_device_s(cost, model, limit: int) -> float:

@@ -199,6 +199,12 @@ class ExecutorCore:
         if isinstance(d, StartGen):
             self._start_gen(d)
         elif isinstance(d, LaunchReplica):
+            p = self.pipelines.get(d.pipeline)
+            if p is not None and not p.model.fits_tp(len(d.devices)):
+                raise PolicyViolation(
+                    f"LaunchReplica.devices: {len(d.devices)} devices for {d.pipeline}'s {p.model.name}, whose "
+                    f"{p.model.attention_heads} attention heads / {p.model.kv_heads} KV heads vLLM cannot shard over "
+                    f"{len(d.devices)}; allowed widths: {p.model.tp_widths(max(self.gpus_per_node, 1))}")
             if d.colocate_with is not None and not self.supports_colocation:
                 raise PolicyViolation(
                     f"{type(self).__name__} cannot co-locate rollout replicas (capability 'colocation'): "

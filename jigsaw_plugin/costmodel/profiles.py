@@ -76,6 +76,29 @@ class ModelProfile:
         return 2.0 * self.layers * self.kv_heads * self.head_dim * 2
 
     @property
+    def attention_heads(self) -> int:
+        """Query heads: ``hidden / head_dim`` (every profile's config.json agrees)."""
+        return max(1, self.hidden // max(1, self.head_dim))
+
+    def fits_tp(self, tp: int) -> bool:
+        """Whether vLLM can shard this model over ``tp`` devices: its attention heads must
+        divide evenly (``ModelConfig.verify_with_parallel_config``), and its KV heads too,
+        or be copied whole when fewer than ``tp`` (the Qwen2 attention layer's check).
+        Qwen2.5-7B (28 heads, 4 KV heads) runs on 1, 2 or 4 devices, never 8."""
+        if tp < 1 or self.attention_heads % tp:
+            return False
+        return self.kv_heads % tp == 0 if self.kv_heads >= tp else tp % self.kv_heads == 0
+
+    def tp_widths(self, limit: int) -> list[int]:
+        """The power-of-two replica widths up to ``limit`` this model can be sharded over."""
+        out, w = [], 1
+        while w <= limit:
+            if self.fits_tp(w):
+                out.append(w)
+            w *= 2
+        return out
+
+    @property
     def train_state_bytes(self) -> float:
         # bf16 weights + fp32 master, Adam m and v, bf16 grads: 16 bytes per parameter
         return 16.0 * self.params

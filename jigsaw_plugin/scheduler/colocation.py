@@ -83,6 +83,8 @@ def _price(state, src, host, gen_end: dict, slack: float, min_gain: float) -> Co
     cost = state.cost
     a, b = state.pipelines[src.pipeline], state.pipelines[host.pipeline]
     tp = host.tp
+    if not a.model.fits_tp(tp):
+        return None  # vLLM cannot shard the guest's model over the host's width
     reqs = src.requests
     k = len(reqs)
     ctx = float(sum(r.kv_tokens for r in reqs))

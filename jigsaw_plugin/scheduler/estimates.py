@@ -18,10 +18,11 @@ __all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "ge
 
 
 def rollout_tp(pipeline, cost) -> int:
-    """The replica size: the spec's ``rollout_tp`` or the model's default, grown until the
-    weights leave room for a KV cache."""
-    tp = pipeline.spec.rollout_tp or pipeline.model.default_tp
-    while cost.kv_capacity_tokens(pipeline.model, tp) <= 0 and tp < 8:
+    """The replica size: the spec's ``rollout_tp`` or the model's default, grown (over the
+    widths vLLM can shard the model on) until the weights leave room for a KV cache."""
+    m = pipeline.model
+    tp = pipeline.spec.rollout_tp or m.default_tp
+    while (cost.kv_capacity_tokens(m, tp) <= 0 or not m.fits_tp(tp)) and tp < 8:
         tp *= 2
     return tp
 

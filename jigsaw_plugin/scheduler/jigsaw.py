@@ -796,17 +796,19 @@ class Jigsaw(Policy):
         """A floor under every re-shard plan's projected end: the longest predicted request
         alone at batch 1 with no KV on the fastest width a plan may use (a step never gets
         faster with more sequences or KV; the switch and re-prefill only add)."""
-        widths = self._widen_widths(state, live)
+        widths = self._widen_widths(state, p, live)
         if not widths:
             return _INF
         left = max(r.predicted_tokens_left for r in live)
         return left * min(state.cost.decode_step_s(p.model, w, 1, 0.0) for w in widths)
 
-    def _widen_widths(self, state, live) -> list:
-        """The widths a re-shard of ``live`` may use: theirs, doubled up to a node or ``max_widen``."""
+    def _widen_widths(self, state, p, live) -> list:
+        """The widths a re-shard of ``live`` may use: theirs, doubled up to a node or
+        ``max_widen``, those vLLM can shard ``p``'s model over."""
         widths, w = [], max(r.tp for r in live)
         while w <= min(state.gpus_per_node, self.config.max_widen):
-            widths.append(w)
+            if p.model.fits_tp(w):
+                widths.append(w)
             w *= 2
         return widths
 
@@ -819,7 +821,7 @@ class Jigsaw(Policy):
         ctx = {r.id: r.kv_tokens for r in live}
         best, best_key = None, None
         room = len(pool) + (sum(r.tp for r in live) if in_place else 0)
-        for w in self._widen_widths(state, live):
+        for w in self._widen_widths(state, p, live):
             k = 1
             while k <= (len(live) if spread else 1) and k * w <= room:
                 if w == width and k >= len(live):
@@ -1061,8 +1063,8 @@ class Jigsaw(Policy):
 
     def _bulk_tp(self, state, p) -> int:
         """The width a rollout's replicas decode on (``bulk_width``): the narrowest of the
-        spec's width and its doublings (within a node, and no wider than the model's KV
-        heads, which a wider replica would copy) whose decoded token costs within 5% of the
+        spec's width and its doublings (within a node, no wider than the model's KV heads,
+        which a wider replica would copy, and only widths vLLM can shard it over) whose decoded token costs within 5% of the
         cheapest, at the batch its KV cache holds at the context observed so far (the
         requests outstanding at most). A long context fills a narrow replica's cache with a
         few sequences, each decode step reading the weights for them alone; a wider replica
@@ -1076,11 +1078,13 @@ class Jigsaw(Policy):
         ctx = max(1.0, p.lengths.context_tokens)
         n = max(1, p.load() if p.generating else p.spec.samples_per_step)
         per_token = {}
-        w = base
-        while w <= min(state.gpus_per_node, max(base, m.kv_heads)):
+        for w in m.tp_widths(min(state.gpus_per_node, max(base, m.kv_heads))):
+            if w < base:
+                continue
             b = max(1, min(state.max_num_seqs, int(cost.kv_capacity_tokens(m, w) // ctx), n))
             per_token[w] = cost.decode_step_s(m, w, b, b * ctx) * w / b
-            w *= 2
+        if not per_token:
+            return base
         cheapest = min(per_token.values())
         return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from jigsaw_plugin.costmodel.profiles import model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.workload.distributions import (
     Const,
@@ -573,6 +574,11 @@ def _pipeline(p: object, field: str, cluster: ClusterSpec, base_dir, where: str 
             raise SpecError(f"{field}.gpus", gpus, f"a multiple of rollout_tp ({tp})", where)
         if tp > cluster.gpus:
             raise SpecError(f"{field}.rollout_tp", tp, f"at most cluster.gpus ({cluster.gpus})", where)
+        prof = model_profile(model, f"{field}.model")
+        if not prof.fits_tp(tp):
+            raise SpecError(f"{field}.rollout_tp", tp,
+                            f"a width vLLM can shard {prof.name} over ({prof.attention_heads} attention heads, "
+                            f"{prof.kv_heads} KV heads): one of {prof.tp_widths(max(tp, 8))}", where)
     rho = p.get("group_correlation")
     rho = 0.0 if rho is None else rho
     if not _is_number(rho) or not 0.0 <= rho < 1.0:
