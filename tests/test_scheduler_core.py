@@ -240,3 +240,42 @@ def test_a_replica_vllm_cannot_shard_is_refused():
     world = World(wl, get_policy("verl-sync"), lambda ev: None)
     with pytest.raises(PolicyViolation, match=r"allowed widths: \[1, 2, 4\]"):
         world.apply(LaunchReplica("p0", tuple(range(8))))
+
+
+class _GrowInLastMicroBatch:
+    """verl-sync, but the first update_actor shrinks to one device at its first boundary
+    and asks for all four again during its last micro-batch (a loan that never applies)."""
+
+    def __init__(self):
+        self.inner, self.asked = get_policy("verl-sync"), []
+
+    @hookimpl(tryfirst=True)
+    def jigsaw_schedule(self, state):
+        from jigsaw_plugin.scheduler import ResizeStage
+
+        p = state.order[0]
+        rs = p.running_stage
+        if rs is not None and rs.stage == "update_actor" and p.train_next == 0:
+            if not self.asked:
+                self.asked.append("shrink")
+                return [ResizeStage(p.name, 0, "update_actor", (0,))]
+            if rs.micro_batches_left == 1 and rs.resize_to is None and len(self.asked) == 1:
+                self.asked.append("grow")
+                return [ResizeStage(p.name, 0, "update_actor", (0, 1, 2, 3))]
+        return self.inner.decide(state)
+
+
+def test_a_resize_asked_in_the_last_micro_batch_gives_its_devices_back():
+    wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=8, steps=2, median=2000, algorithms=("grpo",),
+                        models=("qwen2.5-7b",), agentic=(False,))
+    pm = get_plugin_manager(load_entrypoints=False)
+    spy = _GrowInLastMicroBatch()
+    register(pm, spy, "grow-late")
+    sim = Simulation(wl, get_policy("verl-sync"), pm=pm)
+    # two micro-batches a stage: the shrink applies at the only boundary, whose round (devices
+    # freed) falls in the last micro-batch
+    sim.world.micro_batches = 2
+    r = sim.run()  # stalled before the fix: devices 1-3 stayed claimed by the finished stage
+    assert spy.asked == ["shrink", "grow"]
+    assert r["pipelines"]["p0"]["steps"] == 2
+    assert sorted(sim.world.free) == [0, 1, 2, 3]

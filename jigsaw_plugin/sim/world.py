@@ -430,6 +430,11 @@ class World(ExecutorCore):
         if run.index >= self.micro_batches:
             self._close_segment(run)
             del self._stage_runs[ev.pipeline]
+            # a ResizeStage asked for during the last micro-batch never applies: the devices
+            # it claimed beyond the stage's own go back with them
+            extra = tuple(d for d in (run.pending or ()) if d not in run.devices)
+            if extra:
+                self._release(extra)
             self._stage_done(run.p, run.s.step, run.stage, run.devices)
             return
         if run.pending is None:
