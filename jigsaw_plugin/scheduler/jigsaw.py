@@ -679,9 +679,7 @@ class Jigsaw(Policy):
             if (p.lengths.turns > 1.0 and open_steps
                     and 2 * sum(s.gen_done for s in open_steps) < sum(s.samples for s in open_steps)):
                 continue  # most of its trajectories are still generating: not a rollout tail yet
-            tails = [r for r in live if not r.queued and r.load <= cfg.tail_requests
-                     and any(d.running + r.load <= d.max_seqs and d.kv_tokens + r.kv_tokens <= 0.9 * d.kv_capacity
-                             for d in live if d is not r)]  # siblings only fill up within a round
+            tails = self._movable_tails(live)
             if not tails:
                 continue  # no replica in its tail that could move: nothing to price (or predict)
             used: set = set()
@@ -705,6 +703,25 @@ class Jigsaw(Policy):
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
 
+    def _movable_tails(self, live) -> list:
+        """The replicas of ``live`` in their tail (none queued, at most ``tail_requests``)
+        that some sibling has batch and KV room for, by the engines' reports (siblings
+        only fill up within a round)."""
+        limit = self.config.tail_requests
+        out = []
+        for r in live:
+            if r.queued:
+                continue
+            k = r.load
+            if k > limit:
+                continue
+            kv = r.kv_tokens
+            for d in live:
+                if d is not r and d.running + k <= d.max_seqs and d.kv_tokens + kv <= 0.9 * d.kv_capacity:
+                    out.append(r)
+                    break
+        return out
+
     def _price_move(self, state, p, src, live, ends: _Ends, extra, used, widths):
         """The sibling to move ``src``'s requests to and the move's projected end, or None.
         ``ends``: the pipeline's drains this round (moves made this round set theirs);
@@ -722,8 +739,12 @@ class Jigsaw(Policy):
         # a tail whose freed device-seconds do not cover min_gain x the re-prefill onto any
         # width is turned away before the siblings are looked at (the loop below would
         # turn each away by the same comparison)
-        prefill_of = {w: cost.migration_s(p.model, w, ctx) for w in widths}
-        if all(src_dev_s < cfg.min_gain * prefill_of[w] * w for w in widths):
+        gain, prefill_of, pays = cfg.min_gain, {}, False
+        for w in widths:
+            pre = prefill_of[w] = cost.migration_s(p.model, w, ctx)
+            if not src_dev_s < gain * pre * w:
+                pays = True
+        if not pays:
             return None
         src_left = bound = top = None
         # the slowest a destination's step can be after the move is at least the step of
