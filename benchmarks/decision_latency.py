@@ -485,16 +485,21 @@ def repeats_table(before: list, after: list) -> str:
         # p50 is a yardstick the machine's load moves less than microseconds (not where the
         # change is the policy's, as in the build these tables show)
         ratio = {k: float(np.median([r["state_p50_us"] / r["policy_p50_us"] for r in v])) for k, v in runs.items()}
+        # the last tenth of the rounds (a long run's rollout tails, where the slow rounds are)
+        last = {k: [r["spread"][-1]["decision_p99_us"] for r in v if r.get("spread")] for k, v in runs.items()}
+        tenth = (f"{float(np.median(last['before'])):.0f} -> {float(np.median(last['after'])):.0f}"
+                 if last["before"] and last["after"] else "-")
         rows.append([g, n, f"{len(runs['before'])} / {len(runs['after'])}"]
                     + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
-                    + [f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
+                    + [tenth, f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
     loads = ", ".join(d.get("load_before", "?").split()[0] for d in before + after)
     command = after[0].get("command", "?") if after else "?"
     return (f"\nMedians over repeats of each build (`{command}`, each build's runs alternated, the earlier "
             f"build's first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a "
             f"run by 10-30%, so the two are side by side only where the loads are alike):\n\n"
             + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
-                        "decision p50 us", "decision p99 us", "state p50 / policy p50"], rows)
+                        "decision p50 us", "decision p99 us", "last tenth: decision p99 us", "state p50 / policy p50"],
+                       rows)
             + "\n")
 
 
