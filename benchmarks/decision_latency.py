@@ -400,16 +400,19 @@ follow where they were rendered with this block (`--also`): the whole run at 64 
 and the whole run (81,074 rounds, 125.2 s; 330-420 CPU s). Both builds make the same
 decisions, so their runs are the same rounds.
 {notes}
-What is left. At 1024 / 32 the target holds on this build over the whole run (decision
-p99 9.6 ms against the previous build's 12.5 ms, the pair run side by side at a load of
-4-6) and over 16,000 rounds (medians of alternated runs at a load about 2: 9.4 -> 7.1
-ms, their last tenth 11.0 -> 8.1 ms); but not in every stretch of the run under a heavy
-load: in the whole runs above the tenths from 3.7 to 8.1 simulated s (the first step's
-rollout tails) have a p99 of 10.1-11.3 ms (12.0-14.3 ms on the previous build). The
-state build is now most of a slow round (its p99 about 5 ms over 16,000 rounds, 6.5 ms
-over the whole run: the views of all 1,024 replicas every round, 2-3 ms, and the
+What is left. At 1024 / 32 the target holds on this build over 16,000 rounds (medians
+of alternated runs at a load about 2: decision p99 9.4 -> 7.1 ms, their last tenth 11.0
+-> 8.1 ms) and over the whole run (81,074 rounds, 125.2 s) at a load about 1: 8.2 ms,
+every tenth within 9.9 ms (the previous build, run just after it at a load about 2: 9.5 ms, two tenths over 10 ms: 10.8 and
+10.6 ms). Under a
+heavier load it does not hold everywhere: two pairs of whole runs, each pair side by side
+at a load of 4-6, gave 12.5 -> 9.6 ms and 16.0 -> 12.3 ms, the slowest tenths those from
+3.2 to 8.1 simulated s (the first step's rollout tails, where about 30 pipelines are
+gathered every round): 9.5-14.3 ms on this build, 10.7-19.1 ms on the previous one. The
+state build is now most of a slow round (its p99 about 5 ms over 16,000 rounds, 5.7 ms
+over the quiet whole run: the views of all 1,024 replicas every round, 2-3 ms, and the
 gathers of the 30 pipelines whose tails are priced); the policy's own p99 is 2.5 ms over
-16,000 rounds, 3.8 ms over the whole run (5.1 and 5.6 ms before). At 64 / 8 the target
+16,000 rounds, 3.5 ms over the quiet whole run (5.1 and 5.2 ms before). At 64 / 8 the target
 (1 ms) is not met and this build does not come near it: over the whole run the decision
 p99 is 2.8 ms (the policy's own about 0.95 ms, 1.07 ms before), over the first 400 rounds
 about 4.4 ms, nearly all of it the state build: its slowest rounds hold 3.5-4 predictor
