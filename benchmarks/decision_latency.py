@@ -305,7 +305,8 @@ The predictor column times the `jigsaw_predict_remaining` hook inside the state 
 (a hook wrapper): its per-round p99, its share of all state-build time, and the slowest
 1% of state builds (their mean, the predictor's share of them, predictor calls per round).
 Targets (issue 12): decision p99 <= 1,000 us at 64 / 8 and <= 10,000 us at 1024 / 32.
-The policy changes under other work; its own time is reported, not tuned, here.
+The policy changes under other work; this build makes its tail pricing cheaper without
+changing a decision (below).
 
 What the incremental build does each round (docs/predictor.md, "Incremental
 predictions"): a replica whose requests did not change advances its running rows by one
@@ -317,80 +318,73 @@ The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); 
 collections that then run between rounds are in the GC column.
 
 Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
-state build and of the policy, the slowest 1% of a case's rounds; the figures here are of
-one such run each, timers included, at load about 2.4 at 64 / 8 and 3-4 at 1024 / 32):
+state build and of the policy, the slowest 1% of a case's rounds; timers included, which
+add about 1 us a timed call; one run each of this build at load about 2):
 
-* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 5,304
-  rounds): the slowest rounds (4.4 ms on average) are rounds in which the tail
-  consolidation (`Jigsaw._consolidate_tails`) reads the predicted drain of 7-8 pipelines
-  at once (this benchmark's pipelines are copies of two and reach their rollout tails
-  together, the first at about 25 s). Each read gathers its pipeline's rows (3.4 ms of
-  the 4.4): the replicas whose requests changed read again (3-5 of a pipeline's 8; 0.9
-  ms, 0.5 ms of it taking the requests' fields from the simulator's replicas), the
-  predictor asked where predictions are stale or a request is new (3.2 calls, 1.3 ms: a
-  call's fixed cost is about 160 us on an idle core, 300-500 us under the machine's
-  load), the staleness checks (0.2 ms), the predictor's batch (0.15 ms), the changed
-  replicas' aggregates (0.1 ms). Outside the gathers: the views of the 64 replicas (0.2
-  ms every round) and the tail widening (0.4 ms, half of it the request views it reads).
-  The previous build (a4de67a), run just before at the same load: 4.5 ms, gathers 3.4
-  ms (its 11 one-by-one reads a round 0.9 ms, the predictor 1.3 ms, aggregates 0.3 ms).
-  Reading a pipeline's changed replicas together did not make this case's reads
-  measurably cheaper (3-5 replicas of 30-60 requests a pipeline: the per-request cost of
-  taking their fields is most of it); the aggregates are cheaper.
+* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 4,633
+  rounds): the slowest rounds (3.8 ms on average, at 25-31 simulated s) are rounds in
+  which the tail consolidation (`Jigsaw._consolidate_tails`) reads the predicted drains
+  of 7-8 pipelines at once (this benchmark's pipelines are copies of two and reach their
+  rollout tails together). Each first read gathers its pipeline's rows (3.2 ms of the
+  3.8): 3.5 predictor calls (1.3 ms: a call's fixed cost is about 160 us on an idle core,
+  300-500 us under the machine's load), the replicas whose requests changed read again
+  (0.8 ms, half of it taking the requests' fields from the simulator's replicas), the
+  staleness checks (0.1 ms). Outside the gathers: the tail widening (0.3 ms), the views of
+  the 64 replicas (0.2 ms every round). The policy's own pricing is a small part here.
 * 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
-  400`): by 3.5 simulated seconds most of the 1,024 replicas hold fewer than the policy's
-  `tail_requests` (32) and are priced as tails, every round, against every sibling (550
-  tails a round) and most are long enough to pass the re-prefill check, so every
-  pipeline's drains are read: the slowest rounds (20.8 ms) are the consolidation (16.4
-  ms: 31 pipelines gathered, 7.3 ms, of which the staleness checks 2.4 ms and the rows
-  advanced 1.2 ms, the predictor 0.65 ms; the 1,024 drains 2.1 ms; the pricing loops 5.5
-  ms) and the views of the 1,024 replicas (3.7 ms every round); that was before the
-  pricing's step floor. In the same 16,000 rounds (the long-run tables below) the
-  decision p99 / the policy's own p99 were 19.4 / 13.1 and 21.1 / 13.6 ms on the previous
-  build, 15.2 / 7.6 ms with the drains read as needed (9f0123e), 11.0 / 5.2 ms with the
-  step floor (4ddb402).
+  400`): from about 3 simulated seconds most of the 1,024 replicas hold fewer than the
+  policy's `tail_requests` (32) and are priced as tails every round (about 520 a round in
+  the slowest rounds, at 3.6-3.7 s). The previous build's slowest rounds (13.8 ms, at a
+  load about 1) were the consolidation (11.4 ms: the pricing 10.3 ms for 555 tails a
+  round, of which the drains 6.2 ms with the gathers of 31 pipelines 4.4 ms; the loops
+  over each tail's siblings and the bound computed again for each tail, about 4 ms) and
+  the views of the 1,024 replicas (2.1 ms every round). This build's (15.4 ms, at a load
+  about 6, which inflates every figure): the consolidation 10.9 ms, the gathers 5.6 ms of
+  it (the rows advanced 1.2 ms, the staleness checks 1.0 ms, the predictor 0.6-0.8 ms),
+  840 drain reads 1.7 ms beyond the gathers and the pricing itself 2.3 ms for 553 tails
+  (half of it the timers' own cost), the views 3.8 ms: the state build is now most of
+  a slow round.
 
 What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
-rows, predictions and decisions:
+values in the same order, so every prediction and decision is unchanged:
 
-* a pipeline's changed replicas are read together: the simulator's replicas hand over one
-  set of columns for all of them (`Replica.request_columns_of`: one C loop per field over
-  all their requests, not one per replica), and the state build computes the keys, the
-  last prediction each request keeps (looked up in its own replica's last rows only) and
-  the masks once, each replica's rows slices of them (`core.snapshot._read_many`); a live
-  engine's rows are joined and turned into columns once;
-* the predictor's batch is joined column by column (tokens so far, time in flight and the
-  masks worked on once, not per replica);
-* a pipeline whose decoding since its last call is past the refresh share of the work
-  predicted then is due whatever its aggregates say: they are not computed before the
-  call, only after it; a gather computes aggregates only for the replicas that do not
-  keep theirs (read, carried or predicted since);
-* the tail consolidation reads drains as its pricing needs them: a tail's own first, its
-  siblings' once one of them passes the re-prefill check; `_price_move` prices the
-  re-prefill once per destination width and turns away a tail too short to pay for it
-  onto any width before looking at its siblings, and a destination whose move would end
-  past the pipeline's bound even at the step of the tail's own batch and KV alone (a
-  step never gets faster with more sequences or KV) before pricing its two step times;
-* reductions call the ufuncs' reduce, not `ndarray.sum`'s Python wrappers; the predictor's
-  accuracy notes read their fields as Python numbers at once.
+* the tail pricing (`Jigsaw._price_move`) keeps what every tail of a pipeline's round
+  shares: the bound a move may stretch the generation to and the three latest ends are
+  computed once per pipeline a round (`_Ends`), again only after a move changed an end,
+  not once per tail priced;
+* a width on which even the tail's own longest request, at its own batch and KV and
+  after its re-prefill, ends past that bound takes no destination: its siblings of that
+  width are not looked at, and a tail with every width so is turned away at once. In
+  16,000 rounds at 1024 / 32 (the same in both builds) 1,614,060 tails were priced:
+  1,070,508 turned away on their own drain by the re-prefill check, 543,552 looked at
+  their siblings, and 496,759 of those had every width hopeless, where the previous build
+  priced about 27 siblings each (13.2 million); 145 moves were made. Each such exit
+  compares a figure that can only understate the full pricing's (IEEE addition and
+  multiplication are monotone);
+* fewer Python calls on the round's hot paths, the same arithmetic: a replica view keeps
+  its predicted work and longest remaining in its own dict (not a
+  `functools.cached_property`, whose first read takes a lock in Python 3.11: 800 first
+  reads a round at 1024 / 32) and its drain reads them once; the tails with a sibling
+  that has room are found with each tail's load read once; a row's advance, the
+  staleness look at a row and a work read are inline.
 
-Checked: `tests/test_snapshot_read_many.py` compares the rows read together with the rows
-read one by one, and the joined batch with the per-replica one, at every decide round of
-a run; `tests/test_decision_latency_tails.py` the lazy pricing with the full one; jigsaw's
-makespans on (a) 2026.61457 s and (c) 1683.04996 s (seed 0) and this benchmark's 64 / 8
-run (303.917 s in 5,304 rounds) are the same to the last digit before and after. Tried
-and not kept, in earlier builds: asking a new turn alone, without its running siblings
-((a) 2070.1 s against 2038.1 s); carrying the rows of replicas of fewer than 64 requests
-(2057.2 s); a memory on the policy of tails found too short to pay (stateful; (a) 2104.8
-s against 2047.3 s). One invocation's figures move by 10-30% with the shared machine's
-load from run to run: the medians of alternated repeats under the tables are the
-comparison. Which build each table measures: the main table is the current one (with
-the lead's merge of tail re-shards and async_reserve, which changed the simulated runs:
-the 64 / 8 run now takes 316.07 s in 4,702 rounds, and its policy's own p99 over the
-whole run went up); the tables of single runs under it name their build; the medians
-compare the previous build (a4de67a) with this one as it was before that merge and
-before its last two steps (the pricing's step floor, the one-look staleness check:
-9f0123e).
+Checked: `tests/test_decision_latency_prefilter.py` (hand-built edge cases, one a move
+0.5% inside the bound that a filter 0.5% early drops; random pipelines against the full
+pricing; several moves a round, which fails without the bound computed again after a
+move) and `tests/test_decision_latency_tails.py`; jigsaw's makespans (seed 0) on (a)
+1984.0737624183773, (c) 1575.23974873544, (d) 1673.0956323612756 and (e)
+3046.0153097908483 s are bit-identical before and after, and so is a hash of every
+decide round's decisions of this benchmark's whole 64 / 8 run (4,633 rounds) and of
+16,000 rounds at 1024 / 32. Tried and not kept, in earlier builds: asking a new turn
+alone, without its running siblings; carrying the rows of replicas of fewer than 64
+requests; a memory on the policy of tails found too short to pay (stateful: it changed
+(a)). Not done, because it would change decisions: skipping a pipeline's pricing without
+reading any drain (every bound on whether a tail can pay needs its predictions, and the
+first prediction read gathers the pipeline: a round that skips that gather changes when
+its predictor is next asked, and so the predictions a later round reads). One
+invocation's figures move by 10-30% with the shared machine's load from run to run: the
+medians of alternated repeats under the tables are the comparison; the previous build
+is b82de41 (main when this build started).
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -401,34 +395,37 @@ before its last two steps (the pricing's step floor, the one-look staleness chec
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
 400 rounds are the rollouts' first 2.3 s, before any tail). Runs that reach the tails
-follow where they were rendered with this block (`--also`): the whole run at 64 / 8, and
-at 1024 / 32 16,000 rounds (3.7 s; the whole run is longer than this machine can give one
-case: on the previous build 600 CPU s ran 56,858 rounds and reached 48.8 s, at a decision
-p99 of 23.1 ms, the policy's own p99 14.4 ms). The previous build and this one before the
-lead's merge run the same simulation round for round (their decisions are the same), so
-their rows are the same rounds; the current build's policy decides differently.
+follow where they were rendered with this block (`--also`): the whole run at 64 / 8
+(4,633 rounds, 317.3 s); at 1024 / 32 16,000 rounds (3.7 s: the first rollout tails)
+and the whole run (81,074 rounds, 125.2 s; 330-420 CPU s). Both builds make the same
+decisions, so their runs are the same rounds.
 {notes}
-What is left. Neither target holds once the runs reach the rollouts' tails. At 64 / 8
-the state build alone cannot meet it: over the whole run the policy's own p99 is 0.8 ms
-on this build before the lead's merge and over 2 ms after it (the tail consolidation's
-pricing, the tail widening and re-shards, which read their pipelines' request views,
-early passes), and a slow round holds 3-4 predictor calls of a fixed 160-500 us each. At
-1024 / 32 the first 400 rounds (2.3 s, before any replica is a tail) meet 10 ms; over
-16,000 rounds (3.7 s) the decision p99 is about 10 ms (10.2 ms on the current build;
-21.1 and 19.4 ms on the previous one), and it grows as the run goes on (its last tenth:
-12.3 ms), since from about 3 s most replicas hold fewer than `tail_requests` and every
-one is priced every round, each pricing gathering its pipeline. The whole run is beyond
-this machine's budget for one case; on the previous build 600 CPU s reached 48.8 s at a
-decision p99 of 23.1 ms. Left in the state build: the predictor's fixed cost per call
-(its GRPO-group evidence and two EM steps, some 200 numpy calls whatever the batch
-size); a gather's per-replica Python (advancing each replica's rows, the staleness
-checks), which per-pipeline arrays of the replicas' aggregates would replace; the views
-of every replica every round (3-4 us each: 3.7 ms at 1024 / 32); a stale pipeline asked
-again whole rather than in slices; the simulator's replicas keeping their requests as
-objects (a read takes every field of every changed replica's requests again; keeping
-columns in the replica would change the row order the predictor sums in, so every
-decision would have to be checked again). Left in the policy (not this benchmark's to
-change): pricing a replica as a tail only where a move can pay.
+What is left. At 1024 / 32 the target holds on this build over 16,000 rounds (medians
+of alternated runs at a load about 2: decision p99 9.4 -> 7.1 ms, their last tenth 11.0
+-> 8.1 ms) and over the whole run (81,074 rounds, 125.2 s) at a load about 1: 8.2 ms,
+every tenth within 9.9 ms (the previous build, run just after it at a load about 2: 9.5 ms, two tenths over 10 ms: 10.8 and
+10.6 ms). Under a
+heavier load it does not hold everywhere: two pairs of whole runs, each pair side by side
+at a load of 4-6, gave 12.5 -> 9.6 ms and 16.0 -> 12.3 ms, the slowest tenths those from
+3.2 to 8.1 simulated s (the first step's rollout tails, where about 30 pipelines are
+gathered every round): 9.5-14.3 ms on this build, 10.7-19.1 ms on the previous one. The
+state build is now most of a slow round (its p99 about 5 ms over 16,000 rounds, 5.7 ms
+over the quiet whole run: the views of all 1,024 replicas every round, 2-3 ms, and the
+gathers of the 30 pipelines whose tails are priced); the policy's own p99 is 2.5 ms over
+16,000 rounds, 3.5 ms over the quiet whole run (5.1 and 5.2 ms before). At 64 / 8 the target
+(1 ms) is not met and this build does not come near it: over the whole run the decision
+p99 is 2.8 ms (the policy's own about 0.95 ms, 1.07 ms before), over the first 400 rounds
+about 4.4 ms, nearly all of it the state build: its slowest rounds hold 3.5-4 predictor
+calls of 160-500 us each, in rounds where 7-8 pipelines reach their tails together. Left
+in the state build: the predictor's fixed cost per call (its GRPO-group evidence and two
+EM steps, some 200 numpy calls whatever the batch size); a gather's per-replica Python
+(advancing each replica's rows, the staleness checks), which per-pipeline arrays of the
+replicas' aggregates would replace; the views of every replica every round; the
+simulator's replicas keeping their requests as objects (keeping columns in the replica
+would change the row order the predictor sums in, so every decision would have to be
+checked again). Left in the policy: the re-prefill check reads each tail's own drain,
+which gathers its pipeline; a cheaper exact test would need a bound on a tail's drain
+that does not come from its predictions.
 """
 
 
@@ -485,16 +482,21 @@ def repeats_table(before: list, after: list) -> str:
         # p50 is a yardstick the machine's load moves less than microseconds (not where the
         # change is the policy's, as in the build these tables show)
         ratio = {k: float(np.median([r["state_p50_us"] / r["policy_p50_us"] for r in v])) for k, v in runs.items()}
+        # the last tenth of the rounds (a long run's rollout tails, where the slow rounds are)
+        last = {k: [r["spread"][-1]["decision_p99_us"] for r in v if r.get("spread")] for k, v in runs.items()}
+        tenth = (f"{float(np.median(last['before'])):.0f} -> {float(np.median(last['after'])):.0f}"
+                 if last["before"] and last["after"] else "-")
         rows.append([g, n, f"{len(runs['before'])} / {len(runs['after'])}"]
                     + [f"{med['before'][f]:.0f} -> {med['after'][f]:.0f}" for f in fields]
-                    + [f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
+                    + [tenth, f"{ratio['before']:.2f} -> {ratio['after']:.2f}"])
     loads = ", ".join(d.get("load_before", "?").split()[0] for d in before + after)
     command = after[0].get("command", "?") if after else "?"
     return (f"\nMedians over repeats of each build (`{command}`, each build's runs alternated, the earlier "
             f"build's first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a "
             f"run by 10-30%, so the two are side by side only where the loads are alike):\n\n"
             + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
-                        "decision p50 us", "decision p99 us", "state p50 / policy p50"], rows)
+                        "decision p50 us", "decision p99 us", "last tenth: decision p99 us", "state p50 / policy p50"],
+                       rows)
             + "\n")
 
 

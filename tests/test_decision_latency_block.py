@@ -76,6 +76,18 @@ def test_repeats_table_gives_medians_per_case():
     assert "1024" not in text and "9.0, 9.0, 9.0, 8.0" in text
 
 
+def test_repeats_table_gives_the_last_tenths_median():
+    def run(p99, last):
+        r = _result(1024, 32, p99, 500.0)
+        r["spread"] = [{"decision_p99_us": 1.0}, {"decision_p99_us": last}]
+        return {"load_before": "3.0 1 1", "results": [r]}
+
+    text = dl.repeats_table([run(11_000.0, 12_000.0), run(11_200.0, 13_500.0)],
+                            [run(9_000.0, 11_800.0), run(7_800.0, 9_300.0)])
+    row = next(line for line in text.splitlines() if line.startswith("| 1024 |"))
+    assert "11100 -> 8400" in row and "12750 -> 10550" in row and "last tenth" in text
+
+
 def test_spread_splits_the_rounds_in_order_and_the_block_shows_them():
     sim_t = [float(i) for i in range(20)]
     state = [100.0] * 18 + [5000.0, 7000.0]  # the slow rounds come last (a run's tail)

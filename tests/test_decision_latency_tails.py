@@ -10,7 +10,7 @@ import pytest
 from jigsaw_plugin.costmodel import CostModel
 from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
-from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw, _Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
 
 COST = CostModel(hardware_profile("h100"))
@@ -81,8 +81,8 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
         extra = {r.id: rng.randint(0, 20) for r in live if rng.random() < 0.3}
         slack = rng.choice((0.05, 0.2, 1.0))
         # the drains read as the pricing needs them (the consolidation's way), or all given
-        lazy = {} if rng.random() < 0.5 else dict(ends)
-        got = policy._price_move(state, p, src, live, lazy, extra, set(), slack, {r.tp for r in live})
+        lazy = _Ends(slack, {} if rng.random() < 0.5 else dict(ends))
+        got = policy._price_move(state, p, src, live, lazy, extra, set(), {r.tp for r in live})
         want = _reference(policy, state, p, src, live, ends, extra, set(), slack)
         assert (got is None) == (want is None)
         if got is not None:

@@ -272,6 +272,46 @@ class _Round:
         out.append(ResizeStage(p.name, rs.step, rs.stage, devices))
 
 
+class _Ends:
+    """One pipeline's predicted drains in a round of tail consolidation (replica ->
+    seconds), read as the pricing needs them, and what every pricing of the round derives
+    from all of them: the bound a move may stretch the generation to and the three latest
+    ends. Those two are computed once, not once per tail priced (550 tails a round at 1024
+    GPUs), and again only after a move of the round changed an end."""
+
+    __slots__ = ("drain", "slack", "_bound", "_top")
+
+    def __init__(self, slack: float, drain: dict | None = None):
+        self.drain: dict = {} if drain is None else drain
+        self.slack = slack
+        self._bound: float | None = None
+        self._top: list | None = None
+
+    def of(self, r) -> float:
+        got = self.drain.get(r.id)
+        if got is None:
+            got = self.drain[r.id] = r.predicted_drain_s()
+        return got
+
+    def latest(self, live) -> tuple[float, list]:
+        """(the generation's end bound: the latest end x (1 + slack), the three latest ends
+        as (replica, end)), every live replica's drain read first, in live order (the order
+        the latest ends tie in)."""
+        if self._bound is None:
+            drain = self.drain
+            for r in live:
+                if r.id not in drain:
+                    drain[r.id] = r.predicted_drain_s()
+            self._bound = max(drain.values()) * (1 + self.slack)
+            self._top = sorted(drain.items(), key=lambda kv: -kv[1])[:3]  # "others" in O(1)
+        return self._bound, self._top
+
+    def moved(self, src, dst, end: float) -> None:
+        """A move of this round: ``src`` is empty, ``dst`` ends at ``end``."""
+        self.drain[dst.id], self.drain[src.id] = end, 0.0
+        self._bound = self._top = None
+
+
 @register_policy("jigsaw")
 class Jigsaw(Policy):
     name = "jigsaw"
@@ -657,22 +697,19 @@ class Jigsaw(Policy):
             if (p.lengths.turns > 1.0 and open_steps
                     and 2 * sum(s.gen_done for s in open_steps) < sum(s.samples for s in open_steps)):
                 continue  # most of its trajectories are still generating: not a rollout tail yet
-            tails = [r for r in live if not r.queued and r.load <= cfg.tail_requests
-                     and any(d.running + r.load <= d.max_seqs and d.kv_tokens + r.kv_tokens <= 0.9 * d.kv_capacity
-                             for d in live if d is not r)]  # siblings only fill up within a round
+            tails = self._movable_tails(live)
             if not tails:
                 continue  # no replica in its tail that could move: nothing to price (or predict)
             used: set = set()
-            # replica -> predicted drain, read as the pricing needs it: a tail's own first,
-            # every live replica's only once a sibling passes the re-prefill check (most
-            # tails are too short to pay for any move: their siblings' drains are not read)
-            ends: dict = {}
+            # predicted drains, read as the pricing needs them: a tail's own first, every
+            # live replica's only once a sibling passes the re-prefill check (most tails
+            # are too short to pay for any move: their siblings' drains are not read)
+            ends = _Ends(self._slack(rnd, p))
             widths = {r.tp for r in live}
-            slack = self._slack(rnd, p)
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
                     continue
-                move = self._price_move(state, p, src, live, ends, extra, used, slack, widths)
+                move = self._price_move(state, p, src, live, ends, extra, used, widths)
                 if move is None:
                     continue
                 dst, end = move
@@ -680,34 +717,63 @@ class Jigsaw(Policy):
                 out.append(Migrate(src.id, dst.id))
                 rnd.gone.add(src.id)
                 extra[dst.id] = extra.get(dst.id, 0) + src.load
-                ends[dst.id], ends[src.id] = end, 0.0
+                ends.moved(src, dst, end)
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
 
-    def _price_move(self, state, p, src, live, ends, extra, used, slack, widths):
+    def _movable_tails(self, live) -> list:
+        """The replicas of ``live`` in their tail (none queued, at most ``tail_requests``)
+        that some sibling has batch and KV room for, by the engines' reports (siblings
+        only fill up within a round)."""
+        limit = self.config.tail_requests
+        out = []
+        for r in live:
+            if r.queued:
+                continue
+            k = r.load
+            if k > limit:
+                continue
+            kv = r.kv_tokens
+            for d in live:
+                if d is not r and d.running + k <= d.max_seqs and d.kv_tokens + kv <= 0.9 * d.kv_capacity:
+                    out.append(r)
+                    break
+        return out
+
+    def _price_move(self, state, p, src, live, ends: _Ends, extra, used, widths):
         """The sibling to move ``src``'s requests to and the move's projected end, or None.
-        ``ends``: replica -> predicted drain, filled as needed (moves made this round set
-        theirs); ``widths``: the tensor-parallel widths of ``live``."""
+        ``ends``: the pipeline's drains this round (moves made this round set theirs);
+        ``widths``: the tensor-parallel widths of ``live``.
+
+        Every early exit below turns away only what the full pricing (each destination's
+        two step times, end and cost) would turn away too: each compares a figure that
+        can only understate the full one (IEEE addition and multiplication are monotone)."""
         cost, cfg = state.cost, self.config
         # the engine's own reports (its request count and KV use), not its request views,
         # whose KV sum differs from ``kv_tokens`` by well under 1%
         k, ctx = src.load, src.kv_tokens
-        if src.id not in ends:
-            ends[src.id] = src.predicted_drain_s()
-        src_dev_s = ends[src.id] * src.tp
+        src_dev_s = ends.of(src) * src.tp
         # the re-prefill depends on the destination's width only: priced once per width, and
         # a tail whose freed device-seconds do not cover min_gain x the re-prefill onto any
         # width is turned away before the siblings are looked at (the loop below would
         # turn each away by the same comparison)
-        prefill_of = {w: cost.migration_s(p.model, w, ctx) for w in widths}
-        if all(src_dev_s < cfg.min_gain * prefill_of[w] * w for w in widths):
+        gain, prefill_of, pays = cfg.min_gain, {}, False
+        for w in widths:
+            pre = prefill_of[w] = cost.migration_s(p.model, w, ctx)
+            if not src_dev_s < gain * pre * w:
+                pays = True
+        if not pays:
             return None
         src_left = bound = top = None
         # the slowest a destination's step can be after the move is at least the step of
         # the tail's own batch and KV alone on its width (a step never gets faster with
-        # more sequences or KV): a move that would end past the bound even so is turned
-        # away before its two step times are priced
+        # more sequences or KV), and its longest request runs at least the tail's longest:
+        # a width on which even that ends past the bound takes no destination (``hopeless``:
+        # most tails at 1024 GPUs, whose siblings then need no look), and a destination
+        # whose move would end past it at its own longest is turned away before its two
+        # step times are priced
         step_floor: dict = {}
+        hopeless: set = set()
         best = None
         for dst in live:
             if dst is src or dst.id in used:
@@ -715,31 +781,34 @@ class Jigsaw(Policy):
             n = dst.running + extra.get(dst.id, 0)
             if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
-            prefill = prefill_of[dst.tp]
+            w = dst.tp
+            prefill = prefill_of[w]
             # a step never gets faster with more sequences or KV (new >= old), so the move
             # costs at least its re-prefill: priced before the two step times
-            if src_dev_s < cfg.min_gain * prefill * dst.tp:
+            if src_dev_s < cfg.min_gain * prefill * w:
                 continue
             if bound is None:
-                for r in live:  # every drain, in live order (the order the latest ends tie in)
-                    if r.id not in ends:
-                        ends[r.id] = r.predicted_drain_s()
+                bound, top = ends.latest(live)
                 src_left = src.predicted_tokens_left
-                bound = max(ends.values()) * (1 + slack)
-                top = sorted(ends.items(), key=lambda kv: -kv[1])[:3]  # the latest ends, for "others" in O(1)
+            floor = step_floor.get(w)
+            if floor is None:
+                floor = step_floor[w] = cost.decode_step_s(p.model, w, k, ctx)
+                if prefill + src_left * floor > bound:
+                    hopeless.add(w)
+                    if len(hopeless) == len(widths):
+                        return best  # no destination of any width can pass (None: see above)
+            if w in hopeless:
+                continue
             dst_left = dst.predicted_tokens_left
             others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
-            floor = step_floor.get(dst.tp)
-            if floor is None:
-                floor = step_floor[dst.tp] = cost.decode_step_s(p.model, dst.tp, k, ctx)
             if max(prefill + max(src_left, dst_left) * floor, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack (end >= this)
-            new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + ctx)
             end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
-            old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
-            move_dev_s = (prefill + (new - old) * dst_left) * dst.tp
+            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens)
+            move_dev_s = (prefill + (new - old) * dst_left) * w
             if src_dev_s < cfg.min_gain * move_dev_s:
                 continue
             if best is None or end < best[1]:

@@ -141,34 +141,42 @@ class ReplicaView:
         """Its requests, running then queued (built on first use)."""
         return tuple(self._source.views()) if self._source is not None else ()
 
-    @cached_property
     def _work_and_left(self) -> tuple[float, float]:
-        # (work, longest): the source keeps both as running sums where it can
-        src = self._source
-        if src is None:
-            return 0.0, 0.0
-        if hasattr(src, "work_and_left"):
-            return src.work_and_left()
-        pred = src.predicted()
-        return (float(pred.sum()), float(pred.max())) if len(pred) else (0.0, 0.0)
+        """(work, longest), asked of the source once (it keeps both as running sums where
+        it can) and kept in the view's own dict: not a ``functools.cached_property``, whose
+        first read takes a lock in Python 3.11 (a policy reads 800 of them a round at 1024
+        GPUs)."""
+        got = self.__dict__.get("_work_left")
+        if got is None:
+            src = self._source
+            if src is None:
+                got = (0.0, 0.0)
+            elif hasattr(src, "work_and_left"):
+                got = src.work_and_left()
+            else:
+                pred = src.predicted()
+                got = (float(pred.sum()), float(pred.max())) if len(pred) else (0.0, 0.0)
+            self.__dict__["_work_left"] = got
+        return got
 
     @property
     def predicted_tokens_left(self) -> float:
         """Decode steps until the predicted longest request ends."""
-        return self._work_and_left[1]
+        return self._work_and_left()[1]
 
     @property
     def predicted_work_tokens(self) -> float:
         """Predicted tokens still to generate by all of its requests."""
-        return self._work_and_left[0]
+        return self._work_and_left()[0]
 
     def predicted_drain_s(self) -> float:
         """Projected time until it is empty: the longer of its predicted longest request and
         its predicted work at the current batch, at the current step time."""
-        if self.load == 0:
+        running = self.running
+        if running + self.queued == 0:
             return 0.0
-        steps = max(self.predicted_tokens_left, self.predicted_work_tokens / max(1, self.running))
-        return self.stall_s + steps * self.step_s
+        work, left = self._work_and_left()
+        return self.stall_s + max(left, work / max(1, running)) * self.step_s
 
 
 @dataclass(frozen=True, slots=True)
