@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from jigsaw_plugin.core.bounds import _decode_token_device_s, _read_floor_device_s
+from jigsaw_plugin.core.bounds import _decode_token_device_s, _kv_read_device_s
 from jigsaw_plugin.scheduler import get_policy, policy_names
 from jigsaw_plugin.sim.engine import Simulation
 from jigsaw_plugin.workload.sampling import StepSamples
@@ -22,9 +22,9 @@ def test_the_read_floor_counts_each_turns_context_and_the_longest_trajectorys_st
                       observation_len=np.array([0, 10, 0]), reward_latency_s=np.zeros(2))
     model = SimpleNamespace(weight_bytes=1000.0, kv_bytes_per_token=2.0)
     kv = (4 * 100 + 4 * 3 / 2) + (3 * 50 + 3 * 2 / 2) + (2 * (50 + 3 + 10) + 2 * 1 / 2)
-    read_s, steps = _read_floor_device_s(model, smp, per_byte=0.5)
+    kv_s, steps = _kv_read_device_s(model, smp, per_byte=0.5)
     assert steps == 5  # sample 1's trajectory: 3 + 2 tokens, one per decode step
-    assert read_s == pytest.approx((5 * 1000.0 + kv * 2.0) * 0.5)
+    assert kv_s == pytest.approx(kv * 2.0 * 0.5)
 
 
 def _long_context():

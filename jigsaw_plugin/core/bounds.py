@@ -9,9 +9,9 @@ the record, never the policy's input), priced by the run's cost model:
   largest batch with no KV reads (``max_num_seqs`` sequences per step, on the replica width
   that makes a token cheapest); and the HBM reads no decode step avoids: the weights once
   per decode step (at least as many steps as the longest trajectory has tokens) and each
-  token's own KV cache, its whole context, once (``_read_floor_device_s``). Every prompt
-  and observation token prefilled once, every training-side pass at its compute alone (no per-stage overhead,
-  on the gang width that makes it cheapest). Weight syncs, tool calls and rewards cost no
+  token's own KV cache, its whole context, once (``_kv_read_device_s``). Every prompt and
+  observation token prefilled once, every training-side pass at its compute alone (no
+  per-stage overhead, on the gang width that makes it cheapest). Weight syncs, tool calls and rewards cost no
   device time here.
 - ``work_s``: ``ideal_device_s / gpus``: no policy finishes sooner than the pool can do the
   work.
@@ -84,9 +84,9 @@ def _read_s_per_byte(ex) -> float:
     return min(1.0 / (c.hw.hbm_bytes_per_s * c.f.decode_bw_eff) for c in costs)
 
 
-def _read_floor_device_s(model, smp, per_byte: float) -> tuple[float, int]:
-    """The HBM reads a step's decode cannot avoid, in device-seconds, and the decode steps
-    they assume. A decode step of ``b`` sequences on ``tp`` devices takes at least its
+def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
+    """The KV reads a step's decode cannot avoid, in device-seconds, and the fewest decode
+    steps it takes (each also reads the weights once: the caller adds them). A decode step of ``b`` sequences on ``tp`` devices takes at least its
     memory term, ``(weights + the b sequences' KV) / (tp x bandwidth)`` (the cost model's
     step is the larger of that and its FLOPs, plus overheads), so it costs at least
     ``(weights + KV) x per_byte`` device-seconds whatever its width and batch. Summed over
@@ -105,7 +105,7 @@ def _read_floor_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     ctx = np.asarray(smp.prompt_len, dtype=np.float64)[sample] + before - before[starts][sample]
     kv_tokens = float(np.sum(gen * ctx + gen * (gen - 1) / 2))
     steps = int(np.max(np.add.reduceat(smp.gen_tokens, starts)))
-    return (steps * model.weight_bytes + kv_tokens * model.kv_bytes_per_token) * per_byte, steps
+    return kv_tokens * model.kv_bytes_per_token * per_byte, steps
 
 
 def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
@@ -129,6 +129,7 @@ def compute_bounds(ex) -> Bounds:
         prefill_per_token = min(cost.prefill_s(m, tp, 1e6) * tp / 1e6 for tp in _widths(cost, m, gpn))
         sync = p.spec.mode == "sync"
         chain = 0.0
+        weights_s = m.weight_bytes * per_byte  # one decode step's weight read
         batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
         steps = [p.steps[k] for k in sorted(p.steps)]
@@ -136,12 +137,12 @@ def compute_bounds(ex) -> Bounds:
             smp = s.samples
             gen = float(np.sum(smp.gen_tokens))
             fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
-            read_s, longest_tokens = _read_floor_device_s(m, smp, per_byte)
+            kv_s, longest_tokens = _kv_read_device_s(m, smp, per_byte)
             if sync:  # a synchronous step's decode steps are its own: its floors hold alone
-                decode = max(gen * per_token, read_s)
+                decode = max(gen * per_token, kv_s + longest_tokens * weights_s)
             else:  # steps may share decode steps: only the run's floors hold (below)
                 batched += gen * per_token
-                reads += read_s - longest_tokens * m.weight_bytes * per_byte
+                reads += kv_s
                 decode_steps = max(decode_steps, longest_tokens)
                 decode = 0.0
             ideal += decode + fresh * prefill_per_token
@@ -162,7 +163,7 @@ def compute_bounds(ex) -> Bounds:
                 chain += longest
             chain += train
         if not sync:
-            decode = max(batched, reads + decode_steps * m.weight_bytes * per_byte)
+            decode = max(batched, reads + decode_steps * weights_s)
             ideal += decode
             rollout_ideal += decode
         critical = max(critical, chain)

@@ -243,7 +243,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last", "rollout_cap")
+                 "share", "paced_last", "rollout_cap", "bulk_tp")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -258,6 +258,7 @@ class _Round:
         self.resized: dict[str, tuple] = {}  # pipeline -> devices a ResizeStage of this round gives its stage
         self.gone: set = set()  # replicas this round retires or empties: no request may move to them
         self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
+        self.bulk_tp: dict[str, int] = {}  # pipeline -> the width its rollout replicas launch at
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -1114,7 +1115,7 @@ class Jigsaw(Policy):
 
     def _wanted_replicas(self, rnd, p) -> int:
         state = rnd.state
-        tp = self._bulk_tp(state, p)
+        tp = self._bulk_tp(rnd, p)
         home = rnd.home[p.name][0]
         if not self.config.resize:
             return max(1, len(home) // tp)
@@ -1130,7 +1131,7 @@ class Jigsaw(Policy):
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
 
-    def _bulk_tp(self, state, p) -> int:
+    def _bulk_tp(self, rnd, p) -> int:
         """The width a rollout's replicas decode on (``bulk_width``): the narrowest of the
         spec's width and its doublings (within a node, no wider than the model's KV heads,
         which a wider replica would copy, and only widths vLLM can shard it over) whose decoded token costs within 5% of the
@@ -1140,6 +1141,13 @@ class Jigsaw(Policy):
         holds more sequences per copy of the weights. Before any trajectory has finished
         (no context observed) the spec's width: the prior, the length budget, would widen
         every rollout."""
+        got = rnd.bulk_tp.get(p.name)
+        if got is None:
+            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd.state, p)
+        return got
+
+    def _cheapest_width(self, state, p) -> int:
+        """``_bulk_tp``'s choice, computed once a round."""
         base = rollout_tp(p, state.cost)
         if not (self.config.bulk_width and self.config.resize) or p.lengths.observed == 0:
             return base
@@ -1187,7 +1195,7 @@ class Jigsaw(Policy):
         if (cfg.async_reserve and cfg.resize and p.spec.mode == "async" and not p.done
                 and s is not None and s.rewarded >= s.samples):
             cost, stats = rnd.state.cost, observed_stats(p)
-            tp = self._bulk_tp(rnd.state, p)
+            tp = self._bulk_tp(rnd, p)
             n = len(rnd.share[p.name])
             cap = tp
             if n > tp:
@@ -1206,7 +1214,7 @@ class Jigsaw(Policy):
         wants = (self._may_start_gen(p) and not p.generating) or p.pending > 0 or any(r.queued for r in p.replicas)
         if not wants:
             return 0
-        return self._under_cap(rnd, p, cap, self._bulk_tp(rnd.state, p))
+        return self._under_cap(rnd, p, cap, self._bulk_tp(rnd, p))
 
     def _under_cap(self, rnd, p, cap: int, tp: int) -> int:
         """Home devices ``p``'s rollout may still take under ``cap``: whole replicas."""
@@ -1222,7 +1230,7 @@ class Jigsaw(Policy):
         if want <= 0:
             return []
         state, free = rnd.state, rnd.free
-        tp = self._bulk_tp(state, p)
+        tp = self._bulk_tp(rnd, p)
         home = rnd.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
