@@ -83,3 +83,29 @@ def run_with_probe(probe, name: str):
     sim.run()
     return sim
 
+
+def full_tail_pricing(policy, cost, p, src, live, ends, extra, used, slack):
+    """``Jigsaw._price_move``'s answer priced in full for every destination, with no early
+    exit or pre-filter: the reference the policy's cheaper pricing must agree with."""
+    cfg = policy.config
+    k, ctx = src.load, src.kv_tokens
+    bound = max(ends.values()) * (1 + slack)
+    best = None
+    for dst in live:
+        if dst is src or dst.id in used:
+            continue
+        n = dst.running + extra.get(dst.id, 0)
+        if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
+            continue
+        prefill = cost.migration_s(p.model, dst.tp, ctx)
+        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
+        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
+        end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
+        others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
+        if max(end, others) > bound:
+            continue
+        if ends[src.id] * src.tp < cfg.min_gain * (prefill + (new - old) * dst.predicted_tokens_left) * dst.tp:
+            continue
+        if best is None or end < best[1]:
+            best = (dst, end)
+    return best

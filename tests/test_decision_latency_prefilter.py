@@ -11,6 +11,7 @@ from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw, _Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
+from sim_helpers import full_tail_pricing
 
 COST = CostModel(hardware_profile("h100"))
 MODEL = model_profile("qwen2.5-7b")
@@ -43,33 +44,6 @@ class _CountingCost:
         return COST.migration_s(*a)
 
 
-def _full(policy, cost, p, src, live, ends, extra, used, slack):
-    """The move the full pricing makes: every destination's end and cost priced, no early
-    exit (the pricing before any pre-filter)."""
-    cfg = policy.config
-    k, ctx = src.load, src.kv_tokens
-    bound = max(ends.values()) * (1 + slack)
-    best = None
-    for dst in live:
-        if dst is src or dst.id in used:
-            continue
-        n = dst.running + extra.get(dst.id, 0)
-        if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
-            continue
-        prefill = cost.migration_s(p.model, dst.tp, ctx)
-        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
-        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
-        end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
-        others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
-        if max(end, others) > bound:
-            continue
-        if ends[src.id] * src.tp < cfg.min_gain * (prefill + (new - old) * dst.predicted_tokens_left) * dst.tp:
-            continue
-        if best is None or end < best[1]:
-            best = (dst, end)
-    return best
-
-
 def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_the_tail():
     """The tail's own end at its own batch on a tp1 sibling is past the bound (the tp1
     siblings end sooner than it could there); on tp2 it is not: the move goes to the tp2
@@ -89,7 +63,7 @@ def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_th
     drains = {r.id: r.predicted_drain_s() for r in live}
     assert COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0) \
         > max(drains.values()) * 1.05  # tp1 is hopeless ...
-    want = _full(policy, COST, p, tail, live, drains, {}, set(), 0.05)
+    want = full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05)
     assert want is not None and want[0] is wide  # ... and the full pricing moves the tail onto tp2
     assert got is not None and got[0] is wide and got[1] == want[1]
     assert cost.steps == 1 + 1 + 2  # the tp1 floor, the tp2 floor, the tp2 sibling's two steps
@@ -103,7 +77,7 @@ def test_when_every_width_is_hopeless_the_siblings_are_not_priced():
     cost = _CountingCost()
     got = policy._price_move(SimpleNamespace(cost=cost, t=0.0), p, tail, live, _Ends(0.05), {}, set(), {1})
     drains = {r.id: r.predicted_drain_s() for r in live}
-    assert got is None and _full(policy, COST, p, tail, live, drains, {}, set(), 0.05) is None
+    assert got is None and full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05) is None
     assert cost.steps == 1  # the width's floor step only, not 28 siblings' two steps each
 
 
@@ -121,7 +95,7 @@ def test_a_move_ending_just_inside_the_bound_is_still_made():
     bound = max(drains.values()) * 1.05
     floor_end = COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0)
     assert 0.99 * bound < floor_end < bound
-    want = _full(policy, COST, p, tail, live, drains, {}, set(), 0.05)
+    want = full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05)
     got = policy._price_move(SimpleNamespace(cost=COST, t=0.0), p, tail, live, _Ends(0.05), {}, set(), {1})
     assert want is not None and want[0] is empty
     assert got is not None and got[0] is empty and got[1] == want[1]
@@ -158,7 +132,7 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
             if src.load > 32:
                 continue
             got = policy._price_move(state, p, src, live, _Ends(slack, dict(drains)), extra, set(), widths)
-            want = _full(policy, COST, p, src, live, drains, extra, set(), slack)
+            want = full_tail_pricing(policy, COST, p, src, live, drains, extra, set(), slack)
             assert (got is None) == (want is None)
             if got is not None:
                 moves += 1
@@ -194,7 +168,7 @@ def _full_consolidation(policy, p, slack):
     for src in sorted(tails, key=lambda r: r.load):
         if src.id in used:
             continue
-        move = _full(policy, COST, p, src, live, ends, extra, used, slack)
+        move = full_tail_pricing(policy, COST, p, src, live, ends, extra, used, slack)
         if move is None:
             continue
         dst, end = move

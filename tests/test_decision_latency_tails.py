@@ -12,6 +12,7 @@ from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw, _Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
+from sim_helpers import full_tail_pricing
 
 COST = CostModel(hardware_profile("h100"))
 MODEL = model_profile("qwen2.5-7b")
@@ -41,32 +42,6 @@ def _replica(i, running, kv, left, tp=1, max_seqs=256, work=None, step_s=0.02):
                              step_s, 0.0, src)
 
 
-def _reference(policy, state, p, src, live, ends, extra, used, slack):
-    """``_price_move``'s answer priced in full for every destination (no early exits)."""
-    cost, cfg = state.cost, policy.config
-    k, ctx = src.load, src.kv_tokens
-    gen_end = max(ends.values())
-    best = None
-    for dst in live:
-        if dst is src or dst.id in used:
-            continue
-        n = dst.running + extra.get(dst.id, 0)
-        if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
-            continue
-        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens)
-        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx)
-        prefill = cost.migration_s(p.model, dst.tp, ctx)
-        end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
-        others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
-        if max(end, others) > gen_end * (1 + slack):
-            continue
-        if ends[src.id] * src.tp < cfg.min_gain * (prefill + (new - old) * dst.predicted_tokens_left) * dst.tp:
-            continue
-        if best is None or end < best[1]:
-            best = (dst, end)
-    return best
-
-
 def test_price_move_skips_work_but_answers_as_the_full_pricing():
     policy = Jigsaw()
     rng = random.Random(0)
@@ -83,7 +58,7 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
         # the drains read as the pricing needs them (the consolidation's way), or all given
         lazy = _Ends(slack, {} if rng.random() < 0.5 else dict(ends))
         got = policy._price_move(state, p, src, live, lazy, extra, set(), {r.tp for r in live})
-        want = _reference(policy, state, p, src, live, ends, extra, set(), slack)
+        want = full_tail_pricing(policy, state.cost, p, src, live, ends, extra, set(), slack)
         assert (got is None) == (want is None)
         if got is not None:
             moves += 1
