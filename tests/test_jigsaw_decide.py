@@ -329,3 +329,57 @@ def test_a_long_context_rollout_decodes_on_wider_replicas():
     wide = widths(15150.0)
     assert wide and min(wide) >= 2
     assert widths(15150.0, bulk_width=False) == {1}
+
+
+def _critical_borrower_state(p1_ready):
+    """p0 (projected last at its observed pace) runs update_actor on its home 0-3 and on
+    p1's devices 4-5; p1 (with slack) runs old_log_prob on 6-7, or (``p1_ready``) has its
+    next stage ready and nothing running."""
+    ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=8_000_000), 90.0)
+    rs0 = RunningStageView(1, "update_actor", (0, 1, 2, 3, 4, 5), None, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                  running_end=300.0, running_stage=rs0, steps={1: ready})
+    theirs = _paced(step(1, samples=32, done=32, rewarded=32, tokens=8_000_000), 20.0)
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(6)}
+    if p1_ready:
+        p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, version=1, steps={1: theirs})
+    else:
+        rs1 = RunningStageView(1, "old_log_prob", (6, 7), None, 6, 8, 104.0, True)
+        p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, version=1, stage_running=True,
+                      running_end=200.0, running_stage=rs1, steps={1: theirs})
+        busy.update({d: DeviceTask("stage", "p1", stage="old_log_prob") for d in (6, 7)})
+    return state([p0, p1], busy=busy)
+
+
+def test_an_owner_whose_stage_cannot_grow_leaves_the_critical_pipeline_its_loan():
+    # p1's running stage may not grow (loans off, p1 off the critical path): taking 4-5 back
+    # would leave them idle, so p0 keeps them; switched off, p1 reclaims as before
+    shrinks = lambda out: [d for d in out if isinstance(d, ResizeStage) and d.pipeline == "p0"]
+    assert shrinks(get_policy("jigsaw", migration=False).decide(_critical_borrower_state(False))) == []
+    off = get_policy("jigsaw", migration=False, keep_critical_loans=False).decide(_critical_borrower_state(False))
+    assert shrinks(off) == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3))]
+    # with its next stage ready, p1 reclaims them at p0's next boundary
+    ready = get_policy("jigsaw", migration=False).decide(_critical_borrower_state(True))
+    assert shrinks(ready) == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3))]
+
+
+def _rollout_ready_home_returning(boundary_in_s):
+    """p0's step 1 may start generating; its home device 0 is free, devices 1-3 are lent to
+    p1's update_actor, which hands them back at its boundary ``boundary_in_s`` from now."""
+    rs1 = RunningStageView(0, "update_actor", (1, 2, 3, 4, 5, 6, 7), (4, 5, 6, 7), 6, 8, 100.0 + boundary_in_s,
+                           True)
+    p0 = pipeline(0, range(4), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, stage_next=3, stage_running=True, running_end=400.0,
+                  running_stage=rs1, steps={0: step(0, done=32, rewarded=32, tokens=8_000_000)})
+    busy = {d: DeviceTask("stage", "p1", stage="update_actor") for d in range(1, 8)}
+    return state([p0, p1], busy=busy)
+
+
+def test_a_rollout_waits_a_moment_for_its_home_rather_than_start_on_one_replica():
+    starts = lambda out: [d for d in out if isinstance(d, StartGen)]
+    # devices 1-3 are back in 0.2 s: the step waits, then starts on all four
+    assert starts(get_policy("jigsaw").decide(_rollout_ready_home_returning(0.2))) == []
+    assert starts(get_policy("jigsaw", wait_for_home=False).decide(_rollout_ready_home_returning(0.2))) == [
+        StartGen("p0", 1)]
+    # back only after much of the projected generation: it starts now on device 0
+    assert starts(get_policy("jigsaw").decide(_rollout_ready_home_returning(60.0))) == [StartGen("p0", 1)]

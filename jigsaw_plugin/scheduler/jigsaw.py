@@ -20,13 +20,18 @@ runs much slower than on its static share; every device its owner is not using i
 - micro-batch loans: a running training stage grows onto free devices at its next
   micro-batch boundary (``ResizeStage``), so a loan need not fit a whole stage; a new
   stage starts on its home plus devices lendable for one micro-batch (``loans``, off by
-  default); ``critical_loans`` (on) grows only the critical pipeline's running stage;
+  default); ``critical_loans`` (on) grows only the critical pipeline's running stage,
+  and (``keep_critical_loans``) an owner that could not use its lent devices leaves them
+  with the critical pipeline;
 - tails priced in device-seconds: a replica decoding at a small batch (a few long
   requests, where a token costs many times its ideal) hands them to a sibling with room
   (abort + resume) when the device-seconds freed outweigh the re-prefill and the
   sibling's slowdown, and its pipeline's projected completion allows the stretch;
-  a tail is re-sharded onto a wider replica, on any node with free devices, only when its
-  pipeline is on the job set's critical path;
+  a tail is re-sharded onto a wider replica, on any node with free devices, when that ends
+  its generation sooner (with ``priority`` on, only when its pipeline is on the job set's
+  critical path);
+- a step's rollout waits a moment for its home devices rather than start on a few
+  replicas that would admit its whole batch (``wait_for_home``);
 - makespan-aware shares (``balance``, off by default): each round the homes are
   re-apportioned so the unfinished pipelines are projected to finish together (work that
   spreads over devices plus each step's longest response, which does not), so freed
@@ -96,6 +101,17 @@ class JigsawConfig:
     # width. Measured (3 seeds): -1.0% makespan on (a), -1.8% (b), -0.4% (c), -0.6% (d),
     # -0.5% (f), +0.3% (e) (docs/simulator.md)
     critical_loans: bool = True
+    # an owner whose only claim on its lent devices is a running stage that may not grow
+    # (loans off, owner off the critical path) does not take them back from the critical
+    # pipeline: it would leave them idle (they sat idle 30-40 s between a PPO agent's
+    # critic and actor updates on (a)). Owners with ready work still reclaim at once
+    keep_critical_loans: bool = True
+    # a step's rollout that could start on only part of the replicas it wants waits, when
+    # home devices for at least as many more are projected free within ``home_wait`` of its
+    # projected generation: an engine admits a whole batch at once and admitted requests
+    # move only by re-prefill, so starting narrow kept (a)'s agents on half their replicas
+    wait_for_home: bool = True
+    home_wait: float = 0.05
     # rollout replicas at the width whose decoded token costs least at the context observed
     # so far (long contexts: a wider replica's cache holds more sequences per copy of the
     # weights); the spec's width until a trajectory has finished (docs/simulator.md)
@@ -376,6 +392,8 @@ class Jigsaw(Policy):
             groups = self._replica_devices(rnd, p, want)
             if not groups and not (kind == "gen" and live):
                 continue
+            if kind == "gen" and not live and self._home_returning(rnd, p, len(groups), want):
+                continue  # its home is back in a moment: start then, on all of it
             out += [LaunchReplica(p.name, g, rebalance=(kind == "grow")) for g in groups]
             if kind == "gen":
                 out.append(StartGen(p.name, p.gen_next))
@@ -556,6 +574,24 @@ class Jigsaw(Policy):
         rs = o.running_stage
         if rs is not None and rs.resizable and (rs.micro_batches_left >= 2 or not rnd.stage_devices(o)):
             return True
+        return self._has_ready_work(o)
+
+    def _would_use_home(self, rnd, o) -> bool:
+        """As ``_wants_home_now``, but a running stage counts only where it would take the
+        devices: paused, or able to grow this round (``_stage_may_grow``)."""
+        rs = o.running_stage
+        if rs is not None and rs.resizable and (not rnd.stage_devices(o) or (
+                rs.micro_batches_left >= 2 and self._stage_may_grow(rnd, o))):
+            return True
+        return self._has_ready_work(o)
+
+    def _stage_may_grow(self, rnd, p) -> bool:
+        """``p``'s running stage may grow at its boundaries: every stage with ``loans``, the
+        critical pipeline's alone with ``critical_loans``."""
+        return self.config.loans or self._paced_critical(rnd, p)
+
+    def _has_ready_work(self, o) -> bool:
+        """A ready stage, a rollout to start or requests waiting for a replica."""
         stage = o.next_stage
         if stage and stage not in HOST_STAGES and stage != "weight_sync":
             return True
@@ -594,9 +630,13 @@ class Jigsaw(Policy):
         for o in state.order:
             if o.done or not self._wants_home_now(rnd, o):
                 continue
+            # an owner that would leave the devices idle lets the critical pipeline keep them
+            yields = self.config.keep_critical_loans and not self._would_use_home(rnd, o)
             for d in rnd.share[o.name]:
                 task = state.devices[d].task
                 if task is None or task.pipeline == o.name:
+                    continue
+                if yields and self._paced_critical(rnd, state.pipelines[task.pipeline]):
                     continue
                 if task.kind == "stage":
                     shrink.setdefault(task.pipeline, set()).add(d)
@@ -641,8 +681,7 @@ class Jigsaw(Policy):
         devices ``lend_to_critical`` lends it."""
         state = rnd.state
         running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
-                   and p.running_stage.micro_batches_left >= 2
-                   and (self.config.loans or self._paced_critical(rnd, p))]
+                   and p.running_stage.micro_batches_left >= 2 and self._stage_may_grow(rnd, p)]
         running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
         for p in running:
             if not rnd.free:
@@ -1130,6 +1169,30 @@ class Jigsaw(Policy):
             spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
+
+    def _home_returning(self, rnd, p, now: int, want: int) -> bool:
+        """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,
+        while busy home devices for at least as many more are projected free within
+        ``home_wait`` of its projected generation (``wait_for_home``)."""
+        cfg = self.config
+        if not (cfg.wait_for_home and cfg.lookahead) or now >= want:
+            return False
+        state = rnd.state
+        tp = self._bulk_tp(rnd, p)
+        horizon = cfg.home_wait * gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
+        soon = sum(1 for d in rnd.share[p.name] if d not in rnd.free and self._returns_in_s(rnd, d) <= horizon)
+        return min(want - now, soon // tp) >= max(1, now)
+
+    def _returns_in_s(self, rnd, d) -> float:
+        """Projected time until device ``d`` is free, counting a stage's hand-back asked for
+        earlier in this round (at its next micro-batch boundary)."""
+        state = rnd.state
+        task = state.devices[d].task
+        if task is not None and task.kind == "stage":
+            rs = state.pipelines[task.pipeline].running_stage
+            if rs is not None and d not in rnd.stage_devices(state.pipelines[task.pipeline]):
+                return max(0.0, rs.boundary_t - state.t)
+        return self._busy_for_s(state, d)
 
     def _bulk_tp(self, rnd, p) -> int:
         """The width a rollout's replicas decode on (``bulk_width``): the narrowest of the
