@@ -186,7 +186,11 @@ pipeline's next rollout take its whole home while a generated batch waits to be 
 the width it started with (on: it grows at micro-batch boundaries onto devices owners with
 slack lend it, and they reclaim them at a boundary); "no bulk_width" launches rollout
 replicas at the spec's width whatever the observed context (on: the width whose decoded
-token costs least at the batch the KV cache holds); "with loans" switches on micro-batch
+token costs least at the batch the KV cache holds); "no keep_critical_loans" lets an owner
+whose running stage may not grow take its lent devices back from the critical pipeline (on:
+only owners that would use them reclaim them from it); "no wait_for_home" starts a step's
+rollout on whatever replicas are free (on: it waits when home devices for as many more are
+back within 5% of its projected generation); "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish
