@@ -49,6 +49,21 @@ def md_table(head: list, rows: list) -> str:
     return "\n".join(out)
 
 
+GAP_HEAD = ["workload", "policy", "devices above ideal (avg)", "idle", "rollout above ideal", "training above ideal",
+            "weight sync"]
+
+
+def gap_row(label: str, policy: str, result: dict) -> list | None:
+    """One row of the "where the rest goes" table (``GAP_HEAD``): a result's
+    ``gap_breakdown`` as average devices over its makespan and its four fractions."""
+    g = result.get("gap_breakdown")
+    if not g:
+        return None
+    f = g["fractions"]
+    return [label, policy, f"{g['gap_device_s'] / result['makespan_s']:.1f}", f"{f['idle']:.0%}",
+            f"{f['rollout_above_ideal']:.0%}", f"{f['training_above_ideal']:.0%}", f"{f['weight_sync']:.0%}"]
+
+
 def dump(obj, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 import yaml
-from common import EXAMPLES, ROOT, dump, md_table, run_many
+from common import EXAMPLES, GAP_HEAD, ROOT, dump, gap_row, md_table, run_many
 
 from jigsaw_plugin.bench import ab
 from jigsaw_plugin.bench.bundled import BUNDLED_WORKLOADS
@@ -157,12 +157,9 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         abl_rows.append([f"({key})", f"{sps:.1f}"] + [
             f"{a['samples_per_s']:.1f} ({100 * (a['samples_per_s'] / sps - 1):+.0f}%)" for a in shown + [oracle]])
         for name, r in (("verl-sync", by["verl-sync"]), ("jigsaw", jig)):
-            g = r.get("gap_breakdown")
-            if g:
-                f = g["fractions"]
-                gap_rows.append([f"({key})", name, f"{g['gap_device_s'] / r['makespan_s']:.1f}",
-                                 f"{f['idle']:.0%}", f"{f['rollout_above_ideal']:.0%}",
-                                 f"{f['training_above_ideal']:.0%}", f"{f['weight_sync']:.0%}"])
+            row = gap_row(f"({key})", name, r)
+            if row:
+                gap_rows.append(row)
         b = jig["bounds"]
         acc = jig["predictor"]
         bound_rows.append([f"({key})", f"{b['work_s']:.0f}", f"{b['critical_path_s']:.0f}",
@@ -196,9 +193,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
                         "makespan and split four ways: devices with no task; rollout replicas above the ideal "
                         "decode and prefill (small batches, KV reads, re-prefill, replicas waiting on tools); "
                         "training passes above their compute (per-stage overhead, wide gangs, context "
-                        "switches); weight syncs.\n\n" + md_table(
-                            ["workload", "policy", "devices above ideal (avg)", "idle", "rollout above ideal",
-                             "training above ideal", "weight sync"], gap_rows))
+                        "switches); weight syncs.\n\n" + md_table(GAP_HEAD, gap_rows))
     sections.append("Ablations: jigsaw samples/s with one mechanism switched off, or on where it is off by default "
                     "(\"with ...\"; change vs jigsaw's defaults); the last "
                     "column is the ORACLE ablation: true remaining lengths instead of the predictor.\n\n" +

@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from common import ROOT, dump, md_table, run_many, write_doc_block
+from common import GAP_HEAD, ROOT, dump, gap_row, md_table, run_many, write_doc_block
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
@@ -33,9 +33,10 @@ def _load() -> str:
 
 
 def section(results: dict, load_before: str, load_after: str) -> str:
-    rows, steps = [], []
+    rows, steps, gaps = [], [], []
     for key in KEYS:
         base, cand = results[key]["verl-sync"], results[key]["jigsaw"]
+        gaps += [row for name in POLICIES if (row := gap_row(f"({key})", name, results[key][name]))]
         lb = base["bounds"]["makespan_lower_bound_s"]
         span = base["makespan_s"] - lb
         gap = (base["makespan_s"] - cand["makespan_s"]) / span if span > 0 else None
@@ -63,6 +64,12 @@ run its own process. Load average (1 / 5 / 15 min) before {load_before}, after {
 on 2 shared cores: the sim wall times move with it.
 
 {table}
+
+Where the rest goes (`gap_breakdown`, as in the table of (a)-(d) above: average devices
+above the ideal over the makespan, split into devices with no task, rollout replicas above
+the ideal decode and prefill, training passes above their compute, and weight syncs):
+
+{md_table(GAP_HEAD, gaps)}
 
 {per}
 """
