@@ -21,7 +21,9 @@ the record, never the policy's input), priced by the run's cost model:
   the whole pool (its forward passes may run early, over the trajectories that finished
   before the longest: ``RunStage.early``); for an asynchronous one, the first step's
   longest trajectory plus every step's training passes on the whole pool (one pass at a
-  time per pipeline, early ones included).
+  time per pipeline, early ones included). Each step adds the seconds no device count
+  shortens: every training-side stage's fixed cost, the advantage computation, and the
+  weight sync before the next step (``_step_fixed_s``).
 - ``makespan_lower_bound_s``: the larger of the two.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES
 
 __all__ = ["Bounds", "compute_bounds", "gap_breakdown", "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S"]
 
@@ -108,6 +110,27 @@ def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     return kv_tokens * model.kv_bytes_per_token * per_byte, steps
 
 
+def _step_fixed_s(ex, p, last: bool) -> float:
+    """Seconds of a step's training chain no device count shortens: each training-side
+    stage's fixed cost (every stage runs once after the step's last trajectory ends, or
+    after the previous stage: an early pass cannot cover the last trajectory), the
+    advantage computation, and the weight sync that must end before the next step's
+    rollout (none after the last step). Each at its least over the pool's device classes
+    and over the sync's link options."""
+    classes = getattr(ex, "device_classes", None)
+    costs = classes.costs if classes is not None else [ex.cost]
+    fixed = 0.0
+    for stage in p.stages:
+        if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
+            fixed += min(c.f.train_stage_overhead_s for c in costs)
+        elif stage in HOST_STAGES:
+            fixed += ex.cost.f.adv_s
+        elif stage == "weight_sync" and not last:
+            fixed += min(c.weight_sync_s(p.model, colocated, cross) for c in costs
+                         for colocated in (True, False) for cross in (True, False))
+    return fixed
+
+
 def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
     """Least device-seconds of a training-side pass: compute without the stage's fixed cost."""
     price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
@@ -161,7 +184,7 @@ def compute_bounds(ex) -> Bounds:
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
             if p.spec.mode == "sync" or i == 0:
                 chain += longest
-            chain += train
+            chain += train + _step_fixed_s(ex, p, last=i == len(steps) - 1)
         if not sync:
             decode = max(batched, reads + decode_steps * weights_s)
             ideal += decode
