@@ -64,8 +64,9 @@ class Empirical:
         mean is 0 where none does (give it no weight). g and cap are read as whole tokens."""
         n = len(self.lengths)
         top = len(self.count_le) - 1
-        above = self.count_le[np.clip(generated, 0, top).astype(np.intp)]
-        at_cap = np.maximum(self.count_lt[np.clip(cap, 0, top).astype(np.intp)], above)
+        # np.clip's values (NaN too) from its two ufuncs, without its wrappers (every call)
+        above = self.count_le[np.minimum(np.maximum(generated, 0), top).astype(np.intp)]
+        at_cap = np.maximum(self.count_lt[np.minimum(np.maximum(cap, 0), top).astype(np.intp)], above)
         k = (n - above).astype(np.float64)
         total = self.suffix[above] - self.suffix[at_cap] + cap * (n - at_cap)
         with np.errstate(invalid="ignore", divide="ignore"):
