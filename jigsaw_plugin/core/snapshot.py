@@ -119,7 +119,10 @@ EXACT = RefreshPolicy(exact=True)
 RequestRow = tuple
 
 _EMPTY = np.zeros(0)
+# the ufuncs' reduce: what ndarray.sum / max / min / any / all call (the same values, 1-D
+# arrays here), without their Python wrappers (a round's gathers make hundreds of such calls)
 _ADD, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce
+_ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce
 
 
 _TURN_BITS, _SAMPLE_BITS, _STEP_BITS = 12, 24, 27  # one int64 key per request turn
@@ -138,8 +141,8 @@ def _id_keys(ids) -> np.ndarray | None:
 
 def _pack_keys(step: np.ndarray, sample: np.ndarray, turn: np.ndarray) -> np.ndarray | None:
     """``_id_keys`` of the columns (step, sample, turn); None where a field does not fit."""
-    if len(step) and (step.min() < 0 or sample.min() < 0 or turn.min() < 0 or step.max() >= 1 << _STEP_BITS
-                      or sample.max() >= 1 << _SAMPLE_BITS or turn.max() >= 1 << _TURN_BITS):
+    if len(step) and (_MIN(step) < 0 or _MIN(sample) < 0 or _MIN(turn) < 0 or _MAX(step) >= 1 << _STEP_BITS
+                      or _MAX(sample) >= 1 << _SAMPLE_BITS or _MAX(turn) >= 1 << _TURN_BITS):
         return None
     return (step << (_SAMPLE_BITS + _TURN_BITS)) | (sample << _TURN_BITS) | turn
 
@@ -181,7 +184,7 @@ def _nansum(a: np.ndarray) -> float:
     """``np.nansum`` of a float array, consumed in place (the same sum: NaN set to 0, then
     the same pairwise ``np.add.reduce``), without its copy and dispatch."""
     a[np.isnan(a)] = 0.0
-    return float(a.sum())
+    return float(_ADD(a))
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +291,7 @@ class _ReplicaRows:
         self.max_tokens = cols.max_tokens
         self.queued = cols.queued
         self.running_mask = ~self.queued
-        self.n_decoding = int(self.running_mask.sum())
+        self.n_decoding = int(_ADD(self.running_mask))
         self._gen = cols.generated.astype(float)  # a copy: advanced in place
         self._shift = 0.0  # decoded per running row since ``_gen`` was brought up to date
         self._decoded_run = 0.0  # decoded per running row since read (monotone)
@@ -311,8 +314,9 @@ class _ReplicaRows:
             hit = idx >= 0
             self.g0[hit] = old.g0[idx[hit]]
             self.final[hit] = old.final[idx[hit]]
-        self.unseen = bool(np.isnan(self.final).any())
-        self.fresh = self.unseen and bool(np.isnan(self.final).all())  # no row asked before
+        unasked = np.isnan(self.final)
+        self.unseen = bool(_ANY(unasked))
+        self.fresh = self.unseen and bool(_ALL(unasked))  # no row asked before
         self.decoded = _nansum(self._gen - self.g0) if n and not self.fresh else 0.0
         self._final_changed()
 
@@ -320,14 +324,14 @@ class _ReplicaRows:
         """Take the last predictions of requests that moved here from another replica
         (``keys`` of the rows they left, sorted by ``order``; their ``g0`` and ``final``):
         a migrated request keeps its prediction instead of being asked again."""
-        want = np.flatnonzero(np.isnan(self.final))
+        want = np.isnan(self.final).nonzero()[0]
         at = _positions(keys, order, self.key[want])
         hit = at >= 0
-        if not hit.any():
+        if not _ANY(hit):
             return
         want, at = want[hit], at[hit]
         self.g0[want], self.final[want] = g0[at], final[at]
-        self.unseen = bool(np.isnan(self.final).any())
+        self.unseen = bool(_ANY(np.isnan(self.final)))
         self.fresh = False
         self.decoded = _nansum(self.generated - self.g0)
         self._final_changed()
@@ -367,7 +371,7 @@ class _ReplicaRows:
         self.g0[rows] = now
         self.final[rows] = now + pred
         final = self.final if self.alive is None else self.final[self.alive]
-        self.unseen = bool(np.isnan(final).any())
+        self.unseen = bool(_ANY(np.isnan(final)))
         self.fresh = False
         self.decoded = _nansum(g - self.g0)
         self._final_changed()
@@ -419,10 +423,10 @@ class _ReplicaRows:
             self.alive[gone] = False
             self.running_mask[gone] = False
             self.final_eff[gone] = np.inf
-            self.n_decoding = int(self.running_mask.sum())
+            self.n_decoding = int(_ADD(self.running_mask))
             self.drift += len(gone)
             self._pred, self._agg = None, None
-        live = n if self.alive is None else int(self.alive.sum())
+        live = n if self.alive is None else int(_ADD(self.alive))
         if self.drift + abs(obs.running + obs.queued - live) > policy.carry_drift * n:
             return False
         self._decode((t - self.t) / obs.step_s if obs.step_s > 0 else 0.0, t)
@@ -516,7 +520,7 @@ class _ReplicaRows:
     def work_and_left_of(self) -> tuple[float, float]:
         """``work_and_left`` from the ``pred`` array (a row within a token of its final)."""
         pred = self.pred
-        return float(pred.sum()), float(pred.max())
+        return float(_ADD(pred)), float(_MAX(pred))
 
     @property
     def pred(self) -> np.ndarray:
@@ -577,7 +581,7 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         m = len(old_key)
         old_comb = comb[:m]
         idx = _positions(old_comb, np.argsort(old_comb, kind="stable"), comb[m:])
-        hit = np.flatnonzero(idx >= 0)
+        hit = (idx >= 0).nonzero()[0]
         if len(hit):
             at = idx[hit]
             g0[hit] = np.concatenate([old.g0 for _, old in mine])[at]
@@ -612,7 +616,7 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         r.carried, r.drift = False, 0
         r.unseen = unseen > 0
         r.fresh = r.unseen and unseen == b - a
-        r.decoded = float(diff[a:b].sum()) if b > a and not r.fresh else 0.0
+        r.decoded = float(_ADD(diff[a:b])) if b > a and not r.fresh else 0.0
         out.append(r)
     return out
 
@@ -779,12 +783,12 @@ class _PipelineRequests:
             pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s)
             at = 0
             for r, m in zip(parts, rows):
-                k = int(m.sum())
+                k = int(_ADD(m))
                 r.predicted_rows(m, pred[at:at + k])
                 at += k
         cache.changed_groups = []
         cache.history_count = p.history.count
-        cache.work0 = float(pred.sum())
+        cache.work0 = float(_ADD(pred))
 
     def _predict_groups(self) -> None:
         """One predictor call for the GRPO groups holding a request it has not seen (a new
@@ -817,10 +821,10 @@ class _PipelineRequests:
         for _, r, rows, k in picked:
             r.predicted_rows(rows, pred[at:at + k])
             at += k
-        if at == sum(len(r.ids) if r.alive is None else int(r.alive.sum()) for r in parts):
+        if at == sum(len(r.ids) if r.alive is None else int(_ADD(r.alive)) for r in parts):
             # every live row asked: as a whole-pipeline call (a new step)
             self._cache.history_count = self._p.history.count
-            self._cache.work0 = float(pred.sum())
+            self._cache.work0 = float(_ADD(pred))
 
     def _stale(self, p, cache: _PipelineCache, parts: list) -> tuple[bool, bool]:
         """(due: the whole pipeline is asked again, by an outlived row, progress or
