@@ -42,12 +42,12 @@ from jigsaw_plugin.predict.batch import RequestBatch
 from jigsaw_plugin.predict.config import PriorConfig
 from jigsaw_plugin.predict.history import LengthHistory
 from jigsaw_plugin.predict.lognormal import FUSE_MAX_ELEMENTS, expected_remaining
-from jigsaw_plugin.predict.model import LengthModel, fit_model
+from jigsaw_plugin.predict.model import EmpiricalTable, LengthModel, fit_model
 from jigsaw_plugin.predict.normal import inv_mills
 
 __all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
 
-_ADD, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce  # ndarray.sum / max / min, unwrapped
+_ADD, _MAX, _MIN, _ALL = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce  # unwrapped
 _N, _SUM, _CAPPED = 0, 1, 3  # columns of ``LengthHistory.group_stats``
 _REFIT_FRACTION = 64  # refit once the history grew by count / 64 records
 _TAIL_SHRINK = 16.0  # recent lengths above g worth as much as the log-normal tail
@@ -154,16 +154,14 @@ class HistoryPredictor:
                    marginal: np.ndarray) -> np.ndarray:
         """The empirical remaining tokens per request, shrunk toward the log-normal's."""
         out = marginal.copy()
-        # only the turn bins present (a few rows are asked at a time: most bins hold none)
-        bins = np.bincount(tb).nonzero()[0].tolist() if _MAX(tb) > 0 else (0,)
-        for b in bins:
-            emp = model.empirical[b]
-            if emp is None:
-                continue
-            sel = slice(None) if len(bins) == 1 else tb == b  # one bin: every row
-            mean, k = emp.remaining(g[sel], cap[sel])
-            w = k / (k + _TAIL_SHRINK)
-            out[sel] = w * mean + (1.0 - w) * marginal[sel]
+        table = model.table or EmpiricalTable.of(model.empirical)
+        # the rows whose turn bin holds recent lengths (the others keep the log-normal's),
+        # every bin's looked up at once
+        has = table.has[tb]
+        sel = slice(None) if _ALL(has) else has.nonzero()[0]
+        mean, k = table.remaining(tb[sel], g[sel], cap[sel])
+        w = k / (k + _TAIL_SHRINK)
+        out[sel] = w * mean + (1.0 - w) * marginal[sel]
         return out
 
     def _group_effect(self, batch: RequestBatch, history: LengthHistory, model: LengthModel,
