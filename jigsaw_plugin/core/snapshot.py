@@ -139,6 +139,21 @@ def _id_keys(ids) -> np.ndarray | None:
     return _pack_keys(step, sample, turn)
 
 
+def _finished_keys(finished: dict) -> dict:
+    """``_id_keys`` of each replica's finished request ids (replica -> ids), computed once
+    for all of them and sliced: a round in a rollout tail has requests finished on most
+    replicas of a pipeline, and each call's fixed cost was most of its time."""
+    reps = [rep for rep, ids in finished.items() if ids]
+    if not reps:
+        return {}
+    keys = _id_keys(list(chain.from_iterable(finished[rep] for rep in reps)))
+    if keys is None:  # a field past its bits: each replica's alone (some may fit)
+        return {rep: _id_keys(finished[rep]) for rep in reps}
+    ends = np.cumsum([len(finished[rep]) for rep in reps]).tolist()
+    starts = [0] + ends[:-1]
+    return {rep: keys[a:b] for rep, a, b in zip(reps, starts, ends)}
+
+
 def _pack_keys(step: np.ndarray, sample: np.ndarray, turn: np.ndarray) -> np.ndarray | None:
     """``_id_keys`` of the columns (step, sample, turn); None where a field does not fit."""
     if len(step) and (_MIN(step) < 0 or _MIN(sample) < 0 or _MIN(turn) < 0 or _MAX(step) >= 1 << _STEP_BITS
@@ -719,8 +734,9 @@ class _PipelineRequests:
         p, t, cache, refresh = self._p, self._t, self._cache, self._refresh
         rows: dict[int, _ReplicaRows] = {}
         finished, cache.finished, cache.n_finished = cache.finished, {}, 0
+        keys = _finished_keys(finished)
         unplaced = finished.pop(None, [])  # finished on a replica the executor did not say
-        unplaced_keys = _id_keys(unplaced) if unplaced else None
+        unplaced_keys = keys.get(None)
         reads: list = []  # (replica, its report, its last rows): read together below
         for rep in p.replicas:
             obs = self._obs.get(rep.id) or rep.observe(t)
@@ -729,7 +745,7 @@ class _PipelineRequests:
             if r is not None:
                 mine = finished.get(rep.id)
                 if mine:
-                    gone = r.rows_of(mine, _id_keys(mine))
+                    gone = r.rows_of(mine, keys[rep.id])
                 if unplaced:
                     more = r.rows_of(unplaced, unplaced_keys)
                     gone = np.concatenate((gone, more)) if len(gone) else more
