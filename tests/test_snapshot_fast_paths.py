@@ -66,3 +66,14 @@ def test_view_keeps_its_predicted_figures_after_one_read():
     w = _view(src)
     assert w.predicted_work_tokens == 1.0 and w.predicted_tokens_left == 1.0 and src.reads == 2
     assert ReplicaView.build(2, "p", (0,), 0, 0, 0.0, 1.0, 8, False, 0.0, 0.0, None).predicted_tokens_left == 0.0
+
+
+def test_view_load_and_width_are_its_fields_own():
+    import dataclasses
+
+    v = _view(None)
+    assert (v.load, v.tp) == (3, 1) and vars(v)["load"] == 3  # kept after the first read
+    w = dataclasses.replace(v, running=5, queued=2, devices=(0, 1))
+    assert (w.load, w.tp) == (7, 2) and (v.load, v.tp) == (3, 1)
+    made = ReplicaView(1, "p", (0, 1, 2, 3), 4, 1, 10.0, 100.0, 8, False, 0.01, 0.0, None)
+    assert made.load == 5 and made.tp == 4 and made == dataclasses.replace(made)

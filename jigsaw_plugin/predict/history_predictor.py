@@ -48,7 +48,6 @@ from jigsaw_plugin.predict.normal import inv_mills
 __all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
 
 _ADD, _MAX, _MIN, _ALL = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce  # unwrapped
-_N, _SUM, _CAPPED = 0, 1, 3  # columns of ``LengthHistory.group_stats``
 _REFIT_FRACTION = 64  # refit once the history grew by count / 64 records
 _TAIL_SHRINK = 16.0  # recent lengths above g worth as much as the log-normal tail
 
@@ -200,13 +199,11 @@ class HistoryPredictor:
             sel = ((present_slot == i) & (present_group < tab.shape[0])).nonzero()[0]
             if not len(sel):
                 continue
-            rows = present_group[sel]
-            # each statistic's rows as a contiguous [rows, turn bins] copy (what indexing a
-            # ``GroupTable`` column gave), summed over turn bins by the ufunc's reduce
-            count = tab[rows, :, _N]
-            capped = tab[rows, :, _CAPPED]
+            # the rows' statistics, each a contiguous [rows, turn bins] array (what indexing a
+            # ``GroupTable`` column gave), in one gather and one copy; summed over turn bins
+            count, sum_log, _, capped = tab.take(present_group[sel], axis=0).transpose(2, 0, 1).copy()
             obs_n[sel] = _ADD(count, axis=1)
-            obs_z[sel] = _ADD((tab[rows, :, _SUM] - count * model.mu) / model.sigma, axis=1)
+            obs_z[sel] = _ADD((sum_log - count * model.mu) / model.sigma, axis=1)
             cap_n[sel] = _ADD(capped, axis=1)
             cap_thr[sel] = _ADD(capped * thr_t, axis=1)
         if self.features.earlier_epochs and batch.prompt_keys is not None:

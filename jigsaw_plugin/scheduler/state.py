@@ -97,6 +97,26 @@ class RequestBatch:
                            None if rep < 0 else rep, bool(self.queued[i]), predicted_remaining)
 
 
+class _Derived:
+    """A ``ReplicaView`` figure derived from its fields, computed on its first read and then
+    kept in the view's own dict: a non-data descriptor, so that every later read is a plain
+    attribute read (a policy reads ``load`` and ``tp`` hundreds of times a round)."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view, owner=None):
+        if view is None:
+            return self
+        value = view.__dict__[self.name] = self.fn(view)
+        return value
+
+
 class _KeptPrediction:
     """A ``ReplicaView`` figure (``index`` 0: predicted work, 1: predicted longest
     remaining) read once from ``_work_and_left`` and then kept in the view's own dict, both
@@ -148,13 +168,10 @@ class ReplicaView:
                           step_s=step_s, stall_s=stall_s, _source=source)
         return v
 
-    @property
-    def tp(self) -> int:
-        return len(self.devices)
-
-    @property
-    def load(self) -> int:
-        return self.running + self.queued
+    #: Its tensor-parallel width (devices).
+    tp = _Derived(lambda v: len(v.devices))
+    #: Requests it holds, running and queued.
+    load = _Derived(lambda v: v.running + v.queued)
 
     @cached_property
     def requests(self) -> tuple[RequestView, ...]:
