@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import accumulate, chain, compress
 from operator import attrgetter
 
 import numpy as np
@@ -149,7 +149,7 @@ def _finished_keys(finished: dict) -> dict:
     keys = _id_keys(list(chain.from_iterable(finished[rep] for rep in reps)))
     if keys is None:  # a field past its bits: each replica's alone (some may fit)
         return {rep: _id_keys(finished[rep]) for rep in reps}
-    ends = np.cumsum([len(finished[rep]) for rep in reps]).tolist()
+    ends = list(accumulate(len(finished[rep]) for rep in reps))
     starts = [0] + ends[:-1]
     return {rep: keys[a:b] for rep, a, b in zip(reps, starts, ends)}
 
@@ -183,6 +183,13 @@ def _member(keys: np.ndarray, sorted_unique: np.ndarray) -> np.ndarray:
     at = np.searchsorted(sorted_unique, keys)
     np.minimum(at, len(sorted_unique) - 1, out=at)
     return sorted_unique[at] == keys
+
+
+def _nans(n: int) -> np.ndarray:
+    """``np.full(n, nan)`` without its wrapper (several arrays a replica read)."""
+    a = np.empty(n)
+    a.fill(math.nan)
+    return a
 
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -311,8 +318,8 @@ class _ReplicaRows:
         self._shift = 0.0  # decoded per running row since ``_gen`` was brought up to date
         self._decoded_run = 0.0  # decoded per running row since read (monotone)
         self.in_flight_read = cols.in_flight_s
-        self.g0 = np.full(n, math.nan)
-        self.final = np.full(n, math.nan)
+        self.g0 = _nans(n)
+        self.final = _nans(n)
         self._pred = None  # this round's predicted remaining, when brought up to date
         self._agg = None
         self.alive = None  # all rows (a carried replica marks the finished ones)
@@ -353,7 +360,7 @@ class _ReplicaRows:
 
     def order(self) -> np.ndarray:
         if self._order is None:
-            self._order = np.argsort(self.key, kind="stable")
+            self._order = self.key.argsort(kind="stable")
         return self._order
 
     @property
@@ -575,10 +582,10 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         return [_ReplicaRows(rep, o, t, old) for rep, o, old in zip(reps, obs, olds)]
     cols, sizes = got
     n_all = len(cols.ids)
-    ends = np.cumsum(sizes).tolist()
+    ends = list(accumulate(sizes))
     starts = [0] + ends[:-1]
-    g0 = np.full(n_all, math.nan)
-    final = np.full(n_all, math.nan)
+    g0 = _nans(n_all)
+    final = _nans(n_all)
     mine = [(j, old) for j, old in enumerate(olds) if old is not None and len(old.ids) and sizes[j]]
     if mine:
         # the last predictions of the requests a replica still holds, from its own rows
@@ -586,16 +593,16 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         n_rep = len(reps)
         old_key = np.concatenate([old.key for _, old in mine])
         both = np.concatenate((old_key, key))
-        order = np.argsort(both, kind="stable")
+        order = both.argsort(kind="stable")
         ranked = both[order]
         rank = np.empty(len(both), np.int64)
         rank[order] = np.cumsum(np.concatenate(([False], ranked[1:] != ranked[:-1])))
-        tag = np.concatenate((np.repeat(np.asarray([j for j, _ in mine], np.int64), [len(old.ids) for _, old in mine]),
-                              np.repeat(np.arange(n_rep, dtype=np.int64), sizes)))
+        tag = np.concatenate((np.asarray([j for j, _ in mine], np.int64).repeat([len(old.ids) for _, old in mine]),
+                              np.arange(n_rep, dtype=np.int64).repeat(sizes)))
         comb = rank * n_rep + tag
         m = len(old_key)
         old_comb = comb[:m]
-        idx = _positions(old_comb, np.argsort(old_comb, kind="stable"), comb[m:])
+        idx = _positions(old_comb, old_comb.argsort(kind="stable"), comb[m:])
         hit = (idx >= 0).nonzero()[0]
         if len(hit):
             at = idx[hit]
@@ -644,10 +651,10 @@ def _batch(parts: list, replica_ids: list, rows: list | None = None) -> RequestB
     cat = np.concatenate
     sizes = [len(r.ids) for r in parts]
     generated = np.floor(cat([r.generated for r in parts]) + 1e-9).astype(np.int64)  # whole tokens
-    in_flight = cat([r.in_flight_read for r in parts]) + np.repeat([r.t - r.t_read for r in parts], sizes)
+    in_flight = cat([r.in_flight_read for r in parts]) + np.array([r.t - r.t_read for r in parts]).repeat(sizes)
     columns = [cat([r.group for r in parts]), cat([r.turn for r in parts]), cat([r.step for r in parts]), generated,
                cat([r.max_tokens for r in parts]), cat([r.context for r in parts]), in_flight,
-               np.repeat(np.asarray(replica_ids, np.int64), sizes), cat([r.queued for r in parts])]
+               np.asarray(replica_ids, np.int64).repeat(sizes), cat([r.queued for r in parts])]
     if rows is None:
         ids = tuple(chain.from_iterable(r.ids for r in parts))
         keys = tuple(chain.from_iterable(r.prompt_key for r in parts))
@@ -678,7 +685,7 @@ def _adopt_moved(before: dict, rows: dict) -> None:
     final = np.concatenate([r.final for r in left])
     asked = ~np.isnan(final)
     keys, g0, final = keys[asked], g0[asked], final[asked]
-    order = np.argsort(keys, kind="stable")
+    order = keys.argsort(kind="stable")
     for r in new:
         r.adopt(keys, order, g0, final)
 
@@ -822,9 +829,9 @@ class _PipelineRequests:
         member = _member(np.concatenate([r.gkey for r in parts]), dirty)
         if any(r.alive is not None for r in parts):
             member &= np.concatenate([np.ones(n, bool) if r.alive is None else r.alive for r, n in zip(parts, sizes)])
-        starts = np.cumsum([0] + sizes[:-1])
+        starts = list(accumulate([0] + sizes[:-1]))
         counts = np.add.reduceat(member, starts, dtype=np.int64).tolist()
-        picked = [(i, r, member[a:a + n], k) for i, r, a, n, k in zip(ids, parts, starts.tolist(), sizes, counts)
+        picked = [(i, r, member[a:a + n], k) for i, r, a, n, k in zip(ids, parts, starts, sizes, counts)
                   if k or r.unseen]
         asked = [(i, r, m) for i, r, m, k in picked if k]
         if not asked:
