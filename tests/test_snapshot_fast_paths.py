@@ -77,3 +77,24 @@ def test_view_load_and_width_are_its_fields_own():
     assert (w.load, w.tp) == (7, 2) and (v.load, v.tp) == (3, 1)
     made = ReplicaView(1, "p", (0, 1, 2, 3), 4, 1, 10.0, 100.0, 8, False, 0.01, 0.0, None)
     assert made.load == 5 and made.tp == 4 and made == dataclasses.replace(made)
+
+
+def test_length_summary_is_kept_until_a_trajectory_finishes():
+    from types import SimpleNamespace
+
+    from jigsaw_plugin.core.pipelines import ObservedLengths
+    from jigsaw_plugin.core.snapshot import _lengths, _PipelineCache, prior_summary
+
+    p = SimpleNamespace(observed=ObservedLengths(), spec=SimpleNamespace(max_response_len=1000))
+    cache = _PipelineCache()
+    first = _lengths(p, cache)
+    assert first == prior_summary(p.spec) and _lengths(p, cache) is first
+    p.observed.record(100, 400, 600, 2)
+    second = _lengths(p, cache)
+    assert (second.observed, second.generated_tokens, second.turns) == (1, 400.0, 2.0)
+    assert _lengths(p, cache) is second
+    p.observed.record(50, 200, 300, 1)  # a stale summary would keep 400 and 2
+    third = _lengths(p, cache)
+    assert (third.observed, third.generated_tokens, third.turns, third.longest_generated) == (2, 300.0, 1.5, 400.0)
+    p.observed = ObservedLengths()  # another record of lengths: not the kept one's
+    assert _lengths(p, cache) == first

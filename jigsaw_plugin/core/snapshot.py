@@ -691,8 +691,8 @@ def _adopt_moved(before: dict, rows: dict) -> None:
 
 
 class _PipelineCache:
-    """What one pipeline's predictions were last built from (held by the executor across
-    rounds, in ``ExecutorCore.request_cache``)."""
+    """What one pipeline's predictions were last built from, and its length summary (held
+    by the executor across rounds, in ``ExecutorCore.request_cache``)."""
 
     def __init__(self):
         self.rows: dict[int, _ReplicaRows] = {}  # replica -> its rows
@@ -702,6 +702,7 @@ class _PipelineCache:
         self.n_finished = 0
         self.changed_groups: list = []  # group keys with a request finished since last asked
         self.rows_total = 0  # rows held at the last gather
+        self.lengths: tuple | None = None  # (observed lengths, their count, the summary made of them)
 
 
 def note_finished(caches: dict, pipeline: str, request_id, replica: int | None = None) -> None:
@@ -725,13 +726,16 @@ class _PipelineRequests:
     def __init__(self, ex, p, t: float, cache: _PipelineCache, refresh: RefreshPolicy):
         self._ex, self._p, self._t, self._cache, self._refresh = ex, p, t, cache, refresh
         self._rows: dict[int, _ReplicaRows] | None = None
-        self._step_s: dict[int, float] = {}
         self._obs: dict[int, ReplicaObs] = {}
 
     def observed(self, obs: dict) -> None:
         """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``)."""
         self._obs = obs
-        self._step_s = {i: o.step_s for i, o in obs.items()}
+
+    def _step_s(self) -> dict[int, float]:
+        """Replica -> its decode step time (what the predictions are scored in), read only
+        for a predictor call, not every round."""
+        return {i: o.step_s for i, o in self._obs.items()}
 
     def _read(self, rep, obs: ReplicaObs, old: "_ReplicaRows | None") -> _ReplicaRows:
         return _ReplicaRows(rep, obs, self._t, None if self._refresh.exact else old)
@@ -795,7 +799,7 @@ class _PipelineRequests:
         if not parts:
             return
         if all(r.alive is None for r in parts):
-            pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s)
+            pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s())
             at = 0
             for r in parts:
                 k = len(r.ids)
@@ -803,7 +807,7 @@ class _PipelineRequests:
                 at += k
         else:
             rows = [np.ones(len(r.ids), bool) if r.alive is None else r.alive.copy() for r in parts]
-            pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s)
+            pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s())
             at = 0
             for r, m in zip(parts, rows):
                 k = int(_ADD(m))
@@ -839,7 +843,7 @@ class _PipelineRequests:
                 r.predicted_rows(rows, _EMPTY)
             return
         pred = self._ex.predict_remaining(self._p, _batch([r for _, r, _ in asked], [i for i, _, _ in asked],
-                                                          [m for _, _, m in asked]), self._step_s)
+                                                          [m for _, _, m in asked]), self._step_s())
         at = 0
         for _, r, rows, k in picked:
             r.predicted_rows(rows, pred[at:at + k])
@@ -969,12 +973,20 @@ def prior_summary(spec) -> LengthSummary:
     return LengthSummary(0, 0.0, gen, gen, 1.0, float(spec.max_response_len))
 
 
-def _lengths(p) -> LengthSummary:
+def _lengths(p, cache: "_PipelineCache") -> LengthSummary:
+    """The pipeline's ``LengthSummary``; the one ``cache`` holds while no trajectory has
+    finished since it was made (the means change only when one does)."""
     o = p.observed
+    kept = cache.lengths
+    if kept is not None and kept[0] is o and kept[1] == o.count:
+        return kept[2]
     if not o.count:
-        return prior_summary(p.spec)
-    return LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
-                         o.mean("turns", 1), float(o.longest))
+        summary = prior_summary(p.spec)
+    else:
+        summary = LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
+                                o.mean("turns", 1), float(o.longest))
+    cache.lengths = (o, o.count, summary)
+    return summary
 
 
 def _step_view(s) -> StepView:
@@ -1006,7 +1018,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_next=p.stage_next, stage_running=p.stage_running, version=p.version,
         rollout_version=p.rollout_version, done=p.done, generating=p.generating, pending=len(p.pending),
         replicas=tuple(replicas), steps={k: _step_view(s) for k, s in p.steps.items() if k >= p.train_next},
-        history=p.history, lengths=_lengths(p),
+        history=p.history, lengths=_lengths(p, caches[p.name][2]),
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
