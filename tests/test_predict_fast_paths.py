@@ -1,8 +1,8 @@
 """The predictor's per-call fast paths give what the plainer code gave, bit for bit.
 
-* ``EmpiricalTable``: every turn bin's empirical lengths stacked, looked up at once for a
-  batch that spans several bins, against each bin's own ``Empirical.remaining`` and the
-  bin-by-bin loop the predictor ran before (bins without lengths keep the log-normal's);
+* ``EmpiricalTable``: every turn bin's empirical lengths as one table, worked on at once
+  for a batch that spans several bins, against each bin's own ``Empirical.remaining`` and
+  the bin-by-bin loop the predictor ran before (bins without lengths keep the log-normal's);
 * ``LengthHistory.group_stats``: the same numbers as ``group_table``'s columns;
 * ``_log_sf_many``: rows joined without ``np.stack`` equal ``log_sf`` of each row.
 """
@@ -53,17 +53,17 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def test_table_rows_are_the_bins_lookups():
+def test_table_is_the_bins():
     model = fit_model(_history(), HistoryPredictor().prior)
     table = model.table
     assert table is not None and table.has.tolist()[:4] == [True] * 4 and not table.has[4:].any()
-    for b, emp in enumerate(model.empirical):
-        if emp is not None:
-            assert np.shares_memory(emp.count_le, table.count_le) and _same(emp.count_le, table.count_le[b])
-            assert _same(emp.count_lt, table.count_lt[b])
-    # the same table stacked from the bins (a model built without one)
+    assert all(a is b for a, b in zip(table.empirical, model.empirical))
+    for b, emp in enumerate(model.empirical[:4]):
+        assert table.n[b] == len(emp.lengths)
+        assert _same(table.suffix[table.offset[b]:table.offset[b] + len(emp.suffix)], emp.suffix)
+    # the same table from the bins (a model built without one)
     rebuilt = EmpiricalTable.of(model.empirical)
-    for name in ("has", "n", "offset", "suffix", "count_le", "count_lt"):
+    for name in ("has", "n", "offset", "suffix"):
         assert _same(getattr(rebuilt, name), getattr(table, name)), name
 
 

@@ -51,17 +51,13 @@ class Empirical:
     count_lt: np.ndarray  # int32[max_tokens + 1]
 
     @classmethod
-    def of(cls, lengths: np.ndarray, max_tokens: int, rows: tuple | None = None) -> "Empirical":
-        """``rows``: two int32[max_tokens + 1] arrays to hold ``count_le`` and ``count_lt``
-        (rows of an ``EmpiricalTable``'s, so that the table needs no copy of them)."""
+    def of(cls, lengths: np.ndarray, max_tokens: int) -> "Empirical":
         x = np.sort(np.asarray(lengths, dtype=np.float64))
         suffix = np.zeros(len(x) + 1)
         suffix[:-1] = np.cumsum(x[::-1])[::-1]
         grid = np.arange(int(max_tokens) + 1, dtype=np.float64)
-        le, lt = rows if rows is not None else (np.empty(len(grid), np.int32), np.empty(len(grid), np.int32))
-        le[:] = np.searchsorted(x, grid, side="right")
-        lt[:] = np.searchsorted(x, grid, side="left")
-        return cls(x, suffix, le, lt)
+        return cls(x, suffix, np.searchsorted(x, grid, side="right").astype(np.int32),
+                   np.searchsorted(x, grid, side="left").astype(np.int32))
 
     def remaining(self, generated: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(E[min(L, cap) | L > g] - g, how many recent lengths exceed g) per request; the
@@ -80,39 +76,43 @@ class Empirical:
 
 @dataclass(frozen=True, eq=False)
 class EmpiricalTable:
-    """Every turn bin's ``Empirical`` in stacked arrays: a batch whose requests span several
-    turn bins looks all of them up at once, not bin by bin (the same arithmetic as
-    ``Empirical.remaining``, element by element)."""
+    """Every turn bin's ``Empirical`` as one set of arrays: a batch whose requests span
+    several turn bins is worked on at once, bin by bin only for the two count lookups (the
+    same arithmetic as ``Empirical.remaining``, element by element)."""
 
+    empirical: tuple  # per turn bin, ``Empirical`` or None (no recent lengths)
     has: np.ndarray  # bool[T]: the bin holds recent lengths
     n: np.ndarray  # int64[T]: how many
     offset: np.ndarray  # int64[T]: where the bin's suffix sums start in ``suffix``
     suffix: np.ndarray  # float64: the bins' ``Empirical.suffix`` one after another
-    count_le: np.ndarray  # int32[T, max_tokens + 1]: row b is bin b's ``count_le`` (zeros: none)
-    count_lt: np.ndarray  # int32[T, max_tokens + 1]
 
     @classmethod
-    def of(cls, empirical: tuple, count_le: np.ndarray | None = None,
-           count_lt: np.ndarray | None = None) -> "EmpiricalTable":
-        """From the bins' ``Empirical`` (None: no lengths); ``count_le`` / ``count_lt``: the
-        stacked arrays their rows already are (``fit_model``), else stacked here."""
-        if count_le is None:
-            width = next((len(e.count_le) for e in empirical if e is not None), 1)
-            blank = np.zeros(width, np.int32)
-            count_le = np.stack([blank if e is None else e.count_le for e in empirical])
-            count_lt = np.stack([blank if e is None else e.count_lt for e in empirical])
+    def of(cls, empirical: tuple) -> "EmpiricalTable":
         sizes = [0 if e is None else len(e.lengths) for e in empirical]
         suffixes = [np.zeros(1) if e is None else e.suffix for e in empirical]
         offset = np.cumsum([0] + [len(x) for x in suffixes[:-1]])
-        return cls(np.asarray([e is not None for e in empirical]), np.asarray(sizes, np.int64),
-                   offset.astype(np.int64), np.concatenate(suffixes), count_le, count_lt)
+        return cls(tuple(empirical), np.asarray([e is not None for e in empirical]), np.asarray(sizes, np.int64),
+                   offset.astype(np.int64), np.concatenate(suffixes))
 
     def remaining(self, tb: np.ndarray, generated: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``Empirical.remaining`` of each request on its own turn bin ``tb`` (every one a
         bin that ``has`` lengths)."""
-        top = self.count_le.shape[1] - 1
-        above = self.count_le[tb, np.minimum(np.maximum(generated, 0), top).astype(np.intp)]
-        at_cap = np.maximum(self.count_lt[tb, np.minimum(np.maximum(cap, 0), top).astype(np.intp)], above)
+        bins = np.bincount(tb).nonzero()[0].tolist()
+        if not bins:  # no request on a bin with lengths
+            return np.zeros(0), np.zeros(0)
+        first = self.empirical[bins[0]]
+        top = len(first.count_le) - 1
+        at = np.minimum(np.maximum(generated, 0), top).astype(np.intp)
+        at_cap = np.minimum(np.maximum(cap, 0), top).astype(np.intp)
+        if len(bins) == 1:
+            above, below_cap = first.count_le[at], first.count_lt[at_cap]
+        else:
+            above, below_cap = np.empty(len(tb), np.int32), np.empty(len(tb), np.int32)
+            for b in bins:
+                sel = tb == b
+                above[sel] = self.empirical[b].count_le[at[sel]]
+                below_cap[sel] = self.empirical[b].count_lt[at_cap[sel]]
+        at_cap = np.maximum(below_cap, above)
         n = self.n[tb]
         k = (n - above).astype(np.float64)
         start = self.offset[tb]
@@ -131,7 +131,7 @@ class LengthModel:
     count: int  # history.count when fitted
     newest_step: int
     empirical: tuple[Empirical | None, ...]  # per turn bin; None: no recent lengths
-    table: EmpiricalTable | None = None  # ``empirical`` stacked (None: built when first read)
+    table: EmpiricalTable | None = None  # ``empirical`` as one table (None: built when first read)
 
 
 def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
@@ -150,13 +150,10 @@ def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
     rho = float(min(max(rho, RHO_RANGE[0]), RHO_RANGE[1]))
     turns, lengths = history.recent()
     bins = np.minimum(turns, t - 1)
-    # each bin's lookups are written straight into the rows of the stacked table
-    count_le = np.zeros((t, history.max_tokens + 1), np.int32)
-    count_lt = np.zeros((t, history.max_tokens + 1), np.int32)
-    empirical = tuple(Empirical.of(lengths[bins == b], history.max_tokens, (count_le[b], count_lt[b]))
-                      if np.any(bins == b) else None for b in range(t))
+    empirical = tuple(Empirical.of(lengths[bins == b], history.max_tokens) if np.any(bins == b) else None
+                      for b in range(t))
     return LengthModel(mu, sd, rho, groups, history.count, history.newest_step, empirical,
-                       EmpiricalTable.of(empirical, count_le, count_lt))
+                       EmpiricalTable.of(empirical))
 
 
 def _group_icc(history: LengthHistory, mu: np.ndarray, sd: np.ndarray) -> tuple[float, int]:
