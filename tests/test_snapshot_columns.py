@@ -37,6 +37,8 @@ class _CompareColumns:
                 if isinstance(y, np.ndarray):
                     assert isinstance(x, np.ndarray) and x.dtype == y.dtype, name
                     assert np.array_equal(x, y), name
+                    # the fixed fields come from one joined buffer: each its own writable row
+                    assert x.flags.c_contiguous and x.flags.writeable, name
                 else:
                     assert x == y, name
             self.rows += len(a.ids)

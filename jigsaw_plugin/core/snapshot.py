@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import accumulate, chain, compress
 from operator import attrgetter
 
 import numpy as np
@@ -119,7 +119,10 @@ EXACT = RefreshPolicy(exact=True)
 RequestRow = tuple
 
 _EMPTY = np.zeros(0)
+# the ufuncs' reduce: what ndarray.sum / max / min / any / all call (the same values, 1-D
+# arrays here), without their Python wrappers (a round's gathers make hundreds of such calls)
 _ADD, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce
+_ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce
 
 
 _TURN_BITS, _SAMPLE_BITS, _STEP_BITS = 12, 24, 27  # one int64 key per request turn
@@ -136,10 +139,25 @@ def _id_keys(ids) -> np.ndarray | None:
     return _pack_keys(step, sample, turn)
 
 
+def _finished_keys(finished: dict) -> dict:
+    """``_id_keys`` of each replica's finished request ids (replica -> ids), computed once
+    for all of them and sliced: a round in a rollout tail has requests finished on most
+    replicas of a pipeline, and each call's fixed cost was most of its time."""
+    reps = [rep for rep, ids in finished.items() if ids]
+    if not reps:
+        return {}
+    keys = _id_keys(list(chain.from_iterable(finished[rep] for rep in reps)))
+    if keys is None:  # a field past its bits: each replica's alone (some may fit)
+        return {rep: _id_keys(finished[rep]) for rep in reps}
+    ends = list(accumulate(len(finished[rep]) for rep in reps))
+    starts = [0] + ends[:-1]
+    return {rep: keys[a:b] for rep, a, b in zip(reps, starts, ends)}
+
+
 def _pack_keys(step: np.ndarray, sample: np.ndarray, turn: np.ndarray) -> np.ndarray | None:
     """``_id_keys`` of the columns (step, sample, turn); None where a field does not fit."""
-    if len(step) and (step.min() < 0 or sample.min() < 0 or turn.min() < 0 or step.max() >= 1 << _STEP_BITS
-                      or sample.max() >= 1 << _SAMPLE_BITS or turn.max() >= 1 << _TURN_BITS):
+    if len(step) and (_MIN(step) < 0 or _MIN(sample) < 0 or _MIN(turn) < 0 or _MAX(step) >= 1 << _STEP_BITS
+                      or _MAX(sample) >= 1 << _SAMPLE_BITS or _MAX(turn) >= 1 << _TURN_BITS):
         return None
     return (step << (_SAMPLE_BITS + _TURN_BITS)) | (sample << _TURN_BITS) | turn
 
@@ -167,6 +185,13 @@ def _member(keys: np.ndarray, sorted_unique: np.ndarray) -> np.ndarray:
     return sorted_unique[at] == keys
 
 
+def _nans(n: int) -> np.ndarray:
+    """``np.full(n, nan)`` without its wrapper (several arrays a replica read)."""
+    a = np.empty(n)
+    a.fill(math.nan)
+    return a
+
+
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
     """``np.unique`` of an int array: sorted, duplicates dropped. Not ``np.unique`` itself,
     whose first plain call imports ``numpy.ma`` (10-40 ms, in whichever decide round came
@@ -181,7 +206,7 @@ def _nansum(a: np.ndarray) -> float:
     """``np.nansum`` of a float array, consumed in place (the same sum: NaN set to 0, then
     the same pairwise ``np.add.reduce``), without its copy and dispatch."""
     a[np.isnan(a)] = 0.0
-    return float(a.sum())
+    return float(_ADD(a))
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,13 +313,13 @@ class _ReplicaRows:
         self.max_tokens = cols.max_tokens
         self.queued = cols.queued
         self.running_mask = ~self.queued
-        self.n_decoding = int(self.running_mask.sum())
+        self.n_decoding = int(_ADD(self.running_mask))
         self._gen = cols.generated.astype(float)  # a copy: advanced in place
         self._shift = 0.0  # decoded per running row since ``_gen`` was brought up to date
         self._decoded_run = 0.0  # decoded per running row since read (monotone)
         self.in_flight_read = cols.in_flight_s
-        self.g0 = np.full(n, math.nan)
-        self.final = np.full(n, math.nan)
+        self.g0 = _nans(n)
+        self.final = _nans(n)
         self._pred = None  # this round's predicted remaining, when brought up to date
         self._agg = None
         self.alive = None  # all rows (a carried replica marks the finished ones)
@@ -311,8 +336,9 @@ class _ReplicaRows:
             hit = idx >= 0
             self.g0[hit] = old.g0[idx[hit]]
             self.final[hit] = old.final[idx[hit]]
-        self.unseen = bool(np.isnan(self.final).any())
-        self.fresh = self.unseen and bool(np.isnan(self.final).all())  # no row asked before
+        unasked = np.isnan(self.final)
+        self.unseen = bool(_ANY(unasked))
+        self.fresh = self.unseen and bool(_ALL(unasked))  # no row asked before
         self.decoded = _nansum(self._gen - self.g0) if n and not self.fresh else 0.0
         self._final_changed()
 
@@ -320,21 +346,21 @@ class _ReplicaRows:
         """Take the last predictions of requests that moved here from another replica
         (``keys`` of the rows they left, sorted by ``order``; their ``g0`` and ``final``):
         a migrated request keeps its prediction instead of being asked again."""
-        want = np.flatnonzero(np.isnan(self.final))
+        want = np.isnan(self.final).nonzero()[0]
         at = _positions(keys, order, self.key[want])
         hit = at >= 0
-        if not hit.any():
+        if not _ANY(hit):
             return
         want, at = want[hit], at[hit]
         self.g0[want], self.final[want] = g0[at], final[at]
-        self.unseen = bool(np.isnan(self.final).any())
+        self.unseen = bool(_ANY(np.isnan(self.final)))
         self.fresh = False
         self.decoded = _nansum(self.generated - self.g0)
         self._final_changed()
 
     def order(self) -> np.ndarray:
         if self._order is None:
-            self._order = np.argsort(self.key, kind="stable")
+            self._order = self.key.argsort(kind="stable")
         return self._order
 
     @property
@@ -367,7 +393,7 @@ class _ReplicaRows:
         self.g0[rows] = now
         self.final[rows] = now + pred
         final = self.final if self.alive is None else self.final[self.alive]
-        self.unseen = bool(np.isnan(final).any())
+        self.unseen = bool(_ANY(np.isnan(final)))
         self.fresh = False
         self.decoded = _nansum(g - self.g0)
         self._final_changed()
@@ -419,10 +445,10 @@ class _ReplicaRows:
             self.alive[gone] = False
             self.running_mask[gone] = False
             self.final_eff[gone] = np.inf
-            self.n_decoding = int(self.running_mask.sum())
+            self.n_decoding = int(_ADD(self.running_mask))
             self.drift += len(gone)
             self._pred, self._agg = None, None
-        live = n if self.alive is None else int(self.alive.sum())
+        live = n if self.alive is None else int(_ADD(self.alive))
         if self.drift + abs(obs.running + obs.queued - live) > policy.carry_drift * n:
             return False
         self._decode((t - self.t) / obs.step_s if obs.step_s > 0 else 0.0, t)
@@ -516,7 +542,7 @@ class _ReplicaRows:
     def work_and_left_of(self) -> tuple[float, float]:
         """``work_and_left`` from the ``pred`` array (a row within a token of its final)."""
         pred = self.pred
-        return float(pred.sum()), float(pred.max())
+        return float(_ADD(pred)), float(_MAX(pred))
 
     @property
     def pred(self) -> np.ndarray:
@@ -556,10 +582,10 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         return [_ReplicaRows(rep, o, t, old) for rep, o, old in zip(reps, obs, olds)]
     cols, sizes = got
     n_all = len(cols.ids)
-    ends = np.cumsum(sizes).tolist()
+    ends = list(accumulate(sizes))
     starts = [0] + ends[:-1]
-    g0 = np.full(n_all, math.nan)
-    final = np.full(n_all, math.nan)
+    g0 = _nans(n_all)
+    final = _nans(n_all)
     mine = [(j, old) for j, old in enumerate(olds) if old is not None and len(old.ids) and sizes[j]]
     if mine:
         # the last predictions of the requests a replica still holds, from its own rows
@@ -567,17 +593,17 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         n_rep = len(reps)
         old_key = np.concatenate([old.key for _, old in mine])
         both = np.concatenate((old_key, key))
-        order = np.argsort(both, kind="stable")
+        order = both.argsort(kind="stable")
         ranked = both[order]
         rank = np.empty(len(both), np.int64)
         rank[order] = np.cumsum(np.concatenate(([False], ranked[1:] != ranked[:-1])))
-        tag = np.concatenate((np.repeat(np.asarray([j for j, _ in mine], np.int64), [len(old.ids) for _, old in mine]),
-                              np.repeat(np.arange(n_rep, dtype=np.int64), sizes)))
+        tag = np.concatenate((np.asarray([j for j, _ in mine], np.int64).repeat([len(old.ids) for _, old in mine]),
+                              np.arange(n_rep, dtype=np.int64).repeat(sizes)))
         comb = rank * n_rep + tag
         m = len(old_key)
         old_comb = comb[:m]
-        idx = _positions(old_comb, np.argsort(old_comb, kind="stable"), comb[m:])
-        hit = np.flatnonzero(idx >= 0)
+        idx = _positions(old_comb, old_comb.argsort(kind="stable"), comb[m:])
+        hit = (idx >= 0).nonzero()[0]
         if len(hit):
             at = idx[hit]
             g0[hit] = np.concatenate([old.g0 for _, old in mine])[at]
@@ -612,7 +638,7 @@ def _read_many(reps: list, obs: list, olds: list, t: float) -> list:
         r.carried, r.drift = False, 0
         r.unseen = unseen > 0
         r.fresh = r.unseen and unseen == b - a
-        r.decoded = float(diff[a:b].sum()) if b > a and not r.fresh else 0.0
+        r.decoded = float(_ADD(diff[a:b])) if b > a and not r.fresh else 0.0
         out.append(r)
     return out
 
@@ -625,10 +651,10 @@ def _batch(parts: list, replica_ids: list, rows: list | None = None) -> RequestB
     cat = np.concatenate
     sizes = [len(r.ids) for r in parts]
     generated = np.floor(cat([r.generated for r in parts]) + 1e-9).astype(np.int64)  # whole tokens
-    in_flight = cat([r.in_flight_read for r in parts]) + np.repeat([r.t - r.t_read for r in parts], sizes)
+    in_flight = cat([r.in_flight_read for r in parts]) + np.array([r.t - r.t_read for r in parts]).repeat(sizes)
     columns = [cat([r.group for r in parts]), cat([r.turn for r in parts]), cat([r.step for r in parts]), generated,
                cat([r.max_tokens for r in parts]), cat([r.context for r in parts]), in_flight,
-               np.repeat(np.asarray(replica_ids, np.int64), sizes), cat([r.queued for r in parts])]
+               np.asarray(replica_ids, np.int64).repeat(sizes), cat([r.queued for r in parts])]
     if rows is None:
         ids = tuple(chain.from_iterable(r.ids for r in parts))
         keys = tuple(chain.from_iterable(r.prompt_key for r in parts))
@@ -659,14 +685,14 @@ def _adopt_moved(before: dict, rows: dict) -> None:
     final = np.concatenate([r.final for r in left])
     asked = ~np.isnan(final)
     keys, g0, final = keys[asked], g0[asked], final[asked]
-    order = np.argsort(keys, kind="stable")
+    order = keys.argsort(kind="stable")
     for r in new:
         r.adopt(keys, order, g0, final)
 
 
 class _PipelineCache:
-    """What one pipeline's predictions were last built from (held by the executor across
-    rounds, in ``ExecutorCore.request_cache``)."""
+    """What one pipeline's predictions were last built from, and its length summary (held
+    by the executor across rounds, in ``ExecutorCore.request_cache``)."""
 
     def __init__(self):
         self.rows: dict[int, _ReplicaRows] = {}  # replica -> its rows
@@ -676,6 +702,7 @@ class _PipelineCache:
         self.n_finished = 0
         self.changed_groups: list = []  # group keys with a request finished since last asked
         self.rows_total = 0  # rows held at the last gather
+        self.lengths: tuple | None = None  # (observed lengths, their count, the summary made of them)
 
 
 def note_finished(caches: dict, pipeline: str, request_id, replica: int | None = None) -> None:
@@ -699,13 +726,16 @@ class _PipelineRequests:
     def __init__(self, ex, p, t: float, cache: _PipelineCache, refresh: RefreshPolicy):
         self._ex, self._p, self._t, self._cache, self._refresh = ex, p, t, cache, refresh
         self._rows: dict[int, _ReplicaRows] | None = None
-        self._step_s: dict[int, float] = {}
         self._obs: dict[int, ReplicaObs] = {}
 
     def observed(self, obs: dict) -> None:
         """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``)."""
         self._obs = obs
-        self._step_s = {i: o.step_s for i, o in obs.items()}
+
+    def _step_s(self) -> dict[int, float]:
+        """Replica -> its decode step time (what the predictions are scored in), read only
+        for a predictor call, not every round."""
+        return {i: o.step_s for i, o in self._obs.items()}
 
     def _read(self, rep, obs: ReplicaObs, old: "_ReplicaRows | None") -> _ReplicaRows:
         return _ReplicaRows(rep, obs, self._t, None if self._refresh.exact else old)
@@ -715,8 +745,9 @@ class _PipelineRequests:
         p, t, cache, refresh = self._p, self._t, self._cache, self._refresh
         rows: dict[int, _ReplicaRows] = {}
         finished, cache.finished, cache.n_finished = cache.finished, {}, 0
+        keys = _finished_keys(finished)
         unplaced = finished.pop(None, [])  # finished on a replica the executor did not say
-        unplaced_keys = _id_keys(unplaced) if unplaced else None
+        unplaced_keys = keys.get(None)
         reads: list = []  # (replica, its report, its last rows): read together below
         for rep in p.replicas:
             obs = self._obs.get(rep.id) or rep.observe(t)
@@ -725,7 +756,7 @@ class _PipelineRequests:
             if r is not None:
                 mine = finished.get(rep.id)
                 if mine:
-                    gone = r.rows_of(mine, _id_keys(mine))
+                    gone = r.rows_of(mine, keys[rep.id])
                 if unplaced:
                     more = r.rows_of(unplaced, unplaced_keys)
                     gone = np.concatenate((gone, more)) if len(gone) else more
@@ -768,7 +799,7 @@ class _PipelineRequests:
         if not parts:
             return
         if all(r.alive is None for r in parts):
-            pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s)
+            pred = self._ex.predict_remaining(p, _batch(parts, ids), self._step_s())
             at = 0
             for r in parts:
                 k = len(r.ids)
@@ -776,15 +807,15 @@ class _PipelineRequests:
                 at += k
         else:
             rows = [np.ones(len(r.ids), bool) if r.alive is None else r.alive.copy() for r in parts]
-            pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s)
+            pred = self._ex.predict_remaining(p, _batch(parts, ids, rows), self._step_s())
             at = 0
             for r, m in zip(parts, rows):
-                k = int(m.sum())
+                k = int(_ADD(m))
                 r.predicted_rows(m, pred[at:at + k])
                 at += k
         cache.changed_groups = []
         cache.history_count = p.history.count
-        cache.work0 = float(pred.sum())
+        cache.work0 = float(_ADD(pred))
 
     def _predict_groups(self) -> None:
         """One predictor call for the GRPO groups holding a request it has not seen (a new
@@ -802,9 +833,9 @@ class _PipelineRequests:
         member = _member(np.concatenate([r.gkey for r in parts]), dirty)
         if any(r.alive is not None for r in parts):
             member &= np.concatenate([np.ones(n, bool) if r.alive is None else r.alive for r, n in zip(parts, sizes)])
-        starts = np.cumsum([0] + sizes[:-1])
+        starts = list(accumulate([0] + sizes[:-1]))
         counts = np.add.reduceat(member, starts, dtype=np.int64).tolist()
-        picked = [(i, r, member[a:a + n], k) for i, r, a, n, k in zip(ids, parts, starts.tolist(), sizes, counts)
+        picked = [(i, r, member[a:a + n], k) for i, r, a, n, k in zip(ids, parts, starts, sizes, counts)
                   if k or r.unseen]
         asked = [(i, r, m) for i, r, m, k in picked if k]
         if not asked:
@@ -812,15 +843,15 @@ class _PipelineRequests:
                 r.predicted_rows(rows, _EMPTY)
             return
         pred = self._ex.predict_remaining(self._p, _batch([r for _, r, _ in asked], [i for i, _, _ in asked],
-                                                          [m for _, _, m in asked]), self._step_s)
+                                                          [m for _, _, m in asked]), self._step_s())
         at = 0
         for _, r, rows, k in picked:
             r.predicted_rows(rows, pred[at:at + k])
             at += k
-        if at == sum(len(r.ids) if r.alive is None else int(r.alive.sum()) for r in parts):
+        if at == sum(len(r.ids) if r.alive is None else int(_ADD(r.alive)) for r in parts):
             # every live row asked: as a whole-pipeline call (a new step)
             self._cache.history_count = self._p.history.count
-            self._cache.work0 = float(pred.sum())
+            self._cache.work0 = float(_ADD(pred))
 
     def _stale(self, p, cache: _PipelineCache, parts: list) -> tuple[bool, bool]:
         """(due: the whole pipeline is asked again, by an outlived row, progress or
@@ -942,12 +973,20 @@ def prior_summary(spec) -> LengthSummary:
     return LengthSummary(0, 0.0, gen, gen, 1.0, float(spec.max_response_len))
 
 
-def _lengths(p) -> LengthSummary:
+def _lengths(p, cache: "_PipelineCache") -> LengthSummary:
+    """The pipeline's ``LengthSummary``; the one ``cache`` holds while no trajectory has
+    finished since it was made (the means change only when one does)."""
     o = p.observed
+    kept = cache.lengths
+    if kept is not None and kept[0] is o and kept[1] == o.count:
+        return kept[2]
     if not o.count:
-        return prior_summary(p.spec)
-    return LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
-                         o.mean("turns", 1), float(o.longest))
+        summary = prior_summary(p.spec)
+    else:
+        summary = LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
+                                o.mean("turns", 1), float(o.longest))
+    cache.lengths = (o, o.count, summary)
+    return summary
 
 
 def _step_view(s) -> StepView:
@@ -979,7 +1018,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_next=p.stage_next, stage_running=p.stage_running, version=p.version,
         rollout_version=p.rollout_version, done=p.done, generating=p.generating, pending=len(p.pending),
         replicas=tuple(replicas), steps={k: _step_view(s) for k, s in p.steps.items() if k >= p.train_next},
-        history=p.history, lengths=_lengths(p),
+        history=p.history, lengths=_lengths(p, caches[p.name][2]),
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,

@@ -17,6 +17,7 @@ from jigsaw_plugin.errors import SpecError
 
 __all__ = ["RequestBatch"]
 
+_MIN = np.minimum.reduce  # ndarray.min without its wrapper: every predictor call checks three
 _ID = attrgetter("id")
 _STEP = attrgetter("step")
 _TURN = attrgetter("turn")
@@ -46,7 +47,7 @@ class RequestBatch:
         if self.prompt_keys is not None and len(self.prompt_keys) != n:
             raise SpecError("RequestBatch.prompt_keys", f"length {len(self.prompt_keys)}",
                             f"one entry per request ({n}) or None")
-        if n and (self.step.min() < 0 or self.group.min() < 0 or self.turn.min() < 0):
+        if n and (_MIN(self.step) < 0 or _MIN(self.group) < 0 or _MIN(self.turn) < 0):
             raise SpecError("RequestBatch", "a negative step, group or turn", "integers >= 0")
 
     def __len__(self) -> int:

@@ -240,6 +240,13 @@ class LengthHistory:
             return None
         return GroupTable(step, *(_readonly(table[:, :, c]) for c in (_N, _SUM, _SUMSQ, _CAPPED)))
 
+    def group_stats(self, step: int) -> np.ndarray | None:
+        """``group_table``'s arrays as one read-only float64[G, T, 4] view of live storage
+        (statistics in the order count, sum of log, sum of squares, capped), for a
+        predictor that reads a few groups of it on every call; None as ``group_table``."""
+        table = self._groups.get(step)
+        return None if table is None else _readonly(table)
+
     def siblings(self, step: int, group: int) -> tuple[tuple[int, int], ...]:
         """The finished (turn, length) pairs of one GRPO group of a step in the window."""
         return tuple((t, n) for g, t, n in self._records.get(step, ()) if g == group)

@@ -42,11 +42,12 @@ from jigsaw_plugin.predict.batch import RequestBatch
 from jigsaw_plugin.predict.config import PriorConfig
 from jigsaw_plugin.predict.history import LengthHistory
 from jigsaw_plugin.predict.lognormal import FUSE_MAX_ELEMENTS, expected_remaining
-from jigsaw_plugin.predict.model import LengthModel, fit_model
+from jigsaw_plugin.predict.model import EmpiricalTable, LengthModel, fit_model
 from jigsaw_plugin.predict.normal import inv_mills
 
 __all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
 
+_ADD, _MAX, _MIN, _ALL = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.logical_and.reduce  # unwrapped
 _REFIT_FRACTION = 64  # refit once the history grew by count / 64 records
 _TAIL_SHRINK = 16.0  # recent lengths above g worth as much as the log-normal tail
 
@@ -72,6 +73,15 @@ def clip_to_budget(remaining: np.ndarray, generated: np.ndarray, max_tokens: np.
     np.maximum(budget, 0.0, out=budget)
     out = np.maximum(remaining, np.minimum(1.0, budget))
     return np.minimum(out, budget, out=out)
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an int array (sorted, duplicates dropped) without its wrappers:
+    the same values, a few numpy calls (this runs on every call with a rollout tail)."""
+    a = np.sort(a)
+    if len(a) > 1:
+        a = a[np.concatenate(([True], a[1:] != a[:-1]))]
+    return a
 
 
 class HistoryPredictor:
@@ -143,36 +153,36 @@ class HistoryPredictor:
                    marginal: np.ndarray) -> np.ndarray:
         """The empirical remaining tokens per request, shrunk toward the log-normal's."""
         out = marginal.copy()
-        # only the turn bins present (a few rows are asked at a time: most bins hold none)
-        bins = np.flatnonzero(np.bincount(tb)).tolist() if tb.max() > 0 else (0,)
-        for b in bins:
-            emp = model.empirical[b]
-            if emp is None:
-                continue
-            sel = slice(None) if len(bins) == 1 else tb == b  # one bin: every row
-            mean, k = emp.remaining(g[sel], cap[sel])
-            w = k / (k + _TAIL_SHRINK)
-            out[sel] = w * mean + (1.0 - w) * marginal[sel]
+        table = model.table or EmpiricalTable.of(model.empirical)
+        # the rows whose turn bin holds recent lengths (the others keep the log-normal's),
+        # every bin's looked up at once
+        has = table.has[tb]
+        sel = slice(None) if _ALL(has) else has.nonzero()[0]
+        mean, k = table.remaining(tb[sel], g[sel], cap[sel])
+        w = k / (k + _TAIL_SHRINK)
+        out[sel] = w * mean + (1.0 - w) * marginal[sel]
         return out
 
     def _group_effect(self, batch: RequestBatch, history: LengthHistory, model: LengthModel,
                       tb: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(b_hat, posterior variance of b) per request: see (b) and (c) above."""
-        first_step = int(batch.step.min())
-        steps = range(first_step, int(batch.step.max()) + 1)
+        first_step = int(_MIN(batch.step))
+        steps = range(first_step, int(_MAX(batch.step)) + 1)
         if len(steps) > 4 * history.window_steps:  # scattered steps: index the ones present
             steps = np.unique(batch.step).tolist()
             slot = np.searchsorted(steps, batch.step)
         else:
             slot = batch.step - first_step
-        tables = [history.group_table(s) for s in steps]
-        width = max([int(batch.group.max()) + 1] + [t.groups for t in tables if t is not None])
+        # each step's (group, turn bin, statistic) array as the history holds it (read-only)
+        tables = [history.group_stats(s) for s in steps]
+        width = max([int(_MAX(batch.group)) + 1] + [t.shape[0] for t in tables if t is not None])
         key = slot * width + batch.group
         if 2 * len(key) < len(steps) * width:
             # a few requests (a rollout tail): only the (step, group) pairs present, so the
-            # work follows the requests, not the size of the history's group tables
-            present, key = np.unique(key, return_inverse=True)
-            key = key.reshape(-1)
+            # work follows the requests, not the size of the history's group tables (the
+            # keys sorted and searched: ``np.unique``'s answer without its wrappers)
+            present = _sorted_unique(key)
+            key = np.searchsorted(present, key)
         else:
             present = np.arange(len(steps) * width)
         nkeys = len(present)
@@ -186,16 +196,16 @@ class HistoryPredictor:
         for i, tab in enumerate(tables):
             if tab is None:
                 continue
-            sel = np.flatnonzero((present_slot == i) & (present_group < tab.groups))
+            sel = ((present_slot == i) & (present_group < tab.shape[0])).nonzero()[0]
             if not len(sel):
                 continue
-            rows = present_group[sel]
-            count = tab.count[rows]
-            capped = tab.capped[rows]
-            obs_n[sel] = count.sum(axis=1)
-            obs_z[sel] = ((tab.sum_log[rows] - count * model.mu) / model.sigma).sum(axis=1)
-            cap_n[sel] = capped.sum(axis=1)
-            cap_thr[sel] = (capped * thr_t).sum(axis=1)
+            # the rows' statistics, each a contiguous [rows, turn bins] array (what indexing a
+            # ``GroupTable`` column gave), in one gather and one copy; summed over turn bins
+            count, sum_log, _, capped = tab.take(present_group[sel], axis=0).transpose(2, 0, 1).copy()
+            obs_n[sel] = _ADD(count, axis=1)
+            obs_z[sel] = _ADD((sum_log - count * model.mu) / model.sigma, axis=1)
+            cap_n[sel] = _ADD(capped, axis=1)
+            cap_thr[sel] = _ADD(capped * thr_t, axis=1)
         if self.features.earlier_epochs and batch.prompt_keys is not None:
             self._add_epochs(batch, history, model, key, obs_n, obs_z)
         cap_thr = cap_thr / np.maximum(cap_n, 1.0)

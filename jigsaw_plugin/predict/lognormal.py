@@ -56,10 +56,15 @@ def _log_sf_many(*xs: np.ndarray) -> list[np.ndarray]:
     """``log_sf`` of several arrays of one shape: as one array while it is small (one set of
     numpy calls instead of several: the per-call overhead dominates small batches), apart
     once the stacked temporaries would outgrow the CPU cache."""
-    xs = np.broadcast_arrays(*xs)
+    shape = np.shape(xs[0])
+    if len(shape) != 1 or any(np.shape(x) != shape for x in xs):
+        xs = np.broadcast_arrays(*xs)
     if xs[0].size * len(xs) > FUSE_MAX_ELEMENTS:
         return [log_sf(x) for x in xs]
-    return list(log_sf(np.stack(xs)))
+    if xs[0].ndim != 1:
+        return list(log_sf(np.stack(xs)))
+    # rows of one length: ``np.stack``'s array (the same contiguous rows) without its wrappers
+    return list(log_sf(np.concatenate(xs).reshape(len(xs), -1)))
 
 
 def fit_censored(weight: np.ndarray, sum_log: np.ndarray, sumsq_log: np.ndarray, capped: np.ndarray,

@@ -34,7 +34,7 @@ from jigsaw_plugin.predict.config import PriorConfig
 from jigsaw_plugin.predict.history import LengthHistory
 from jigsaw_plugin.predict.lognormal import fit_censored
 
-__all__ = ["Empirical", "LengthModel", "fit_model", "RHO_RANGE"]
+__all__ = ["Empirical", "EmpiricalTable", "LengthModel", "fit_model", "RHO_RANGE"]
 
 RHO_RANGE = (1e-4, 0.95)  # keeps both variance components positive
 
@@ -64,10 +64,59 @@ class Empirical:
         mean is 0 where none does (give it no weight). g and cap are read as whole tokens."""
         n = len(self.lengths)
         top = len(self.count_le) - 1
-        above = self.count_le[np.clip(generated, 0, top).astype(np.intp)]
-        at_cap = np.maximum(self.count_lt[np.clip(cap, 0, top).astype(np.intp)], above)
+        # np.clip's values (NaN too) from its two ufuncs, without its wrappers (every call)
+        above = self.count_le[np.minimum(np.maximum(generated, 0), top).astype(np.intp)]
+        at_cap = np.maximum(self.count_lt[np.minimum(np.maximum(cap, 0), top).astype(np.intp)], above)
         k = (n - above).astype(np.float64)
         total = self.suffix[above] - self.suffix[at_cap] + cap * (n - at_cap)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(k > 0, total / k - generated, 0.0)
+        return mean, k
+
+
+@dataclass(frozen=True, eq=False)
+class EmpiricalTable:
+    """Every turn bin's ``Empirical`` as one set of arrays: a batch whose requests span
+    several turn bins is worked on at once, bin by bin only for the two count lookups (the
+    same arithmetic as ``Empirical.remaining``, element by element)."""
+
+    empirical: tuple  # per turn bin, ``Empirical`` or None (no recent lengths)
+    has: np.ndarray  # bool[T]: the bin holds recent lengths
+    n: np.ndarray  # int64[T]: how many
+    offset: np.ndarray  # int64[T]: where the bin's suffix sums start in ``suffix``
+    suffix: np.ndarray  # float64: the bins' ``Empirical.suffix`` one after another
+
+    @classmethod
+    def of(cls, empirical: tuple) -> "EmpiricalTable":
+        sizes = [0 if e is None else len(e.lengths) for e in empirical]
+        suffixes = [np.zeros(1) if e is None else e.suffix for e in empirical]
+        offset = np.cumsum([0] + [len(x) for x in suffixes[:-1]])
+        return cls(tuple(empirical), np.asarray([e is not None for e in empirical]), np.asarray(sizes, np.int64),
+                   offset.astype(np.int64), np.concatenate(suffixes))
+
+    def remaining(self, tb: np.ndarray, generated: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``Empirical.remaining`` of each request on its own turn bin ``tb`` (every one a
+        bin that ``has`` lengths)."""
+        bins = np.bincount(tb).nonzero()[0].tolist()
+        if not bins:  # no request on a bin with lengths
+            return np.zeros(0), np.zeros(0)
+        first = self.empirical[bins[0]]
+        top = len(first.count_le) - 1
+        at = np.minimum(np.maximum(generated, 0), top).astype(np.intp)
+        at_cap = np.minimum(np.maximum(cap, 0), top).astype(np.intp)
+        if len(bins) == 1:
+            above, below_cap = first.count_le[at], first.count_lt[at_cap]
+        else:
+            above, below_cap = np.empty(len(tb), np.int32), np.empty(len(tb), np.int32)
+            for b in bins:
+                sel = tb == b
+                above[sel] = self.empirical[b].count_le[at[sel]]
+                below_cap[sel] = self.empirical[b].count_lt[at_cap[sel]]
+        at_cap = np.maximum(below_cap, above)
+        n = self.n[tb]
+        k = (n - above).astype(np.float64)
+        start = self.offset[tb]
+        total = self.suffix[start + above] - self.suffix[start + at_cap] + cap * (n - at_cap)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(k > 0, total / k - generated, 0.0)
         return mean, k
@@ -82,6 +131,7 @@ class LengthModel:
     count: int  # history.count when fitted
     newest_step: int
     empirical: tuple[Empirical | None, ...]  # per turn bin; None: no recent lengths
+    table: EmpiricalTable | None = None  # ``empirical`` as one table (None: built when first read)
 
 
 def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
@@ -102,7 +152,8 @@ def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:
     bins = np.minimum(turns, t - 1)
     empirical = tuple(Empirical.of(lengths[bins == b], history.max_tokens) if np.any(bins == b) else None
                       for b in range(t))
-    return LengthModel(mu, sd, rho, groups, history.count, history.newest_step, empirical)
+    return LengthModel(mu, sd, rho, groups, history.count, history.newest_step, empirical,
+                       EmpiricalTable.of(empirical))
 
 
 def _group_icc(history: LengthHistory, mu: np.ndarray, sd: np.ndarray) -> tuple[float, int]:

@@ -21,6 +21,7 @@ __all__ = ["log_sf", "sf", "cdf", "pdf", "inv_mills", "ppf"]
 _SQRT2 = math.sqrt(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG2 = math.log(2.0)
+_ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # ndarray.all / any, unwrapped (a hot path)
 _ERFC_COEF = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
               0.09678418, 0.37409196, 1.00002368, -1.26551223)
 
@@ -46,17 +47,18 @@ def log_sf(x: np.ndarray | float) -> np.ndarray:
     """log(1 - Phi(x)), elementwise; -inf at +inf, 0 at -inf."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    xf = x if finite.all() else np.where(finite, x, 0.0)
+    all_finite = _ALL(finite, axis=None)
+    xf = x if all_finite else np.where(finite, x, 0.0)
     t, out, z2 = _erfc_parts(xf)
     out -= z2
     out += np.log(t)
     out -= _LOG2  # log Q(|x|) = log(erfc(|x| / sqrt 2) / 2)
     neg = xf < 0
-    if neg.any():  # Q(x) = 1 - Q(|x|)
+    if _ANY(neg, axis=None):  # Q(x) = 1 - Q(|x|)
         q = np.exp(out)
         np.negative(q, out=q)
         np.log1p(q, out=out, where=neg)
-    if not finite.all():
+    if not all_finite:
         out[x == np.inf] = -np.inf
         out[x == -np.inf] = 0.0
     return out
@@ -81,7 +83,8 @@ def inv_mills(x: np.ndarray | float) -> np.ndarray:
     """phi(x) / (1 - Phi(x)): E[Z | Z > x] for a standard normal Z (0 at -inf, ~x for large x)."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    xf = x if finite.all() else np.where(finite, x, 0.0)
+    all_finite = _ALL(finite, axis=None)
+    xf = x if all_finite else np.where(finite, x, 0.0)
     t, p, z2 = _erfc_parts(xf)
     np.negative(z2, out=z2)
     np.exp(z2, out=z2)  # exp(-z^2) = sqrt(2 pi) phi(x)
@@ -94,9 +97,9 @@ def inv_mills(x: np.ndarray | float) -> np.ndarray:
         out = z2 / q
     out *= 1.0 / math.sqrt(2.0 * math.pi)
     far = xf > 30.0  # both underflow past ~37 sigma; the asymptote is exact enough there
-    if far.any():
+    if _ANY(far, axis=None):
         out[far] = xf[far] + 1.0 / xf[far]
-    if not finite.all():
+    if not all_finite:
         out[x == -np.inf] = 0.0
         out[x == np.inf] = np.inf
     return out

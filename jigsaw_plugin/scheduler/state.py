@@ -97,6 +97,46 @@ class RequestBatch:
                            None if rep < 0 else rep, bool(self.queued[i]), predicted_remaining)
 
 
+class _Derived:
+    """A ``ReplicaView`` figure derived from its fields, computed on its first read and then
+    kept in the view's own dict: a non-data descriptor, so that every later read is a plain
+    attribute read (a policy reads ``load`` and ``tp`` hundreds of times a round)."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view, owner=None):
+        if view is None:
+            return self
+        value = view.__dict__[self.name] = self.fn(view)
+        return value
+
+
+class _KeptPrediction:
+    """A ``ReplicaView`` figure (``index`` 0: predicted work, 1: predicted longest
+    remaining) read once from ``_work_and_left`` and then kept in the view's own dict, both
+    figures at once: a non-data descriptor, so that every later read is a plain attribute
+    read (a policy reads these hundreds of times a round; as ``functools.cached_property``
+    without its lock)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __get__(self, view, owner=None):
+        if view is None:
+            return self
+        both = view._work_and_left()
+        view.__dict__.update(predicted_work_tokens=both[0], predicted_tokens_left=both[1])
+        return both[self.index]
+
+
 @dataclass(frozen=True)
 class ReplicaView:
     """One rollout engine: its load and memory as the engine reports them."""
@@ -128,13 +168,10 @@ class ReplicaView:
                           step_s=step_s, stall_s=stall_s, _source=source)
         return v
 
-    @property
-    def tp(self) -> int:
-        return len(self.devices)
-
-    @property
-    def load(self) -> int:
-        return self.running + self.queued
+    #: Its tensor-parallel width (devices).
+    tp = _Derived(lambda v: len(v.devices))
+    #: Requests it holds, running and queued.
+    load = _Derived(lambda v: v.running + v.queued)
 
     @cached_property
     def requests(self) -> tuple[RequestView, ...]:
@@ -159,15 +196,10 @@ class ReplicaView:
             self.__dict__["_work_left"] = got
         return got
 
-    @property
-    def predicted_tokens_left(self) -> float:
-        """Decode steps until the predicted longest request ends."""
-        return self._work_and_left()[1]
-
-    @property
-    def predicted_work_tokens(self) -> float:
-        """Predicted tokens still to generate by all of its requests."""
-        return self._work_and_left()[0]
+    #: Decode steps until the predicted longest request ends.
+    predicted_tokens_left = _KeptPrediction(1)
+    #: Predicted tokens still to generate by all of its requests.
+    predicted_work_tokens = _KeptPrediction(0)
 
     def predicted_drain_s(self) -> float:
         """Projected time until it is empty: the longer of its predicted longest request and
