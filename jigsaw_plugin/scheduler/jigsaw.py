@@ -930,7 +930,15 @@ class Jigsaw(Policy):
         ctx = {r.id: r.kv_tokens for r in live}
         best, best_key = None, None
         room = len(pool) + (sum(r.tp for r in live) if in_place else 0)
+        longest = max(r.predicted_tokens_left for r in live)
         for w in self._widen_widths(state, p, live):
+            switch = cost.context_switch_s(p.model, w, train_state=False)
+            # every plan of width w ends no sooner than the switch and the longest request
+            # alone at batch 1 with no KV (the group holding it pays its re-prefill too, and a
+            # step never gets faster with more sequences or KV; IEEE addition and
+            # multiplication are monotone): a width that cannot beat ``beat`` prices no plan
+            if switch + longest * cost.decode_step_s(p.model, w, 1, 0.0) >= beat:
+                continue
             k = 1
             while k <= (len(live) if spread else 1) and k * w <= room:
                 if w == width and k >= len(live):
@@ -951,8 +959,7 @@ class Jigsaw(Policy):
                     n = sum(r.load for r in group)
                     c = sum(ctx[r.id] for r in group)
                     left = max(r.predicted_tokens_left for r in group)
-                    end = max(end, cost.context_switch_s(p.model, w, train_state=False) + cost.migration_s(p.model, w, c)
-                              + _tail_s(cost, p.model, w, n, c, left))
+                    end = max(end, switch + cost.migration_s(p.model, w, c) + _tail_s(cost, p.model, w, n, c, left))
                     plan.append((devs, group))
                 k *= 2  # 1, 2, 4, ... replicas: the plans a round prices stay few
                 if not plan or end >= beat:
