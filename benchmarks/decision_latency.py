@@ -305,8 +305,8 @@ The predictor column times the `jigsaw_predict_remaining` hook inside the state 
 (a hook wrapper): its per-round p99, its share of all state-build time, and the slowest
 1% of state builds (their mean, the predictor's share of them, predictor calls per round).
 Targets (issue 12): decision p99 <= 1,000 us at 64 / 8 and <= 10,000 us at 1024 / 32.
-The policy changes under other work; this build makes its tail pricing cheaper without
-changing a decision (below).
+The policy changes under other work; this build makes the state build, the predictor
+and the tail widening cheaper without changing a decision (below).
 
 What the incremental build does each round (docs/predictor.md, "Incremental
 predictions"): a replica whose requests did not change advances its running rows by one
@@ -319,72 +319,62 @@ collections that then run between rounds are in the GC column.
 
 Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
 state build and of the policy, the slowest 1% of a case's rounds; timers included, which
-add about 1 us a timed call; one run each of this build at load about 2):
+add about 1 us a timed call):
 
-* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 4,633
-  rounds): the slowest rounds (3.8 ms on average, at 25-31 simulated s) are rounds in
-  which the tail consolidation (`Jigsaw._consolidate_tails`) reads the predicted drains
-  of 7-8 pipelines at once (this benchmark's pipelines are copies of two and reach their
-  rollout tails together). Each first read gathers its pipeline's rows (3.2 ms of the
-  3.8): 3.5 predictor calls (1.3 ms: a call's fixed cost is about 160 us on an idle core,
-  300-500 us under the machine's load), the replicas whose requests changed read again
-  (0.8 ms, half of it taking the requests' fields from the simulator's replicas), the
-  staleness checks (0.1 ms). Outside the gathers: the tail widening (0.3 ms), the views of
-  the 64 replicas (0.2 ms every round). The policy's own pricing is a small part here.
-* 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
-  400`): from about 3 simulated seconds most of the 1,024 replicas hold fewer than the
-  policy's `tail_requests` (32) and are priced as tails every round (about 520 a round in
-  the slowest rounds, at 3.6-3.7 s). The previous build's slowest rounds (13.8 ms, at a
-  load about 1) were the consolidation (11.4 ms: the pricing 10.3 ms for 555 tails a
-  round, of which the drains 6.2 ms with the gathers of 31 pipelines 4.4 ms; the loops
-  over each tail's siblings and the bound computed again for each tail, about 4 ms) and
-  the views of the 1,024 replicas (2.1 ms every round). This build's (15.4 ms, at a load
-  about 6, which inflates every figure): the consolidation 10.9 ms, the gathers 5.6 ms of
-  it (the rows advanced 1.2 ms, the staleness checks 1.0 ms, the predictor 0.6-0.8 ms),
-  840 drain reads 1.7 ms beyond the gathers and the pricing itself 2.3 ms for 553 tails
-  (half of it the timers' own cost), the views 3.8 ms: the state build is now most of
-  a slow round.
+* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 5,367
+  rounds; one run each of the previous build and of this one's state build and predictor
+  at a load about 2.9): the slowest rounds (4.1 -> 3.2 ms on average) are rounds in which
+  the tail consolidation (`Jigsaw._consolidate_tails`) reads the predicted drains of 7-8
+  pipelines at once (this benchmark's pipelines are copies of two and reach their rollout
+  tails together). Each first read gathers its pipeline's rows: 3.3 -> 2.5 ms of the
+  round, of which 3.4 predictor calls 1.3 -> 1.0 ms (a call's fixed cost about 140 us on
+  an idle core, 180 us before), the replicas whose requests changed read again 0.9 -> 0.6
+  ms (taking the requests' fields from the simulator's replicas 0.50 -> 0.27 ms), and
+  staleness checks, aggregates, finished rows, the predictor's batch and log about 0.9 ms.
+  Outside the gathers: the views of the 64 replicas (0.19 -> 0.16 ms every round) and the
+  tail widening (about 0.3 ms every round before this build; its profiled time over the
+  run 4.0 -> 2.2 s with the width filter below).
+* 1024 / 32 (the previous build's analysis; not re-run whole on this one): from about 3
+  simulated seconds most of the 1,024 replicas hold fewer than the policy's
+  `tail_requests` (32) and are priced as tails every round (about 520 a round in the
+  slowest rounds). Its slowest rounds over 16,000 rounds (15.4 ms at a load about 6): the
+  consolidation 10.9 ms, the gathers 5.6 ms of it, 840 drain reads 1.7 ms beyond the
+  gathers and the pricing itself 2.3 ms for 553 tails, the views of all replicas 3.8 ms:
+  the state build is most of a slow round.
 
 What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
 values in the same order, so every prediction and decision is unchanged:
 
-* the tail pricing (`Jigsaw._price_move`) keeps what every tail of a pipeline's round
-  shares: the bound a move may stretch the generation to and the three latest ends are
-  computed once per pipeline a round (`_Ends`), again only after a move changed an end,
-  not once per tail priced;
-* a width on which even the tail's own longest request, at its own batch and KV and
-  after its re-prefill, ends past that bound takes no destination: its siblings of that
-  width are not looked at, and a tail with every width so is turned away at once. In
-  16,000 rounds at 1024 / 32 (the same in both builds) 1,614,060 tails were priced:
-  1,070,508 turned away on their own drain by the re-prefill check, 543,552 looked at
-  their siblings, and 496,759 of those had every width hopeless, where the previous build
-  priced about 27 siblings each (13.2 million); 145 moves were made. Each such exit
-  compares a figure that can only understate the full pricing's (IEEE addition and
-  multiplication are monotone);
-* fewer Python calls on the round's hot paths, the same arithmetic: a replica view keeps
-  its predicted work and longest remaining in its own dict (not a
-  `functools.cached_property`, whose first read takes a lock in Python 3.11: 800 first
-  reads a round at 1024 / 32) and its drain reads them once; the tails with a sibling
-  that has room are found with each tail's load read once; a row's advance, the
-  staleness look at a row and a work read are inline.
+* the predictor (`predict/`): the same arithmetic with fewer numpy calls: each step's
+  GRPO-group statistics read as one array (`LengthHistory.group_stats`), every turn bin's
+  empirical lengths in one stacked table built at fit time (`EmpiricalTable`: two thirds
+  of the calls span several bins), numpy's Python wrappers (unique, stack, clip,
+  reductions) replaced by their ufuncs and methods; on 1,149 calls recorded from the 64 /
+  8 run, bit-identical answers, 182 -> 137 us for calls of 1-10 requests, 292 -> 211 us for
+  calls of over 100;
+* the simulator's requests keep their six fixed fields (group, step, sample, turn,
+  context, budget) in one packed buffer, so a replica's columns are built in one pass, not
+  one per field;
+* the state build: the finished requests' keys computed once a gather, not per replica;
+  a pipeline's length summary kept until a trajectory finishes; the replicas' step times
+  built only for a predictor call; a replica view keeps `load`, `tp` and its predicted
+  work and longest remaining in its own dict after the first read (plain attribute reads
+  later: a policy reads them hundreds of times a round);
+* the tail widening (`Jigsaw._widen_plan`): a width on which every plan ends at or after
+  the bound to beat (its weight reload plus the longest predicted request alone at batch
+  1 with no KV: the group holding it also pays its re-prefill, and a step never gets
+  faster with more sequences or KV) prices no plan.
 
-Checked: `tests/test_decision_latency_prefilter.py` (hand-built edge cases, one a move
-0.5% inside the bound that a filter 0.5% early drops; random pipelines against the full
-pricing; several moves a round, which fails without the bound computed again after a
-move) and `tests/test_decision_latency_tails.py`; jigsaw's makespans (seed 0) on (a)
-1984.0737624183773, (c) 1575.23974873544, (d) 1673.0956323612756 and (e)
-3046.0153097908483 s are bit-identical before and after, and so is a hash of every
-decide round's decisions of this benchmark's whole 64 / 8 run (4,633 rounds) and of
-16,000 rounds at 1024 / 32. Tried and not kept, in earlier builds: asking a new turn
-alone, without its running siblings; carrying the rows of replicas of fewer than 64
-requests; a memory on the policy of tails found too short to pay (stateful: it changed
-(a)). Not done, because it would change decisions: skipping a pipeline's pricing without
-reading any drain (every bound on whether a tail can pay needs its predictions, and the
-first prediction read gathers the pipeline: a round that skips that gather changes when
-its predictor is next asked, and so the predictions a later round reads). One
+Checked: the hash of every decide round's decisions over this benchmark's whole 64 / 8 run
+(5,367 rounds, `093689c681dcc28c`) and of its 3,023 predictor answers are those of the
+build before; jigsaw's makespans (seed 0) on the bundled (a) and (e) are bit-identical;
+`tests/test_predict_fast_paths.py` and `tests/test_snapshot_fast_paths.py` check the
+kept values against fresh reads (a stale summary or view fails them). Tried and not
+kept: copies of the stacked tables (each refit about 100 us slower), length counts by
+bincount, single-replica reads through the batched read (88 against 55 us). One
 invocation's figures move by 10-30% with the shared machine's load from run to run: the
-medians of alternated repeats under the tables are the comparison; the previous build
-is b82de41 (main when this build started).
+medians of alternated repeats under the tables are the comparison; the previous build is
+0628d20.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -394,38 +384,27 @@ is b82de41 (main when this build started).
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). Runs that reach the tails
-follow where they were rendered with this block (`--also`): the whole run at 64 / 8
-(4,633 rounds, 317.3 s); at 1024 / 32 16,000 rounds (3.7 s: the first rollout tails)
-and the whole run (81,074 rounds, 125.2 s; 330-420 CPU s). Both builds make the same
-decisions, so their runs are the same rounds.
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,367
+rounds, 290.6 simulated s) follows where it was rendered with this block (`--also`), and
+the medians of alternated whole runs of the previous build and of this one's state build
+and predictor (without the widening's width filter) where given (`--repeats`): both
+builds make the same decisions, so their runs are the same rounds.
 {notes}
-What is left. At 1024 / 32 the target holds on this build over 16,000 rounds (medians
-of alternated runs at a load about 2: decision p99 9.4 -> 7.1 ms, their last tenth 11.0
--> 8.1 ms) and over the whole run (81,074 rounds, 125.2 s) at a load about 1: 8.2 ms,
-every tenth within 9.9 ms (the previous build, run just after it at a load about 2: 9.5 ms, two tenths over 10 ms: 10.8 and
-10.6 ms). Under a
-heavier load it does not hold everywhere: two pairs of whole runs, each pair side by side
-at a load of 4-6, gave 12.5 -> 9.6 ms and 16.0 -> 12.3 ms, the slowest tenths those from
-3.2 to 8.1 simulated s (the first step's rollout tails, where about 30 pipelines are
-gathered every round): 9.5-14.3 ms on this build, 10.7-19.1 ms on the previous one. The
-state build is now most of a slow round (its p99 about 5 ms over 16,000 rounds, 5.7 ms
-over the quiet whole run: the views of all 1,024 replicas every round, 2-3 ms, and the
-gathers of the 30 pipelines whose tails are priced); the policy's own p99 is 2.5 ms over
-16,000 rounds, 3.5 ms over the quiet whole run (5.1 and 5.2 ms before). At 64 / 8 the target
-(1 ms) is not met and this build does not come near it: over the whole run the decision
-p99 is 2.8 ms (the policy's own about 0.95 ms, 1.07 ms before), over the first 400 rounds
-about 4.4 ms, nearly all of it the state build: its slowest rounds hold 3.5-4 predictor
-calls of 160-500 us each, in rounds where 7-8 pipelines reach their tails together. Left
-in the state build: the predictor's fixed cost per call (its GRPO-group evidence and two
-EM steps, some 200 numpy calls whatever the batch size); a gather's per-replica Python
-(advancing each replica's rows, the staleness checks), which per-pipeline arrays of the
-replicas' aggregates would replace; the views of every replica every round; the
-simulator's replicas keeping their requests as objects (keeping columns in the replica
-would change the row order the predictor sums in, so every decision would have to be
-checked again). Left in the policy: the re-prefill check reads each tail's own drain,
-which gathers its pipeline; a cheaper exact test would need a bound on a tail's drain
-that does not come from its predictions.
+What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision p99
+is about 2.7 ms (2.75 ms, the median of five alternated runs of this build's state build
+and predictor at a load 2.3-3.0, against 3.0 ms before), over the first 400 rounds about
+4.1 ms. A slow round is still nearly all state build: 3-4 predictor calls of about 140 us
+each even on an idle core (some 250 numpy calls whatever the batch: fewer would need other
+arithmetic, which changes predictions), the replicas of fewer than 64 requests read again
+whenever their request set changes (every round for the search agents: about 55 us a
+replica), and the staleness checks, aggregates and batch assembly (about 0.9 ms); even a
+free state build would leave the policy's own p99 at about 1 ms, in rounds where the tail
+widening prices its plans. At 1024 / 32 (the previous build's runs; this one was run over
+400 rounds only): the target held over 16,000 rounds (decision p99 7.1 ms, medians of
+alternated runs at a load about 2) and over the whole run (81,074 rounds) at a load about
+1 (8.2 ms, every tenth within 9.9 ms), not under a load of 4-6 (9.6 and 12.3 ms), where
+the first step's rollout tails gather about 30 pipelines every round and the views of all
+1,024 replicas cost 2-3 ms a round.
 """
 
 
