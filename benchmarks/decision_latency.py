@@ -391,14 +391,14 @@ and predictor (without the widening's width filter) where given (`--repeats`): b
 builds make the same decisions, so their runs are the same rounds.
 {notes}
 What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision p99
-is about 2.7 ms (2.75 ms, the median of five alternated runs of this build's state build
-and predictor at a load 2.3-3.0, against 3.0 ms before), over the first 400 rounds about
-4.1 ms. A slow round is still nearly all state build: 3-4 predictor calls of about 140 us
+is 2.3 ms on this build at a load about 1 (the policy's own 0.74 ms; 2.75 ms, the median of
+five alternated runs of its state build and predictor without the widening's filter at a
+load 2.3-3.0, against 3.0 ms before), over the first 400 rounds 3.7-4.1 ms. A slow round is still nearly all state build: 3-4 predictor calls of about 140 us
 each even on an idle core (some 250 numpy calls whatever the batch: fewer would need other
 arithmetic, which changes predictions), the replicas of fewer than 64 requests read again
 whenever their request set changes (every round for the search agents: about 55 us a
 replica), and the staleness checks, aggregates and batch assembly (about 0.9 ms); even a
-free state build would leave the policy's own p99 at about 1 ms, in rounds where the tail
+free state build would leave the policy's own p99 near 0.75 ms, in rounds where the tail
 widening prices its plans. At 1024 / 32 (the previous build's runs; this one was run over
 400 rounds only): the target held over 16,000 rounds (decision p99 7.1 ms, medians of
 alternated runs at a load about 2) and over the whole run (81,074 rounds) at a load about
