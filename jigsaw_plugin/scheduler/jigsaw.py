@@ -1182,12 +1182,14 @@ class Jigsaw(Policy):
         while busy home devices for at least as many more are projected free within
         ``home_wait`` of its projected generation (``wait_for_home``)."""
         cfg = self.config
-        if not (cfg.wait_for_home and cfg.lookahead) or now >= want:
-            return False
+        if not (cfg.wait_for_home and cfg.lookahead) or now >= want or self._rollout_cap(rnd, p) is not None:
+            return False  # (an asynchronous rollout held to part of its home takes no more)
         state = rnd.state
         tp = self._bulk_tp(rnd, p)
         horizon = cfg.home_wait * gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
-        soon = sum(1 for d in rnd.share[p.name] if d not in rnd.free and self._returns_in_s(rnd, d) <= horizon)
+        # busy when the round began (devices this round's decisions took are not coming back)
+        soon = sum(1 for d in rnd.share[p.name]
+                   if state.devices[d].task is not None and self._returns_in_s(rnd, d) <= horizon)
         return min(want - now, soon // tp) >= max(1, now)
 
     def _returns_in_s(self, rnd, d) -> float:
