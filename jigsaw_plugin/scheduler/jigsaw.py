@@ -695,7 +695,7 @@ class Jigsaw(Policy):
             g0 = len(base)
             lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
                                   training=not self.config.loans)
-            add = own + [d for d in lend if d not in home]
+            add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
             if not add:
                 continue
             left = rs.micro_batches_left - 1  # the one in progress keeps its width
@@ -711,7 +711,17 @@ class Jigsaw(Policy):
         rs = p.running_stage
         own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
         lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
-        return tuple(self._affinity(rnd, p, own + [d for d in lend if d not in own], "train"))
+        devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
+        return tuple(self._affinity(rnd, p, devs, "train"))
+
+    def _on_trainer_site(self, state, devices: list) -> list:
+        """``devices`` a training stage may take: those on the trainer's site where the pool
+        is heterogeneous and ``cost_aware`` (a gang priced at its slowest class should not
+        reach a spot or remote worker), all of them otherwise."""
+        if not self._cost_aware(state):
+            return devices
+        site = trainer_site(state)
+        return [d for d in devices if d in site]
 
     # ---- migration --------------------------------------------------------------------
     def _consolidate_tails(self, rnd, out) -> None:
