@@ -385,8 +385,8 @@ medians of alternated repeats under the tables are the comparison; the previous 
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
 400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,367
-rounds, 290.6 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout
-tails) follow where they were rendered with this block (`--also`), and
+rounds, 290.6 simulated s), 16,000 rounds at 1024 / 32 (3.7 s: the first rollout tails)
+and its whole run follow where they were rendered with this block (`--also`), and
 the medians of alternated whole runs of the previous build and of this one's state build
 and predictor (without the widening's width filter) where given (`--repeats`): both
 builds make the same decisions, so their runs are the same rounds.
@@ -400,12 +400,14 @@ arithmetic, which changes predictions), the replicas of fewer than 64 requests r
 whenever their request set changes (every round for the search agents: about 55 us a
 replica), and the staleness checks, aggregates and batch assembly (about 0.9 ms); even a
 free state build would leave the policy's own p99 near 0.75 ms, in rounds where the tail
-widening prices its plans. At 1024 / 32 the target holds over 16,000 rounds on this build
-(decision p99 6.95 ms at a load about 1, one run, its table above; the previous build 7.1 ms, the
-median of alternated runs at a load about 2). The whole run (81,074 rounds) was last run
-on the previous build: 8.2 ms at a load about 1, every tenth within 9.9 ms, but 9.6 and
-12.3 ms under a load of 4-6, where the first step's rollout tails gather about 30
-pipelines every round and the views of all 1,024 replicas cost 2-3 ms a round.
+widening prices its plans. At 1024 / 32 the target holds on this build at a load about 1
+(one run each, their tables above): over 16,000 rounds decision p99 6.95 ms (the previous
+build 7.1 ms, the median of alternated runs at a load about 2) and over the whole run
+(82,168 rounds, 131.7 simulated s; this build's policy makes other decisions there than the
+previous one's 81,074 rounds) 7.3 ms, every tenth within 9.3 ms (the previous build: 8.2
+ms, every tenth within 9.9 ms). Under a load of 4-6 the previous build's whole runs gave
+9.6 and 12.3 ms: the first step's rollout tails gather about 30 pipelines every round and
+the views of all 1,024 replicas cost 2-3 ms a round.
 """
 
 
