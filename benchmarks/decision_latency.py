@@ -404,7 +404,7 @@ widening prices its plans. At 1024 / 32 the target holds on this build at a load
 (one run each, their tables above): over 16,000 rounds decision p99 6.95 ms (the previous
 build 7.1 ms, the median of alternated runs at a load about 2) and over the whole run
 (82,168 rounds, 131.7 simulated s; this build's policy makes other decisions there than the
-previous one's 81,074 rounds) 7.3 ms, every tenth within 9.3 ms (the previous build: 8.2
+previous one's 81,074 rounds) 7.3 ms, every tenth within 8.8 ms (the previous build: 8.2
 ms, every tenth within 9.9 ms). Under a load of 4-6 the previous build's whole runs gave
 9.6 and 12.3 ms: the first step's rollout tails gather about 30 pipelines every round and
 the views of all 1,024 replicas cost 2-3 ms a round.
