@@ -78,12 +78,17 @@ def _tail_token_s(cost, model, limit: int) -> float:
     return min(cost.decode_step_s(model, tp, 1, 0.0) for tp in _widths(cost, model, limit))
 
 
+def _class_costs(ex) -> list:
+    """The cost model of each of the pool's device classes (a bound takes its least over
+    them: it must hold wherever the work runs)."""
+    classes = getattr(ex, "device_classes", None)
+    return classes.costs if classes is not None else [ex.cost]
+
+
 def _read_s_per_byte(ex) -> float:
     """Least device-seconds to read one byte of HBM in a decode step, over the pool's
     device classes (the fastest class: a bound must hold wherever the decode runs)."""
-    classes = getattr(ex, "device_classes", None)
-    costs = classes.costs if classes is not None else [ex.cost]
-    return min(1.0 / (c.hw.hbm_bytes_per_s * c.f.decode_bw_eff) for c in costs)
+    return min(1.0 / (c.hw.hbm_bytes_per_s * c.f.decode_bw_eff) for c in _class_costs(ex))
 
 
 def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
@@ -117,8 +122,7 @@ def _step_fixed_s(ex, p, last: bool) -> float:
     advantage computation, and the weight sync that must end before the next step's
     rollout (none after the last step). Each at its least over the pool's device classes
     and over the sync's link options."""
-    classes = getattr(ex, "device_classes", None)
-    costs = classes.costs if classes is not None else [ex.cost]
+    costs = _class_costs(ex)
     fixed = 0.0
     for stage in p.stages:
         if stage in FORWARD_STAGES or stage in UPDATE_STAGES:

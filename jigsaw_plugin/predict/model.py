@@ -131,7 +131,7 @@ class LengthModel:
     count: int  # history.count when fitted
     newest_step: int
     empirical: tuple[Empirical | None, ...]  # per turn bin; None: no recent lengths
-    table: EmpiricalTable | None = None  # ``empirical`` as one table (None: built when first read)
+    table: EmpiricalTable | None = None  # ``empirical`` as one table (None, a model built by hand: made at each read)
 
 
 def fit_model(history: LengthHistory, prior: PriorConfig) -> LengthModel:

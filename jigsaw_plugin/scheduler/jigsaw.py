@@ -1040,9 +1040,7 @@ class Jigsaw(Policy):
             home = set(rnd.share[p.name])
             pool = [d for d in sorted(rnd.free) if d in home]
             pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
-            if self._cost_aware(state):  # training stays on the trainer's site
-                site = trainer_site(state)
-                pool = [d for d in pool if d in site]
+            pool = self._on_trainer_site(state, pool)
             if len(pool) < tp:
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
@@ -1127,10 +1125,7 @@ class Jigsaw(Policy):
         g_est = max(1, len(home))
         duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
         lent = self._lendable(rnd, p, duration, training=True)
-        if self._cost_aware(state):  # training stays on the trainer's site
-            site = trainer_site(state)
-            home, lent = [d for d in home if d in site], [d for d in lent if d in site]
-            home_free = [d for d in home_free if d in site]
+        home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
         now = home_free + [d for d in lent if d not in home_free]
         if not self.config.lookahead:
             return tuple(now)
@@ -1208,9 +1203,9 @@ class Jigsaw(Policy):
         state = rnd.state
         task = state.devices[d].task
         if task is not None and task.kind == "stage":
-            rs = state.pipelines[task.pipeline].running_stage
-            if rs is not None and d not in rnd.stage_devices(state.pipelines[task.pipeline]):
-                return max(0.0, rs.boundary_t - state.t)
+            o = state.pipelines[task.pipeline]
+            if o.running_stage is not None and d not in rnd.stage_devices(o):
+                return max(0.0, o.running_stage.boundary_t - state.t)
         return self._busy_for_s(state, d)
 
     def _bulk_tp(self, rnd, p) -> int:
