@@ -75,6 +75,18 @@ def test_policy_invariants(policy, data):
             assert got == 0
 
 
+def test_coresident_weights_that_leave_no_kv_room_are_offloaded():
+    # RollMux keeps two pipelines' rollout weights resident on its paired pool: a 32B and
+    # a 7B on one H100 do not fit together, so the older weights go instead of the run failing
+    wl = small_workload(gpus=16, prompts=2, samples=2, steps=2, agentic=(False,),
+                        models=("qwen2.5-32b", "qwen2.5-7b"), algorithms=("grpo",))
+    sim = Simulation(wl, get_policy("rollmux"))
+    result = sim.run()
+    for p in wl.pipelines:
+        assert result["pipelines"][p.name]["samples"] == 2 * p.samples_per_step
+    assert all(r["context_switches"] > 0 for r in result["pipelines"].values())  # offloaded weights came back by a load
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_same_seed_same_result(policy):
     wl = small_workload(steps=2)

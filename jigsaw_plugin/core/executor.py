@@ -275,6 +275,7 @@ class ExecutorCore:
                     lru.remove(p.name)
                 lru.append(p.name)
                 del lru[: max(0, len(lru) - self.resident_slots)]
+            self._make_room(p, devices)
         else:
             missing = [d for d in devices if self.train_resident.get(d) != p.name]
             for d in devices:
@@ -295,6 +296,26 @@ class ExecutorCore:
                 self.resident[d].append(pipeline)
             self.train_resident[d] = pipeline
         self._devices_version += 1
+
+    def _make_room(self, p: PipelineRun, devices: tuple) -> None:
+        """Other pipelines' rollout weights kept resident on ``devices`` (``resident_slots``)
+        that leave ``p``'s new replica no KV room go, oldest first: an engine offloads a
+        sleeping model's weights when memory runs short (vLLM's sleep mode), and two models
+        that do not fit together cannot both stay. Their next launch there pays the load."""
+        cost = self.cost_for(devices)
+        while True:
+            other = self._other_weight_bytes(p, devices)
+            if other <= 0 or cost.kv_capacity_tokens(p.model, len(devices), other) > 0:
+                return
+            for d in devices:
+                lru = self.resident[d]
+                oldest = next((o for o in lru if o != p.name), None)
+                if oldest is not None:
+                    lru.remove(oldest)
+
+    def cost_for(self, devices: tuple):
+        """The cost model of the device class ``devices`` belong to (one class here)."""
+        return self.cost
 
     def _other_weight_bytes(self, p: PipelineRun, devices: tuple) -> float:
         """Bytes per device held by other pipelines' resident rollout weights."""

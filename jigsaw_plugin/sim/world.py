@@ -155,6 +155,9 @@ class World(ExecutorCore):
             rep.admit(self.t)
             self._schedule(rep)
 
+    def cost_for(self, devices: tuple):
+        return self.device_classes.cost_for(devices)
+
     def _launch(self, d: LaunchReplica) -> None:
         p = self.pipelines[d.pipeline]
         devices = tuple(d.devices)
@@ -170,7 +173,7 @@ class World(ExecutorCore):
         if absent:  # weights not resident: devices behind a wide-area link pull them over it
             switch += self.device_classes.weight_pull_s(p.model, [absent])
         other = split.guest_other_bytes if split is not None else self._other_weight_bytes(p, devices)
-        rep = Replica(rep_id, p.name, devices, p.model, self.device_classes.cost_for(devices),
+        rep = Replica(rep_id, p.name, devices, p.model, self.cost_for(devices),
                       other, ready_t=self.t, pricer=self.pricer)
         if host is not None:
             self._pair(host, rep, split)
