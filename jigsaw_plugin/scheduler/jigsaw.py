@@ -535,13 +535,33 @@ class Jigsaw(Policy):
             return 0.0
         if task.kind == "replica":
             rep = state.replicas.get(task.replica)
-            return rep.predicted_drain_s() if rep is not None else 0.0
+            if rep is None:
+                return 0.0
+            o = state.pipelines[task.pipeline]
+            if self._between_turns(o) > o.load():
+                # trajectories in tool calls come back to its replicas for more turns: what
+                # they hold now says nothing of when they empty
+                return max(rep.predicted_drain_s(), self.config.horizon_s)
+            return rep.predicted_drain_s()
         o = state.pipelines[task.pipeline]
         rs = o.running_stage
         if rs is not None and rs.resize_to is not None and d not in rs.resize_to:
             return max(0.0, rs.boundary_t - state.t)  # being handed back at the next boundary
         end = o.running_stage_end_t
         return max(0.0, end - state.t) if end is not None else 0.0
+
+    @staticmethod
+    def _between_turns(p) -> int:
+        """Trajectories of ``p``'s generating steps that no replica holds now: in a tool call
+        or a sandbox, their next turn still to come."""
+        if not p.generating:
+            return 0
+        open_ = 0
+        for k in range(p.train_next, p.gen_next):  # the steps before are trained: all generated
+            s = p.steps.get(k)
+            if s is not None:
+                open_ += s.samples - s.gen_done
+        return max(0, open_ - p.load())
 
     def _needed_in_s(self, rnd, owner: str) -> float:
         """When the owner of a home device is projected to want it back."""
