@@ -4,6 +4,8 @@ The states are built from the typed views a live executor would hand over (obser
 loads, tokens so far, predicted remaining tokens); no simulator runs here.
 """
 
+import dataclasses
+
 import numpy as np
 
 from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
@@ -166,28 +168,32 @@ def test_lookahead_waits_for_a_home_device_about_to_free():
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
 
 
-def _agent_step_ready_own_replica_busy(in_tools):
+def _agent_step_ready_own_replica_busy(in_tools, tool_s):
     """An asynchronous agent: step 0 is ready to train on its three free home devices; step
-    1 generates on the fourth, a replica with one request predicted to end in a moment, while
-    ``in_tools`` of its trajectories wait on tools, their next turns still to come."""
+    1 generates on the fourth, its one replica, with one request predicted to end in a
+    moment, while ``in_tools`` of its trajectories wait on tools (``tool_s`` the mean tool
+    call observed so far, 9 turns a trajectory on average)."""
     spec = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, algorithms=("grpo", "grpo"),
                           modes=("async", "sync"), staleness=(1, 0), agentic=(True, False)).pipelines[0]
     tail = [replica("p0", 1, (3,), generated=[500], predicted=[1])]
     p0 = pipeline(0, range(4), replicas=tail, gen_next=2, generating=True, spec=spec,
                   steps={0: step(0, done=32, rewarded=32, tokens=32 * 900), 1: step(1, done=31 - in_tools)})
+    p0 = dataclasses.replace(p0, lengths=dataclasses.replace(p0.lengths, turns=9.0, tool_s=tool_s))
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
                   steps={1: step(1, done=32, rewarded=32)})
     busy = {**_busy_with_replicas([p0]), **{d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}}
     return state([p0, p1], busy=busy)
 
 
-def test_lookahead_does_not_wait_on_a_replica_whose_trajectories_are_in_tools():
-    # its one running request says when it empties only if no trajectory comes back for
-    # another turn: with most of them in tool calls it stays busy, so the stage starts now
+def test_lookahead_does_not_wait_on_a_replica_whose_trajectories_are_in_slow_tools():
+    # the replica's one running request says when it empties only if no trajectory comes
+    # back to it for another turn: with most in tool calls of 30 s it stays busy for minutes,
+    # so the stage starts now on what is free; with tools of 10 ms it waits, as for a drain
     gang = lambda out: [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
-    policy = lambda: get_policy("jigsaw", migration=False)
-    assert gang(policy().decide(_agent_step_ready_own_replica_busy(0))) == []
-    assert gang(policy().decide(_agent_step_ready_own_replica_busy(20))) == [(0, 1, 2)]
+    decide = lambda *a: get_policy("jigsaw", migration=False).decide(_agent_step_ready_own_replica_busy(*a))
+    assert gang(decide(0, 30.0)) == []
+    assert gang(decide(20, 30.0)) == [(0, 1, 2)]
+    assert gang(decide(20, 0.01)) == []
 
 
 def test_width_bounds_the_candidate_gangs_the_lookahead_weighs():

@@ -285,3 +285,18 @@ def test_a_resize_asked_in_the_last_micro_batch_gives_its_devices_back():
     assert spy.asked == ["shrink", "grow"]
     assert r["pipelines"]["p0"]["steps"] == 2
     assert sorted(sim.world.free) == [0, 1, 2, 3]
+
+
+def test_the_state_shows_the_mean_latency_of_returned_tool_calls():
+    # agentic p1 (tools 0.05-2.0 s); p0 calls none. Measured from call to return, so only
+    # calls that have returned count: never a latency drawn for one still out
+    wl = small_workload(gpus=8, prompts=4, samples=2, steps=1, agentic=(False, True))
+    sim = Simulation(wl, get_policy("jigsaw"))
+    sim.run()
+    tools, plain = sim.world.pipelines["p1"].observed, sim.world.pipelines["p0"].observed
+    assert tools.tools > 0 and 0.05 <= tools.tool_mean_s() <= 2.0
+    assert plain.tools == 0 and plain.tool_mean_s() == 0.0
+    smp = sim.world.pipelines["p1"].steps[0].samples
+    drawn = [float(smp.tool_latency_s[int(smp.turn_offset[i]) + t]) for i in range(len(smp.turns))
+             for t in range(int(smp.turns[i]) - 1)]
+    assert tools.tools == len(drawn) and tools.tool_mean_s() == pytest.approx(sum(drawn) / len(drawn))

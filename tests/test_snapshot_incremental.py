@@ -38,6 +38,7 @@ class _Compare:
         fresh = build_state(ex, state.memo, refresh=EXACT, caches={})
         assert [p.name for p in state.order] == [p.name for p in fresh.order]
         for p, q in zip(state.order, fresh.order):
+            assert p.lengths == q.lengths  # the kept summary follows every finished trajectory and tool call
             assert [r.id for r in p.replicas] == [r.id for r in q.replicas]
             for r, s in zip(p.replicas, q.replicas):
                 assert (r.running, r.queued, r.load, r.kv_tokens) == (s.running, s.queued, s.load, s.kv_tokens)

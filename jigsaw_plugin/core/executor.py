@@ -489,6 +489,11 @@ class ExecutorCore:
     def _on_weights_synced(self, p: PipelineRun) -> None:
         """New weights are live (AReaL's executor interrupts in-flight requests here)."""
 
+    def _tool_call_returned(self, p: PipelineRun, latency_s: float) -> None:
+        """A trajectory's tool call returned after ``latency_s``: what a host sees of its
+        tools, for the policy's projections (``LengthSummary.tool_s``)."""
+        p.observed.record_tool(latency_s)
+
     def _turn_finished(self, p: PipelineRun, rid: RequestId, length: int, replica: int | None = None) -> None:
         """A generation turn ended (on ``replica``, where the executor knows it): the history
         learns its length, the prediction log scores it, the snapshot's rows drop it."""

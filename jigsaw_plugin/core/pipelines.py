@@ -108,14 +108,25 @@ def sample_tokens(samples) -> tuple[int, int]:
 
 class ObservedLengths:
     """Running means of finished trajectories (what a live host has seen): prompt tokens,
-    generated tokens, whole context, turns. Empty until the first trajectory finishes."""
+    generated tokens, whole context, turns. Empty until the first trajectory finishes.
+    Also the mean latency of the tool calls that have returned (``tools`` of them)."""
 
-    __slots__ = ("count", "longest", "_prompt", "_generated", "_context", "_turns")
+    __slots__ = ("count", "longest", "_prompt", "_generated", "_context", "_turns", "tools", "_tool_s")
 
     def __init__(self):
         self.count = 0
         self.longest = 0  # the longest trajectory's generated tokens
         self._prompt = self._generated = self._context = self._turns = 0.0
+        self.tools = 0
+        self._tool_s = 0.0
+
+    def record_tool(self, latency_s: float) -> None:
+        self.tools += 1
+        self._tool_s += latency_s
+
+    def tool_mean_s(self) -> float:
+        """Mean seconds a returned tool call took; 0.0 before any returned."""
+        return self._tool_s / self.tools if self.tools else 0.0
 
     def record(self, prompt: int, generated: int, context: int, turns: int) -> None:
         self.count += 1

@@ -30,7 +30,7 @@ from-scratch build the incremental one is tested against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, chain, compress
 from operator import attrgetter
 
@@ -975,17 +975,18 @@ def prior_summary(spec) -> LengthSummary:
 
 def _lengths(p, cache: "_PipelineCache") -> LengthSummary:
     """The pipeline's ``LengthSummary``; the one ``cache`` holds while no trajectory has
-    finished since it was made (the means change only when one does)."""
+    finished and no tool call returned since it was made (the means change only then)."""
     o = p.observed
     kept = cache.lengths
-    if kept is not None and kept[0] is o and kept[1] == o.count:
+    seen = (o.count, o.tools)
+    if kept is not None and kept[0] is o and kept[1] == seen:
         return kept[2]
     if not o.count:
-        summary = prior_summary(p.spec)
+        summary = replace(prior_summary(p.spec), tool_s=o.tool_mean_s())
     else:
         summary = LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
-                                o.mean("turns", 1), float(o.longest))
-    cache.lengths = (o, o.count, summary)
+                                o.mean("turns", 1), float(o.longest), o.tool_mean_s())
+    cache.lengths = (o, seen, summary)
     return summary
 
 

@@ -259,6 +259,7 @@ class LiveExecutor(ExecutorCore):
                 latency_s, n_obs = float(smp.tool_latency_s[off + turn]), int(smp.observation_len[off + turn])
                 self._emit("jigsaw_tool_call_start", pipeline=p.name, step=s.step, request_id=rid, turn=turn, t=self.t)
                 self._between_turns[p.name].add(rid)
+                called_t = self.t
                 if self.tools is not None:  # a tool server answers over HTTP (runtime/tool_server.py)
                     obs = list(await self.tools.tool_call(p.name, rid, turn, context, latency_s * self.time_scale,
                                                           n_obs))
@@ -266,6 +267,7 @@ class LiveExecutor(ExecutorCore):
                     await asyncio.sleep(latency_s * self.time_scale)
                     obs = _tokens(f"{rid}/obs{turn}", n_obs)
                 self._between_turns[p.name].discard(rid)
+                self._tool_call_returned(p, self.t - called_t)
                 self._emit("jigsaw_tool_call_end", pipeline=p.name, step=s.step, request_id=rid, turn=turn,
                            observation_tokens=len(obs), t=self.t)
                 context, mask = context + obs, mask + [0] * len(obs)

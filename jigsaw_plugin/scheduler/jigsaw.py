@@ -538,11 +538,15 @@ class Jigsaw(Policy):
             if rep is None:
                 return 0.0
             o = state.pipelines[task.pipeline]
-            if self._between_turns(o) > o.load():
-                # trajectories in tool calls come back to its replicas for more turns: what
-                # they hold now says nothing of when they empty
-                return max(rep.predicted_drain_s(), self.config.horizon_s)
-            return rep.predicted_drain_s()
+            drain = rep.predicted_drain_s()
+            if (o.lengths.tool_s > 0 and self._between_turns(o) > o.load()
+                    and sum(1 for r in o.replicas if not r.retiring) == 1):
+                # the last replica stays for the next turns of the trajectories in tool calls
+                # (``_retire_drained``): each returns after its call, then may call again (about
+                # half the observed mean turns left), so what it holds now does not say when
+                # it empties
+                return max(drain, o.lengths.tool_s * max(1.0, (o.lengths.turns - 1) / 2))
+            return drain
         o = state.pipelines[task.pipeline]
         rs = o.running_stage
         if rs is not None and rs.resize_to is not None and d not in rs.resize_to:

@@ -222,6 +222,7 @@ class LengthSummary:
     context_tokens: float  # prompt + generated + observations
     turns: float
     longest_generated: float  # the longest trajectory seen (prior: the budget)
+    tool_s: float = 0.0  # mean latency of the tool calls returned so far (0.0 before any)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ class Request:
     __slots__ = (
         "pipeline", "step", "sample", "turn", "rid", "id", "group", "budget", "context", "target", "done",
         "cached", "version", "replica", "held", "admit_p", "finish_p", "epoch", "submit_t",
-        "turn_submit_t", "migrations", "pred_tokens", "fixed",
+        "turn_submit_t", "migrations", "pred_tokens", "fixed", "tool_t",
     )
 
     def __init__(self, pipeline, step, sample, turn, context, target, version, group=0, budget=None):
@@ -61,6 +61,7 @@ class Request:
         self.epoch = 0  # bumped whenever the request leaves a replica's running set
         self.submit_t = 0.0
         self.turn_submit_t = 0.0
+        self.tool_t = 0.0  # when the tool call before this turn started
         self.migrations = 0
         self.pred_tokens = 0.0  # the predictor's length at submission (skew-aware routing)
         # group, step, sample, turn, context, budget (set here, never changed) as six native

@@ -529,6 +529,7 @@ class World(ExecutorCore):
                           group=r.group, budget=r.budget - r.target)
             nxt.replica = rep  # sticky: the trajectory's previous server (prefix cache)
             nxt.cached = r.context + r.target
+            nxt.tool_t = self.t
             self._push(ToolDone(self.t + float(smp.tool_latency_s[k]), nxt))
             return
         self._trajectory_finished(p, s, r.sample)
@@ -538,6 +539,7 @@ class World(ExecutorCore):
 
     def on_tool_done(self, r: Request) -> None:
         p = self.pipelines[r.pipeline]
+        self._tool_call_returned(p, self.t - r.tool_t)
         if self.record_requests:
             self._emit("jigsaw_tool_call_end", pipeline=p.name, step=r.step, request_id=r.rid,
                        turn=r.turn - 1, observation_tokens=r.context - r.cached, t=self.t)
