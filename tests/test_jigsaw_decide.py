@@ -7,6 +7,7 @@ loads, tokens so far, predicted remaining tokens); no simulator runs here.
 import dataclasses
 
 import numpy as np
+import pytest
 
 from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.ids import RequestId
@@ -413,3 +414,16 @@ def test_a_rollout_waits_a_moment_for_its_home_rather_than_start_on_one_replica(
         StartGen("p0", 1)]
     # back only after much of the projected generation: it starts now on device 0
     assert starts(get_policy("jigsaw").decide(_rollout_ready_home_returning(60.0))) == [StartGen("p0", 1)]
+
+
+def test_balance_counts_tool_calls_as_seconds_no_device_count_shortens():
+    # a sandboxed agent's steps wait on its tools whatever its share: without them its
+    # projection looked short and balance took its devices (a random mix, m13: +5.6%)
+    policy = get_policy("jigsaw", balance=True)
+    st = state([pipeline(0, range(4)), pipeline(1, range(4, 8))])
+    p0 = st.order[0]
+    agent = dataclasses.replace(p0, lengths=dataclasses.replace(p0.lengths, turns=9.0, tool_s=30.0))
+    work, fixed = policy._work_left(st, p0)
+    work_agent, fixed_agent = policy._work_left(st, agent)
+    assert work_agent == work
+    assert fixed_agent == pytest.approx(fixed + p0.spec.steps * 8 * 30.0)

@@ -425,8 +425,9 @@ class Jigsaw(Policy):
     def _work_left(self, state, p) -> tuple[float, float]:
         """The rest of ``p``'s run as (device-seconds that spread over devices, seconds that
         do not), from what it has observed on its static share: training and the batched
-        bulk of generation scale with devices; each step's longest response does not. The
-        current step counts whole, so shares move at step ends, not with every request."""
+        bulk of generation scale with devices; each step's longest response and a
+        trajectory's tool calls (the observed mean turns of the observed mean call) do not.
+        The current step counts whole, so shares move at step ends, not with every request."""
         if p.done:
             return 0.0, 0.0
         share = max(1, len(p.static_devices))
@@ -434,6 +435,8 @@ class Jigsaw(Policy):
         bulk, tail = gen_parts_s(p, state.cost, share, stats)
         train = train_estimate_s(p, state.cost, share, stats)
         steps = p.total_steps - p.train_next
+        # a trajectory's tool calls wait in sequence whatever the devices: the mean turns' worth
+        tail += max(0.0, p.lengths.turns - 1) * p.lengths.tool_s
         return steps * (bulk + train) * share, steps * tail
 
     def _may_start_gen(self, p) -> bool:
