@@ -70,3 +70,21 @@ def test_areal_interrupts_live_rollouts_on_a_weight_sync_and_loses_nothing():
     assert r["samples"] == 2 * 3 * 16
     finished = [(e["request_id"], e["turn"]) for e in log.by("jigsaw_request_finished")]
     assert len(finished) == len(set(finished))  # each turn finished exactly once despite the interrupts
+
+
+def test_a_live_run_measures_its_tool_calls_from_call_to_return():
+    import asyncio
+
+    from jigsaw_plugin.runtime.live import LiveExecutor, run_executor
+
+    wl = small_workload(gpus=8, pipelines=2, prompts=4, samples=2, steps=1, median=100, agentic=(False, True))
+    ex = LiveExecutor(wl, get_policy("jigsaw"), factory, 0, time_scale=0.02)
+    asyncio.run(run_executor(ex, "emulated"))
+    smp = ex.pipelines["p1"].steps[0].samples
+    drawn = [float(smp.tool_latency_s[int(smp.turn_offset[i]) + t]) for i in range(len(smp.turns))
+             for t in range(int(smp.turns[i]) - 1)]
+    seen = ex.pipelines["p1"].observed
+    assert seen.tools == len(drawn) > 0 and ex.pipelines["p0"].observed.tools == 0
+    mean = sum(drawn) / len(drawn)
+    # wall-clock sleeps at 1/50 of workload time: late by scheduling jitter, never early
+    assert mean - 1e-3 <= seen.tool_mean_s() <= mean + 0.5
