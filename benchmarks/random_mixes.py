@@ -109,7 +109,7 @@ def _describe(spec: dict) -> str:
     parts = []
     for p in spec["pipelines"]:
         mode = "sync" if p.get("mode", "sync") == "sync" else f"async{p.get('staleness', 1)}"
-        parts.append(f"{p['model'].removeprefix('qwen2.5-')} {p['algorithm']} {mode} {p['gpus']}")
+        parts.append(f"{p['name'].rsplit('-', 1)[0]} {mode} {p['gpus']}")  # the bundled pipeline it copies
     return "; ".join(parts)
 
 
@@ -141,7 +141,7 @@ def section(data: dict, load_before: str, load_after: str) -> str:
                      f"{lb:.0f}", *cells, f"{j['makespan_s']:.0f}", f"{best_on / j['makespan_s']:.2f}x",
                      f"{ok[best_all] / j['makespan_s']:.2f}x ({best_all})", "-" if gap is None else f"{gap:.0%}",
                      f"{j['effective_utilisation']:.2f}"])
-    head = ["mix", "pool", "pipelines (model algorithm mode GPUs)", "lower bound s",
+    head = ["mix", "pool", "pipelines (bundled pipeline, mode, GPUs)", "lower bound s",
             *[f"{p} s" for p in POLICIES[1:]], "jigsaw s", "jigsaw vs best on-policy", "jigsaw vs best of all",
             "gap recovered (vs verl-sync)", "jigsaw effective utilisation"]
     summary = (f"jigsaw against the best on-policy baseline: median {statistics.median(on_ratios):.2f}x, "
