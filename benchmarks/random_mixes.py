@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import sys
@@ -188,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true", help="re-render the saved results")
     args = ap.parse_args(argv)
     if args.render:
-        import json
-
         data = json.loads(RESULTS.read_text())
         before, _, after = data.get("load", "- -> -").partition(" -> ")
     else:
@@ -207,5 +206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

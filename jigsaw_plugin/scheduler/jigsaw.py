@@ -542,8 +542,8 @@ class Jigsaw(Policy):
                 return 0.0
             o = state.pipelines[task.pipeline]
             drain = rep.predicted_drain_s()
-            if (o.lengths.tool_s > 0 and self._between_turns(o) > o.load()
-                    and sum(1 for r in o.replicas if not r.retiring) == 1):
+            if (o.lengths.tool_s > 0 and sum(1 for r in o.replicas if not r.retiring) == 1
+                    and self._between_turns(o) > o.load()):
                 # the last replica stays for the next turns of the trajectories in tool calls
                 # (``_retire_drained``): each returns after its call, then may call again (about
                 # half the observed mean turns left), so what it holds now does not say when
