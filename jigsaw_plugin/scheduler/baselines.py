@@ -16,9 +16,10 @@ Each is a pure policy (DESIGN.md section 6); docs/simulator.md says how each was
 - ``areal``: AReaL. Fully asynchronous: generation runs ahead of training by up to the
   staleness bound, weights are pushed while requests are in flight and those requests are
   interrupted and continue under the new weights (their KV recomputed).
-- ``rollmux``: RollMux. Pipelines are paired; each pair shares a rollout pool and a
-  training pool, and the two jobs alternate phases round-robin (phase-level multiplexing,
-  no sub-stage migration); both jobs' weights stay resident on the pools.
+- ``rollmux``: RollMux. Its inter-group plan (``groups.plan_groups``) puts the jobs in
+  co-execution groups of one or two and sizes each group's rollout and training pools for
+  the least estimated makespan; inside a group the jobs alternate phases round-robin
+  (phase-level multiplexing, no sub-stage migration), both jobs' weights resident.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
 from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
+from jigsaw_plugin.scheduler.groups import plan_groups
 
 __all__ = ["VerlSync", "OneStepOff", "StreamRL", "AReaL", "RollMux"]
 
@@ -182,16 +184,20 @@ class RollMux(Policy):
     resident_slots = 2
 
     def setup(self, state) -> PolicySetup:
-        """Pair the pipelines; memo: pipeline -> (pair names, rollout pool, training pool)."""
-        order = list(state.order)
+        """RollMux's inter-group plan (``groups.plan_groups``): which jobs share a
+        co-execution group and each group's rollout / training pools; memo: pipeline ->
+        (its group's names, rollout pool, training pool)."""
+        plan = plan_groups(list(state.order), state.cost)
+        if plan is None:
+            small = min(state.order, key=lambda p: len(p.static_devices))
+            raise SpecError(f"pipelines[{small.index}].gpus", len(small.static_devices),
+                            "enough devices that every co-execution group of rollmux keeps separate "
+                            "rollout and training pools (more than one replica's devices)")
         res, pools = {}, {}
-        for i in range(0, len(order), 2):
-            pair = tuple(order[i:i + 2])
-            devs = tuple(d for p in pair for d in p.static_devices)
-            r = max(balanced_split(p, state.cost, len(devs)) for p in pair)
-            for p in pair:
-                pools[p.name] = (tuple(q.name for q in pair), devs[:r], devs[r:])
-                res[p.name] = devs
+        for g in plan:
+            for name in g.names:
+                pools[name] = (g.names, g.devices[:g.rollout], g.devices[g.rollout:])
+                res[name] = g.devices
         return PolicySetup(res, memo=pools)
 
     def decide(self, state) -> list:

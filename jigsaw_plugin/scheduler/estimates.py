@@ -12,7 +12,7 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "train_estimate_s",
+__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "gen_profile_s", "train_estimate_s",
            "balanced_split"]
 
 
@@ -102,3 +102,47 @@ def balanced_split(pipeline, cost, devices: int) -> int:
         if best is None or t < best:
             best, best_r = t, r
     return best_r
+
+
+def gen_profile_s(pipeline, cost, devices: int, other_weight_bytes: float = 0.0) -> float:
+    """One step's generation on ``devices``, profiled from the spec's distributions as an
+    offline profiler would see it (RollMux's planner uses it; ``gen_estimate_s`` is the
+    cheap form the online policies use). Each replica takes its share of the step's
+    trajectories (seeded draws: deterministic); their responses, every turn's tokens summed,
+    decode at the batch the KV cache and ``max_num_seqs`` allow, the shortest through the
+    full batch first and then the longest in lockstep at a shrinking batch (the long tail);
+    prompts and observations are prefilled; the chain adds the slowest trajectory's tool
+    calls and reward. ``other_weight_bytes``: other jobs' weights resident on the replicas'
+    devices, which shrink the KV cache (evicted where they leave it none)."""
+    spec, model = pipeline.spec, pipeline.model
+    tp = rollout_tp(pipeline, cost)
+    replicas = max(1, devices // tp)
+    m = max(1, -(-spec.samples_per_step // replicas))  # trajectories per replica
+    rng = np.random.default_rng(12345)
+    turns = spec.turns.sample(rng, m).clip(min=1).astype(int) if spec.turns is not None else np.ones(m, int)
+    starts = np.concatenate(([0], np.cumsum(turns)[:-1]))
+
+    def per_trajectory(dist, k: int) -> np.ndarray:  # each turn its own draw, summed
+        return np.add.reduceat(dist.sample(rng, int(turns.sum())), starts) if k else np.zeros(m)
+
+    total = np.sort(np.minimum(per_trajectory(spec.response_len, 1), spec.max_response_len))[::-1]  # longest first
+    prompt = spec.prompt_len.sample(rng, m)
+    # a trajectory's later turns bring an observation and a tool call each (its first turn's
+    # draw stands in for the one a single turn does not make: a slight overcount)
+    obs = per_trajectory(spec.observation_len, spec.observation_len is not None) * (turns > 1)
+    waits = per_trajectory(spec.tool_latency_s, spec.tool_latency_s is not None) * (turns > 1)
+    waits = waits + spec.reward.latency_s.sample(rng, m)
+    full = float(np.mean(prompt + obs + total))  # a sequence's context when it ends
+    context = float(np.mean(prompt + obs + total / 2))  # on average while it decodes
+    cap = cost.kv_capacity_tokens(model, tp, other_weight_bytes / tp) or cost.kv_capacity_tokens(model, tp)
+    batch = int(max(1, min(cost.f.max_num_seqs, m, cap / max(1.0, full))))
+    # the ``batch`` longest decode last, in lockstep: between the j-th and (j+1)-th longest
+    # lengths j sequences are left
+    tail = total[:batch]
+    steps = tail - np.append(tail[1:], 0.0)
+    live = np.arange(1, batch + 1)
+    step_s = np.array([cost.decode_step_s(model, tp, int(b), b * context) for b in live])
+    decode = float(np.sum(steps * step_s))
+    decode += float(np.sum(total[batch:])) / batch * step_s[-1]  # the rest, through the full batch
+    prefill = cost.prefill_s(model, tp, float(np.sum(prompt + obs)))
+    return decode + prefill + float(np.max(waits))
