@@ -427,3 +427,24 @@ def test_balance_counts_tool_calls_as_seconds_no_device_count_shortens():
     work_agent, fixed_agent = policy._work_left(st, agent)
     assert work_agent == work
     assert fixed_agent == pytest.approx(fixed + p0.spec.steps * 8 * 30.0)
+
+
+def test_the_last_pipeline_spreads_its_rollout_over_the_devices_left_idle():
+    # 512 samples of a 7B at a 6K-token observed context, the other pipeline finished:
+    # every device is free and no one else will ask for them, so the step starts on as many
+    # replicas as the devices allow, each at a smaller batch whose decode steps read less KV
+    # (idle_spread); while another pipeline still runs, replicas keep the efficient batch
+    big = small_workload(gpus=8, pipelines=2, prompts=64, samples=8, algorithms=("grpo", "grpo"),
+                         agentic=(False, False)).pipelines[0]
+
+    def launched(p1_done, **opts):
+        p0 = pipeline(0, range(4), spec=big)
+        p0 = dataclasses.replace(p0, lengths=LengthSummary(100, 150.0, 5850.0, 6000.0, 1.0, 16000.0))
+        p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                                 done=p1_done)
+        out = get_policy("jigsaw", bulk_width=False, **opts).decide(state([p0, p1]))
+        return sum(len(d.devices) for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0")
+
+    assert launched(True) == 8
+    assert launched(True, idle_spread=False) == 4  # its home: about 128 sequences a replica
+    assert launched(False) == 4

@@ -137,6 +137,12 @@ class JigsawConfig:
     max_slack: float = 0.25  # ... and a pipeline with this much completion headroom by up to this much
     loan_margin: float = 1.2  # a loan must end this many times before its owner needs it back
     spread_cost: float = 1.15  # replicas decode at the smallest batch whose token costs <= this x ideal
+    # the run's last unfinished pipeline, if synchronous, starts a step's rollout on as many more replicas as
+    # the devices the others left allow, down to the batch below which halving it shortens a
+    # decode step by less than ``idle_spread_gain``: no other pipeline can use those devices,
+    # and a long context's KV reads make a smaller batch decode each token faster
+    idle_spread: bool = True
+    idle_spread_gain: float = 0.2
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
@@ -781,7 +787,9 @@ class Jigsaw(Policy):
             # predicted drains, read as the pricing needs them: a tail's own first, every
             # live replica's only once a sibling passes the re-prefill check (most tails
             # are too short to pay for any move: their siblings' drains are not read)
-            ends = _Ends(self._slack(rnd, p))
+            # the last pipeline's freed devices serve only its own widened tails: a move
+            # may not stretch its generation at all (``idle_spread``)
+            ends = _Ends(0.0 if self._last_left(state, p) else self._slack(rnd, p))
             widths = {r.tp for r in live}
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
@@ -1206,8 +1214,34 @@ class Jigsaw(Policy):
             # a step's rollout starts on more than its home: as many replicas as keep each
             # near its ideal batch (later, consolidation shrinks it as the batch thins)
             spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
+            if self._last_left(state, p):
+                spread = min(spread, self._fast_batch(state, p, tp, ctx / 2))
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
+
+    def _last_left(self, state, p) -> bool:
+        """``p`` is the run's last unfinished pipeline, synchronous (an asynchronous one's
+        next step could use the devices its rollout frees), and ``idle_spread`` is on."""
+        return (self.config.idle_spread and p.spec.mode == "sync"
+                and all(o.done for o in state.order if o is not p))
+
+    def _fast_batch(self, state, p, tp: int, context: float) -> int:
+        """Sequences a replica takes at the step's start under ``idle_spread``: those that
+        keep its decoding batch at the size below which halving it shortens a decode step
+        by less than ``idle_spread_gain`` (smaller batches buy little speed). A multi-turn
+        trajectory decodes for only part of its time, the rest in tool calls (observed mean
+        latency x turns after the first), so a replica takes that many more."""
+        cost, b = state.cost, state.max_num_seqs
+        keep = 1.0 - self.config.idle_spread_gain
+        while b > 1 and cost.decode_step_s(p.model, tp, b // 2, b // 2 * context) <= keep * cost.decode_step_s(
+                p.model, tp, b, b * context):
+            b //= 2
+        lens = p.lengths
+        tools = lens.tool_s * max(0.0, lens.turns - 1.0)
+        if tools <= 0.0:
+            return b
+        decoding = lens.generated_tokens * cost.decode_step_s(p.model, tp, b, b * context)
+        return math.ceil(b * (decoding + tools) / max(decoding, 1e-9))
 
     def _home_returning(self, rnd, p, now: int, want: int) -> bool:
         """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,
