@@ -15,7 +15,14 @@ of verl-sync and rollmux, the comparison a user of a synchronous recipe makes; "
 includes the off-policy systems. A baseline that cannot run a mix (a share too small to
 split into rollout and training devices) is shown with the reason.
 
+``--synthetic`` draws the pipelines themselves instead (``synthetic_mixes``): models from
+0.5B to 72B, GRPO, DAPO, PPO and REINFORCE, lognormal lengths with random medians and
+spreads up to 32K tokens, multi-turn tools of 30 ms to a minute, sandboxed rewards,
+asynchronous pipelines, shares of 2-32 GPUs on H100, H20 or A100 nodes of 4 or 8: shapes
+the bundled files do not have, to find where a policy or a baseline breaks.
+
     python benchmarks/random_mixes.py                 # 16 mixes, seed 2026; writes the block
+    python benchmarks/random_mixes.py --synthetic     # 60 synthetic mixes, seed 0; its own block
     python benchmarks/random_mixes.py --mixes 4 --no-doc
 """
 
@@ -35,6 +42,12 @@ from common import EXAMPLES, ROOT, dump, md_table, write_doc_block
 
 RESULTS = ROOT / "benchmarks" / "results" / "random_mixes.json"
 BLOCK = "random-mixes"
+SYNTHETIC_RESULTS = ROOT / "benchmarks" / "results" / "synthetic_mixes.json"
+SYNTHETIC_BLOCK = "synthetic-mixes"
+# the registry's models a synthetic pipeline draws, with the fewest devices a rollout
+# replica of each takes (larger models need tensor parallelism)
+SYNTHETIC_MODELS = {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1, "qwen2.5-7b": 1, "qwen3-8b": 1,
+                    "qwen2.5-14b": 2, "qwen3-14b": 2, "qwen2.5-32b": 4, "qwen3-32b": 4, "qwen2.5-72b": 8}
 SOURCES = ("a_sync4_32gpu", "c_async2_16gpu", "d_hetero_32gpu", "e_dapo_longtail_32gpu", "f_agentic_32gpu")
 ON_POLICY = ("verl-sync", "rollmux")
 OFF_POLICY = ("one-step-off", "streamrl", "areal")
@@ -81,6 +94,59 @@ def mixes(seed: int, n: int) -> list[tuple[str, dict]]:
     return out
 
 
+def synthetic_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
+    """``n`` job mixes of pipelines drawn from scratch (mix ``i`` from seed ``seed + i``):
+    1-5 pipelines, each a model of ``SYNTHETIC_MODELS`` on a share of at least two
+    replicas' devices, GRPO / DAPO / PPO / REINFORCE (PPO with one sample per prompt and
+    8x the prompts), responses lognormal with a median of 5-40% of a 1K-32K budget and a
+    spread (sigma) of 0.3-1.3, 30% multi-turn (up to 9 turns, tools of 30 ms to 63 s), 20%
+    with a sandboxed reward (0.5-60 s), 35% asynchronous (staleness 1 or 2), 2-4 steps; a
+    pool of H100, H20 or A100 in nodes of 4 or 8."""
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng(seed + i)
+        gpn = int(rng.choice([8, 8, 4]))
+        pipes = []
+        for j in range(int(rng.integers(1, 6))):
+            model = str(rng.choice(list(SYNTHETIC_MODELS)))
+            gpus = int(rng.choice([x for x in (2, 4, 8, 16, 32) if x >= 2 * SYNTHETIC_MODELS[model]]))
+            alg = str(rng.choice(["grpo", "dapo", "ppo", "reinforce"]))
+            budget = int(rng.choice([1024, 4096, 8192, 16384, 32768]))
+            median = float(rng.uniform(0.05, 0.4) * budget)
+            p = {"name": f"{model}-{alg}-{j}", "model": model, "algorithm": alg,
+                 "prompts_per_step": int(rng.choice([16, 32, 64, 128, 256])),
+                 "samples_per_prompt": int(rng.choice([1, 4, 8, 16])) if alg != "ppo" else 1,
+                 "max_response_len": budget,
+                 "prompt_len": {"dist": "lognormal", "median": float(rng.uniform(50, 2000)), "sigma": 0.5,
+                                "min": 8, "max": 8000},
+                 "response_len": {"dist": "lognormal", "median": median, "sigma": float(rng.uniform(0.3, 1.3)), "min": 1},
+                 "reward": {"kind": "rule", "latency_s": {"dist": "const", "value": 0.01}},
+                 "steps": int(rng.integers(2, 5)), "gpus": gpus,
+                 "group_correlation": float(rng.uniform(0, 0.9))}
+            if alg == "ppo":
+                p["prompts_per_step"] *= 8
+            if rng.random() < 0.3:
+                p["turns"] = {"dist": "uniform", "low": 1, "high": int(rng.integers(2, 10))}
+                p["tool_latency_s"] = {"dist": "lognormal", "median": float(10 ** rng.uniform(-1.5, 1.8)),
+                                       "sigma": 0.8, "min": 0}
+                p["observation_len"] = {"dist": "lognormal", "median": float(rng.uniform(20, 800)), "sigma": 0.6,
+                                        "min": 1}
+            if rng.random() < 0.2:
+                p["reward"] = {"kind": "sandbox", "latency_s": {"dist": "lognormal", "median": float(rng.uniform(0.5, 60)),
+                                                                "sigma": 0.5, "min": 0}}
+            if rng.random() < 0.35:
+                p["mode"], p["staleness"] = "async", int(rng.integers(1, 3))
+            else:
+                p["mode"] = "sync"
+            pipes.append(p)
+        total = sum(p["gpus"] for p in pipes)
+        pipes[0]["gpus"] += -total % gpn  # whole nodes
+        spec = {"version": 1, "cluster": {"gpus": total + (-total % gpn), "gpu": str(rng.choice(["h100", "h20", "a100"])),
+                                          "gpus_per_node": gpn}, "pipelines": pipes}
+        out.append((f"s{seed + i}", spec))
+    return out
+
+
 def _run(job: tuple) -> dict:
     """One (mix, policy) in this process: a summary, or why the policy could not run it."""
     name, spec, policy = job
@@ -98,20 +164,33 @@ def _run(job: tuple) -> dict:
             "max_staleness": max(p["max_staleness"] for p in r["pipelines"].values())}
 
 
-def measure(seed: int, n: int) -> dict:
-    drawn = mixes(seed, n)
+def measure(seed: int, n: int, synthetic: bool = False) -> dict:
+    drawn = synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
     jobs = [(name, spec, pol) for name, spec in drawn for pol in POLICIES]
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
         runs = list(ex.map(_run, jobs))
-    return {"seed": seed, "steps": STEPS, "mixes": {name: spec for name, spec in drawn}, "runs": runs}
+    return {"seed": seed, "steps": None if synthetic else STEPS, "synthetic": synthetic,
+            "mixes": {name: spec for name, spec in drawn}, "runs": runs}
 
 
 def _describe(spec: dict) -> str:
     parts = []
     for p in spec["pipelines"]:
         mode = "sync" if p.get("mode", "sync") == "sync" else f"async{p.get('staleness', 1)}"
-        parts.append(f"{p['name'].rsplit('-', 1)[0]} {mode} {p['gpus']}")  # the bundled pipeline it copies
+        # the bundled pipeline it copies (a synthetic one: its model and algorithm)
+        parts.append(f"{p['name'].rsplit('-', 1)[0]} {mode} {p['gpus']}")
     return "; ".join(parts)
+
+
+_INTRO = """Mixes drawn at random (seed {seed}) from the bundled pipelines: 2-5 pipelines, static
+shares of 4, 8 or 16 GPUs, some pipelines switched between synchronous and asynchronous,
+H100 or H20, {steps} steps each; none was used to tune the policy."""
+_SYNTHETIC_INTRO = """Mixes of pipelines drawn from scratch (mix `sN` from seed N; `synthetic_mixes`): 1-5
+pipelines of Qwen2.5 / Qwen3 models from 0.5B to 72B, GRPO, DAPO, PPO or REINFORCE,
+lognormal response lengths (median 5-40% of a 1K-32K budget, sigma 0.3-1.3), 30%
+multi-turn with tools of 30 ms to a minute, 20% with a sandboxed reward, 35% asynchronous,
+static shares of 2-32 GPUs, 2-4 steps, on H100, H20 or A100 nodes of 4 or 8 GPUs. No
+bundled file has these shapes; none was used to tune the policy."""
 
 
 def section(data: dict, load_before: str, load_after: str) -> str:
@@ -142,7 +221,9 @@ def section(data: dict, load_before: str, load_after: str) -> str:
                      f"{lb:.0f}", *cells, f"{j['makespan_s']:.0f}", f"{best_on / j['makespan_s']:.2f}x",
                      f"{ok[best_all] / j['makespan_s']:.2f}x ({best_all})", "-" if gap is None else f"{gap:.0%}",
                      f"{j['effective_utilisation']:.2f}"])
-    head = ["mix", "pool", "pipelines (bundled pipeline, mode, GPUs)", "lower bound s",
+    synthetic = data.get("synthetic", False)
+    head = ["mix", "pool", f"pipelines ({'model-algorithm' if synthetic else 'bundled pipeline'}, mode, GPUs)",
+            "lower bound s",
             *[f"{p} s" for p in POLICIES[1:]], "jigsaw s", "jigsaw vs best on-policy", "jigsaw vs best of all",
             "gap recovered (vs verl-sync)", "jigsaw effective utilisation"]
     summary = (f"jigsaw against the best on-policy baseline: median {statistics.median(on_ratios):.2f}x, "
@@ -155,11 +236,17 @@ def section(data: dict, load_before: str, load_after: str) -> str:
                and r["makespan_s"] < by[r["mix"]]["jigsaw"]["makespan_s"]]
     lost += (" No on-policy baseline finished a mix first." if not on_lost else
              f" On-policy baselines finished first on {len(on_lost)} (mix, policy) pairs.")
-    return f"""## Random job mixes (`benchmarks/random_mixes.py`)
+    pairs = [(by[m]["rollmux"]["makespan_s"], by[m]["verl-sync"]["makespan_s"]) for m in data["mixes"]
+             if "makespan_s" in by[m]["rollmux"]]
+    if pairs:
+        lost += (f" RollMux against verl-sync: ahead on {sum(r < v for r, v in pairs)} of {len(pairs)} mixes, "
+                 f"median makespan ratio {statistics.median(r / v for r, v in pairs):.2f}.")
+    title = "Synthetic job mixes" if synthetic else "Random job mixes"
+    intro = (_SYNTHETIC_INTRO if synthetic else _INTRO).format(seed=data["seed"], steps=data["steps"])
+    command = "python benchmarks/random_mixes.py" + (f" --synthetic --mixes {len(data['mixes'])}" if synthetic else "")
+    return f"""## {title} (`benchmarks/random_mixes.py`)
 
-Mixes drawn at random (seed {data['seed']}) from the bundled pipelines: 2-5 pipelines, static
-shares of 4, 8 or 16 GPUs, some pipelines switched between synchronous and asynchronous,
-H100 or H20, {data['steps']} steps each; none was used to tune the policy. Seed 0, default
+{intro} Seed 0, default
 predictor, each run its own process. jigsaw, verl-sync and rollmux keep each pipeline's
 staleness (verl-sync and rollmux run an asynchronous pipeline synchronously);
 one-step-off, streamrl and areal run every pipeline at least one step off-policy, so the
@@ -172,7 +259,7 @@ small to split into rollout and training devices). Load average (1 / 5 / 15 min)
 
 {summary} {lost}
 
-`python benchmarks/random_mixes.py` (about {len(data['runs']) * 2 // 60 + 1} minutes on 2 cores)
+`{command}` (about {len(data['runs']) * 2 // 60 + 1} minutes on 2 cores)
 """
 
 
@@ -183,25 +270,30 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mixes", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--synthetic", action="store_true",
+                    help="pipelines drawn from scratch (synthetic_mixes), not copied from the bundled files")
+    ap.add_argument("--mixes", type=int, default=None, help="how many (default: 16; synthetic: 60)")
+    ap.add_argument("--seed", type=int, default=None, help="default: 2026; synthetic: 0")
     ap.add_argument("--no-doc", action="store_true", help="print the block; do not touch docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="re-render the saved results")
     args = ap.parse_args(argv)
+    results, block = (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK) if args.synthetic else (RESULTS, BLOCK)
+    n = args.mixes if args.mixes is not None else (60 if args.synthetic else 16)
+    seed = args.seed if args.seed is not None else (0 if args.synthetic else 2026)
     if args.render:
-        data = json.loads(RESULTS.read_text())
+        data = json.loads(results.read_text())
         before, _, after = data.get("load", "- -> -").partition(" -> ")
     else:
         before = _load()
-        data = measure(args.seed, args.mixes)
+        data = measure(seed, n, args.synthetic)
         after = _load()
         data["load"] = f"{before} -> {after}"
         if not args.no_doc:
-            dump(data, RESULTS)
+            dump(data, results)
     text = section(data, before, after)
     print(text)
     if not args.no_doc:
-        write_doc_block(BLOCK, text)
+        write_doc_block(block, text)
     return 0
 
 

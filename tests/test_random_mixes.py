@@ -37,3 +37,39 @@ def test_the_block_separates_on_policy_from_off_policy_baselines():
     assert "0.90x (areal)" in text and "m0 (jigsaw 100 s): areal 90 s" in text
     assert "No on-policy baseline finished a mix first." in text
     assert "| n/a |" in text
+
+
+def test_synthetic_mixes_are_reproducible_valid_and_varied():
+    drawn = rm.synthetic_mixes(0, 60)
+    assert drawn == rm.synthetic_mixes(0, 60)
+    assert [name for name, _ in drawn[:2]] == ["s0", "s1"] and rm.synthetic_mixes(5, 1)[0][1] == drawn[5][1]
+    seen = {"algorithm": set(), "mode": set(), "gpu": set(), "gpus_per_node": set(), "multi-turn": set()}
+    for name, spec in drawn:
+        wl = parse_workload(spec)
+        assert 1 <= len(wl.pipelines) <= 5
+        assert wl.cluster.gpus % wl.cluster.gpus_per_node == 0
+        assert wl.cluster.gpus == sum(p.gpus for p in wl.pipelines)
+        for p in wl.pipelines:
+            assert p.gpus >= 2 * rm.SYNTHETIC_MODELS[p.model]
+            seen["algorithm"].add(p.algorithm)
+            seen["mode"].add(p.mode)
+            seen["multi-turn"].add(p.turns is not None)
+        seen["gpu"].add(spec["cluster"]["gpu"])
+        seen["gpus_per_node"].add(wl.cluster.gpus_per_node)
+    assert seen == {"algorithm": {"grpo", "dapo", "ppo", "reinforce"}, "mode": {"sync", "async"},
+                    "gpu": {"h100", "h20", "a100"}, "gpus_per_node": {4, 8}, "multi-turn": {True, False}}
+
+
+def test_the_synthetic_block_counts_rollmux_against_verl_sync():
+    spec = rm.synthetic_mixes(3, 1)[0][1]
+    runs = [{"mix": "s3", "policy": "jigsaw", "makespan_s": 100.0, "effective_utilisation": 0.5,
+             "bounds": {"makespan_lower_bound_s": 80.0}},
+            {"mix": "s3", "policy": "verl-sync", "makespan_s": 150.0},
+            {"mix": "s3", "policy": "rollmux", "makespan_s": 140.0},
+            {"mix": "s3", "policy": "one-step-off", "makespan_s": 120.0},
+            {"mix": "s3", "policy": "streamrl", "makespan_s": 120.0},
+            {"mix": "s3", "policy": "areal", "makespan_s": 130.0}]
+    text = rm.section({"seed": 3, "steps": None, "synthetic": True, "mixes": {"s3": spec}, "runs": runs}, "-", "-")
+    assert text.startswith("## Synthetic job mixes")
+    assert "model-algorithm" in text and "--synthetic --mixes 1" in text
+    assert "RollMux against verl-sync: ahead on 1 of 1 mixes, median makespan ratio 0.93." in text

@@ -5,9 +5,10 @@ RollMux (arXiv 2512.11306) places jobs in co-execution groups, each an isolated 
 devices with a rollout pool and a training pool; inside a group the jobs take the pools in
 round-robin, so one job trains while another rolls out. Its inter-group scheduler picks the
 grouping and the pool sizes from profiled phase times. Here the profile is the cost model
-on the spec's length figures (``estimates.length_stats``), as the disaggregated baselines
-profile their split, and the plan minimises the estimated makespan: the slowest group's
-round-robin over its steps. A group holds one or two jobs (pairs are what the paper
+on the spec's distributions, as the disaggregated baselines profile their split: a step's
+generation by ``estimates.gen_profile_s`` (engine-level: batches, the long tail, prefill,
+tool calls), its training by ``estimates.train_estimate_s``; the plan minimises the
+estimated makespan: the slowest group's round-robin over its steps. A group holds one or two jobs (pairs are what the paper
 evaluates); its devices are its jobs' static shares.
 
 A round-robin of jobs ``j`` with generation ``g_j`` on the rollout pool and training
@@ -42,12 +43,20 @@ def round_robin_period_s(gen: list[float], train: list[float]) -> float:
     return max(sum(gen), sum(train), *(g + t for g, t in zip(gen, train)))
 
 
-def _plan_one(group: tuple, cost, stats: dict) -> GroupPlan | None:
+def _plan_one(group: tuple, cost, stats: dict, profiles: dict) -> GroupPlan | None:
     devices = tuple(d for p in group for d in p.static_devices)
     tp = max(rollout_tp(p, cost) for p in group)
     best = None
+
+    def profile(p, r: int) -> float:  # a job's profile depends on its replica count and its partner
+        other = sum(q.model.weight_bytes for q in group if q is not p)
+        key = (p.name, r // rollout_tp(p, cost), other)
+        if key not in profiles:
+            profiles[key] = gen_profile_s(p, cost, r, other)
+        return profiles[key]
+
     for r in range(tp, len(devices), tp):
-        gen = [gen_profile_s(p, cost, r, sum(q.model.weight_bytes for q in group if q is not p)) for p in group]
+        gen = [profile(p, r) for p in group]
         train = [train_estimate_s(p, cost, len(devices) - r, stats[p.name]) for p in group]
         period = round_robin_period_s(gen, train)
         # jobs with fewer steps leave; the rest run on alone at their own gen + train
@@ -82,11 +91,12 @@ def plan_groups(pipelines: list, cost) -> list[GroupPlan] | None:
     both alone."""
     stats = {p.name: length_stats(p.spec) for p in pipelines}
     plans: dict[tuple, GroupPlan | None] = {}
+    profiles: dict[tuple, float] = {}
 
     def plan(group: tuple) -> GroupPlan | None:
         key = tuple(p.name for p in group)
         if key not in plans:
-            plans[key] = _plan_one(group, cost, stats)
+            plans[key] = _plan_one(group, cost, stats, profiles)
         return plans[key]
 
     if len(pipelines) <= _ENUMERATE_UP_TO:
