@@ -176,3 +176,25 @@ def test_replica_widths_are_those_vllm_can_shard_the_model_over():
     assert model_profile("qwen2.5-1.5b").tp_widths(8) == [1, 2, 4]  # 12 heads
     assert model_profile("qwen2.5-32b").tp_widths(8) == [1, 2, 4, 8]  # 40 heads, 8 KV heads
     assert not model_profile("qwen2.5-7b").fits_tp(3)
+
+
+def test_a_run_prices_gangs_on_the_clusters_nodes():
+    # the factors' default node is 8 devices: on nodes of 4 a gang of 8 crosses the node
+    # NICs, and its all-gathers are priced there (a run on 4-GPU nodes priced them on NVLink)
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+    from jigsaw_plugin.workload import parse_workload
+
+    pipe = {"name": "p", "model": "qwen2.5-14b", "algorithm": "grpo", "mode": "sync", "prompts_per_step": 8,
+            "samples_per_prompt": 4, "max_response_len": 1024,
+            "prompt_len": {"dist": "const", "value": 100}, "response_len": {"dist": "const", "value": 100},
+            "steps": 1}
+    costs = {}
+    for gpn in (4, 8):
+        wl = parse_workload({"version": 1, "cluster": {"gpus": 8, "gpu": "h100", "gpus_per_node": gpn},
+                             "pipelines": [pipe]})
+        costs[gpn] = Simulation(wl, get_policy("verl-sync")).world.cost
+    model = model_profile("qwen2.5-14b")
+    assert costs[4].f.gpus_per_node == 4 and costs[8].f.gpus_per_node == 8
+    assert costs[4].gang_collective_s(model, 4, 1) == costs[8].gang_collective_s(model, 4, 1)
+    assert costs[4].gang_collective_s(model, 8, 1) > 2 * costs[8].gang_collective_s(model, 8, 1)

@@ -59,7 +59,7 @@ class ExecutorCore:
         self.pipelines = {p.name: p for p in self.order}
         self.gpus = workload.cluster.gpus
         self.gpus_per_node = workload.cluster.gpus_per_node
-        self.cost = CostModel(hardware_profile(workload.cluster.gpu), factors)
+        self.cost = CostModel.for_nodes(hardware_profile(workload.cluster.gpu), workload.cluster.gpus_per_node, factors)
         self.hooks = hooks
         self.record_requests = record_requests and hooks is not None
         self.free: set[int] = set(range(self.gpus))

@@ -9,6 +9,7 @@ fitted once by least squares over public points (docs/calibration.md,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -98,6 +99,15 @@ class CostModel:
     def __init__(self, hardware: HardwareProfile, factors: EfficiencyFactors | None = None):
         self.hw = hardware
         self.f = factors or default_factors(hardware)
+
+    @classmethod
+    def for_nodes(cls, hardware: HardwareProfile, gpus_per_node: int,
+                  factors: EfficiencyFactors | None = None) -> "CostModel":
+        """The cost model of ``hardware`` in nodes of ``gpus_per_node`` devices (the
+        cluster's, not the factors' default of 8): a training gang wider than a node moves
+        its all-gathers over the node NICs (``gang_collective_s``)."""
+        f = factors or default_factors(hardware)
+        return cls(hardware, dataclasses.replace(f, gpus_per_node=max(1, int(gpus_per_node))))
 
     # ---- rollout (one replica of ``tp`` devices) --------------------------------------
     def kv_capacity_tokens(self, model: ModelProfile, tp: int, other_bytes: float = 0.0) -> int:

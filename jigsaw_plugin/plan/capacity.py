@@ -270,7 +270,8 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     p = _pick(runs, name)
     spec = p.spec
     classes = workload.cluster.device_classes()
-    costs = [CostModel(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu")) for k, c in enumerate(classes)]
+    costs = [CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node)
+             for k, c in enumerate(classes)]
     t = _trainer_class(classes, trainer_class)
     home = classes[t]
     if trainer_gpus is None:

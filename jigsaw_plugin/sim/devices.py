@@ -26,7 +26,7 @@ class DeviceClasses:
         for c in self.specs:
             self.first.append(start)
             start += c.count
-        self.costs = [CostModel(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), factors)
+        self.costs = [CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node, factors)
                       for k, c in enumerate(self.specs)]
         self.heterogeneous = len(self.specs) > 1
         self._views: tuple | None = None
