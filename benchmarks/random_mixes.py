@@ -34,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -259,8 +260,15 @@ small to split into rollout and training devices). Load average (1 / 5 / 15 min)
 
 {summary} {lost}
 
-`{command}` (about {len(data['runs']) * 2 // 60 + 1} minutes on 2 cores)
+`{command}` ({_took(data)} on 2 cores)
 """
+
+
+def _took(data: dict) -> str:
+    """The run's wall time as measured (older result files: estimated from the run count)."""
+    if "wall_s" in data:
+        return f"{data['wall_s'] / 60:.0f} minutes"
+    return f"about {len(data['runs']) * 2 // 60 + 1} minutes"
 
 
 def _load() -> str:
@@ -284,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(results.read_text())
         before, _, after = data.get("load", "- -> -").partition(" -> ")
     else:
-        before = _load()
+        before, start = _load(), time.monotonic()
         data = measure(seed, n, args.synthetic)
         after = _load()
         data["load"] = f"{before} -> {after}"
+        data["wall_s"] = round(time.monotonic() - start, 1)
         if not args.no_doc:
             dump(data, results)
     text = section(data, before, after)
