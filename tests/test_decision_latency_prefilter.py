@@ -48,7 +48,7 @@ def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_th
     """The tail's own end at its own batch on a tp1 sibling is past the bound (the tp1
     siblings end sooner than it could there); on tp2 it is not: the move goes to the tp2
     sibling, and no tp1 sibling's step times are priced (one floor step for the width)."""
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     p = SimpleNamespace(model=MODEL)
     # the tail ends last (300 tokens at 6.8 ms: 2.04 s); on tp1 its re-prefill and its own
     # step alone end at 2.28 s, past the bound (2.14 s); on tp2 at 1.51 s
@@ -70,7 +70,7 @@ def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_th
 
 
 def test_when_every_width_is_hopeless_the_siblings_are_not_priced():
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     p = SimpleNamespace(model=MODEL)
     tail = _replica(1, 4, 8_000.0, 300.0, step_s=0.0068)
     live = [tail] + [_replica(i, 40, 40_000.0, 200.0, step_s=0.00737) for i in range(2, 30)]
@@ -85,7 +85,7 @@ def test_a_move_ending_just_inside_the_bound_is_still_made():
     """The pre-filter's edge: the tail's own longest request at its own batch ends 0.5%
     inside the bound, and a near-empty sibling's step is barely slower than that floor:
     the move is made (a pre-filter that turned a width away a little early would drop it)."""
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     p = SimpleNamespace(model=MODEL)
     tail = _replica(1, 4, 8_000.0, 300.0, step_s=0.0068)  # 2.04 s
     empty = _replica(2, 1, 500.0, 10.0, step_s=0.006)  # nearly drained
@@ -116,7 +116,7 @@ def _case(rng, n):
 
 
 def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(7)
     p = SimpleNamespace(model=MODEL)
     state = SimpleNamespace(cost=COST, t=0.0)
@@ -182,7 +182,7 @@ def _full_consolidation(policy, p, slack):
 def test_the_consolidation_makes_the_moves_of_the_full_pricing_round_after_round():
     """Several moves in one pipeline's round change the bound and the latest ends: what
     ``_Ends`` keeps is computed again after each, as the full pricing does per tail."""
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(11)
     several = 0
     for _ in range(300):
@@ -192,3 +192,20 @@ def test_the_consolidation_makes_the_moves_of_the_full_pricing_round_after_round
         assert out == _full_consolidation(policy, p, policy.config.latency_slack)
         several += len(out) >= 4
     assert several > 10
+
+
+def test_the_last_synchronous_pipelines_tail_moves_may_not_stretch_its_generation():
+    # idle_spread: a pipeline alone in the run frees devices only for its own widened tails,
+    # so a move is priced with no slack; an asynchronous one keeps latency_slack
+    rng = random.Random(13)
+    differ = 0
+    for _ in range(200):
+        replicas = _case(rng, rng.randint(2, 16))
+        for mode, slack in (("sync", 0.0), ("async", Jigsaw().config.latency_slack)):
+            rnd, p = _round(replicas)
+            p.spec = SimpleNamespace(mode=mode)
+            out = []
+            Jigsaw()._consolidate_tails(rnd, out)
+            assert out == _full_consolidation(Jigsaw(), p, slack)
+        differ += _full_consolidation(Jigsaw(), p, 0.0) != _full_consolidation(Jigsaw(), p, 0.05)
+    assert differ > 5

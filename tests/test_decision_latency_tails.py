@@ -43,7 +43,7 @@ def _replica(i, running, kv, left, tp=1, max_seqs=256, work=None, step_s=0.02):
 
 
 def test_price_move_skips_work_but_answers_as_the_full_pricing():
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(0)
     state = SimpleNamespace(cost=COST, t=0.0)
     p = SimpleNamespace(model=MODEL)
@@ -75,7 +75,7 @@ def _round(replicas, t, done=60, samples=64, turns=1.0):
 
 
 def test_a_tail_that_pays_moves_and_no_request_view_is_read():
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     # a long tail (4 requests, 3,000 tokens left at batch 4) beside a sibling that ends later
     tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
     out = []
@@ -84,7 +84,7 @@ def test_a_tail_that_pays_moves_and_no_request_view_is_read():
 
 
 def test_a_tail_no_sibling_can_take_is_not_read():
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     tail, full = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 254, 40_000.0, 3500.0, max_seqs=256)
     out = []
     policy._consolidate_tails(_round([tail, full], 5.0), out)
@@ -95,7 +95,7 @@ def test_a_multi_turn_pipeline_whose_samples_are_mostly_still_generating_is_not_
     """Few requests on a replica of a multi-turn pipeline while most of the step's samples
     generate (waiting on a tool, between turns) is not a rollout tail: nothing is priced or
     predicted. A single-turn pipeline's small replica is a tail from the start."""
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
     out = []
     policy._consolidate_tails(_round([tail, other], 5.0, done=31, samples=64, turns=2.4), out)
@@ -111,7 +111,7 @@ def test_a_tail_too_short_to_pay_for_any_move_reads_only_its_own_drain():
     """A tail whose freed device-seconds do not cover min_gain x the re-prefill onto any
     sibling's width is turned away on its own prediction: its siblings' drains are not read
     (they are once a sibling passes that check, for the bound and the latest ends)."""
-    policy = Jigsaw()
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     # the siblings hold more than tail_requests (32): they are not tails themselves
     short, a, b = _replica(1, 4, 8_000.0, 2.0), _replica(2, 40, 40_000.0, 3500.0), _replica(3, 60, 60_000.0, 900.0)
     out = []

@@ -27,8 +27,9 @@ class _Probe(Jigsaw):
     trajectories finished and is still generating, on the devices free then."""
 
     def __init__(self, make, **options):
-        # no in-place re-shard: the tail must leave devices free for the probe's pass
-        super().__init__(early_passes=False, reshard_in_place=False, **options)
+        # no in-place re-shard: the tail must leave devices free for the probe's pass; no
+        # idle_spread (the pipeline is alone): its rollout would hold the whole pool
+        super().__init__(early_passes=False, reshard_in_place=False, idle_spread=False, **options)
         self.make, self.sent = make, False
 
     def decide(self, state):
