@@ -8,8 +8,8 @@ grouping and the pool sizes from profiled phase times. Here the profile is the c
 on the spec's distributions, as the disaggregated baselines profile their split: a step's
 generation by ``estimates.gen_profile_s`` (engine-level: batches, the long tail, prefill,
 tool calls), its training by ``estimates.train_estimate_s``; the plan minimises the
-estimated makespan: the slowest group's round-robin over its steps. A group holds one or two jobs (pairs are what the paper
-evaluates); its devices are its jobs' static shares.
+estimated makespan: the slowest group's round-robin over its steps. A group holds one or
+two jobs (pairs are what the paper evaluates); its devices are its jobs' static shares.
 
 A round-robin of jobs ``j`` with generation ``g_j`` on the rollout pool and training
 ``t_j`` on the training pool repeats every ``max(sum g, sum t, max_j (g_j + t_j))``
@@ -67,7 +67,7 @@ def _plan_one(group: tuple, cost, stats: dict, profiles: dict) -> GroupPlan | No
             best = (estimate, r, period)
     if best is None:
         return None  # too few devices for separate pools
-    return GroupPlan(tuple(p.name for p in group), devices, best[1], best[2], best[0])
+    return GroupPlan(tuple(p.name for p in group), devices, best[1], float(best[2]), float(best[0]))
 
 
 def _groupings(items: list):
