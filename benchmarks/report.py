@@ -191,10 +191,10 @@ whose running stage may not grow take its lent devices back from the critical pi
 only owners that would use them reclaim them from it); "no wait_for_home" starts a step's
 rollout on whatever replicas are free (on: it waits when home devices for as many more are
 back within 5% of its projected generation); "no idle_spread" starts the run's last
-synchronous pipeline's rollouts at the batch that keeps a token near its ideal cost (on:
-onto the devices the others left, at a smaller batch whose decode steps are faster; found
-on the synthetic mixes, where it is measured; the bundled workloads barely reach that
-state); "with loans" switches on micro-batch
+synchronous pipeline's rollouts at the batch that keeps a token near its ideal cost and
+its gangs on every free device (on: rollouts onto the devices the others left, at a
+smaller batch whose decode steps are faster; gangs at the width priced fastest; found on
+the synthetic mixes, where it is measured; the bundled workloads barely reach that state); "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish

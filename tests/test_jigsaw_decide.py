@@ -448,3 +448,24 @@ def test_the_last_pipeline_spreads_its_rollout_over_the_devices_left_idle():
     assert launched(True) == 8
     assert launched(True, idle_spread=False) == 4  # its home: about 128 sequences a replica
     assert launched(False) == 4
+
+
+def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
+    # on nodes of 4 a gang of 8 moves its all-gathers over the node NICs: over a few
+    # thousand tokens one node's 4 devices finish the pass sooner than all 8, so the run's
+    # last pipeline (idle_spread) takes 4 on one node; while another pipeline runs, or with
+    # the rule off, a ready stage takes every free device as before
+    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    assert cost.forward_s(MODEL, 4, 32 * 900) < cost.forward_s(MODEL, 8, 32 * 900)
+
+    def gang(p1_done, **opts):
+        p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+        p1 = dataclasses.replace(pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)}), done=p1_done)
+        st = dataclasses.replace(state([p0, p1]), gpus_per_node=4, cost=cost)
+        out = get_policy("jigsaw", migration=False, **opts).decide(st)
+        return [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+
+    got = gang(True)
+    assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
+    assert [len(g) for g in gang(True, idle_spread=False)] == [8]
+    assert [len(g) for g in gang(False)] == [8]

@@ -1187,7 +1187,30 @@ class Jigsaw(Policy):
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
+        if self.config.idle_spread and all(o.done for o in state.order if o is not p):
+            narrow = self._fastest_gang(rnd, p, stage, now, best[0])
+            if narrow:
+                return narrow
         return tuple(self._affinity(rnd, p, now, "train"))
+
+    def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:
+        """For the run's last pipeline (``idle_spread``): the narrowest gang of fewer than
+        ``now`` devices that ends no later than ``end`` (the look-ahead's best with all of
+        them), on one node where it fits; () if none. A gang's time is not monotone in its
+        width: few tokens a device leave a pass bound by its parameter all-gathers, which
+        cross the node NICs once the gang outgrows a node (a 14B update over 64K tokens: 4.7 s
+        on one 4-device node, 29 s on 16 devices over four). Only the last pipeline: while
+        others run, a narrower gang changes who gets which devices when, and measured
+        chaotic (docs/simulator.md)."""
+        state = rnd.state
+        gpn = max(1, state.gpus_per_node)
+        for g in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            if g >= len(now):
+                return ()
+            if self._stage_s(state, p, stage, g) <= end + 1e-9:
+                group = self._node_group(rnd, p, now, g) if g <= gpn else ()
+                return group or tuple(self._affinity(rnd, p, now, "train")[:g])
+        return ()
 
     def _spread_batch(self, state, p, tp: int, context: float) -> int:
         """The smallest batch at which a decoded token costs at most ``spread_cost`` x its
