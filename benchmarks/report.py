@@ -194,7 +194,12 @@ back within 5% of its projected generation); "no idle_spread" starts the run's l
 synchronous pipeline's rollouts at the batch that keeps a token near its ideal cost and
 its gangs on every free device (on: rollouts onto the devices the others left, at a
 smaller batch whose decode steps are faster; gangs at the width priced fastest; found on
-the synthetic mixes, where it is measured; the bundled workloads barely reach that state); "with loans" switches on micro-batch
+the synthetic mixes, where it is measured; the bundled workloads barely reach that state);
+"no critical_spread" leaves a crowded rollout on the critical path on the replicas it has
+(on: new replicas on devices no owner wants back before it drains take running requests
+from the most loaded, when the drain saved pays for the weight load and re-prefill);
+"no predicted_pace" treats no pipeline as critical before its first step ends (on: its
+projected finish is now plus its predicted completion); "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish

@@ -150,7 +150,8 @@ def _round(replicas):
     step = SimpleNamespace(samples=64, gen_done=60)
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
                         lengths=SimpleNamespace(turns=1.0))
-    return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set()), p
+    # spread=None: no pipeline critical_spread serves (its cap on merges is not in play)
+    return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set(), spread=None), p
 
 
 def _full_consolidation(policy, p, slack):

@@ -71,7 +71,7 @@ def _round(replicas, t, done=60, samples=64, turns=1.0):
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
                         lengths=SimpleNamespace(turns=turns))  # mean turns of its finished trajectories
     state = SimpleNamespace(cost=COST, t=t, order=(p,))
-    return SimpleNamespace(state=state, gone=set(), free=set())
+    return SimpleNamespace(state=state, gone=set(), free=set(), spread=None)  # spread: no pipeline critical_spread serves
 
 
 def test_a_tail_that_pays_moves_and_no_request_view_is_read():

@@ -125,6 +125,7 @@ def test_capability_checks_name_what_cannot_be_done():
     assert "fixed at 2" in refusal(caps, RunStage("a", 0, "update_actor", (0,)))
     assert "cannot resize" in refusal(caps, ResizeStage("a", 0, "update_actor", (0,)))
     assert "cannot migrate" in refusal(caps, Migrate(0, 1))
+    assert "spread=True" in refusal(caps, LaunchReplica("a", (1,), spread=True))
     assert "cannot add" in refusal(caps, LaunchReplica("a", (1,)), live_replicas=1)
     assert refusal(HostCapabilities("x", migration=True, replicas_elastic=True), LaunchReplica("a", (1,), absorb=(0,)),
                    live_replicas=1) is None

@@ -283,8 +283,12 @@ def test_balance_gives_a_ready_stage_the_devices_of_a_pipeline_near_its_end():
     p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=last + 1, train_next=last, generating=True,
                   steps={last: step(last, done=31)})
     st = state([p0, p1], busy=_busy_with_replicas([p1]))
-    off = [d for d in get_policy("jigsaw", migration=False, balance=False).decide(st) if isinstance(d, RunStage)]
-    on = [d for d in get_policy("jigsaw", migration=False, balance=True, min_share=0.5).decide(st) if isinstance(d, RunStage)]
+    # predicted_pace off: p0 (no step finished) would be critical by its predicted
+    # completion, and lend_to_critical would give it p1's devices without balance
+    off = [d for d in get_policy("jigsaw", migration=False, balance=False, predicted_pace=False).decide(st)
+           if isinstance(d, RunStage)]
+    on = [d for d in get_policy("jigsaw", migration=False, balance=True, min_share=0.5, predicted_pace=False).decide(st)
+          if isinstance(d, RunStage)]
     assert off and set(off[0].devices) == {0, 1, 2, 3}
     assert on and {0, 1, 2, 3} < set(on[0].devices) and 4 not in on[0].devices
 
@@ -469,3 +473,36 @@ def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
     assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
     assert [len(g) for g in gang(True, idle_spread=False)] == [8]
     assert [len(g) for g in gang(False)] == [8]
+
+
+def _crowded_rollout(p1):
+    # p0 decodes 2 x 128 requests 6K tokens into their responses on two devices; 4K more
+    # tokens each are predicted: at that batch a step reads ~0.8M tokens of KV
+    reps = [replica("p0", 1, (0,), [6000] * 128, [4000.0] * 128),
+            replica("p0", 2, (1,), [6000] * 128, [4000.0] * 128)]
+    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=256)})
+    busy = _busy_with_replicas([p0, p1])
+    return state([p0, p1], busy=busy)
+
+
+def test_the_critical_crowded_rollout_spreads_onto_devices_no_one_wants():
+    # the other pipeline is done: p0 sets the makespan, and new replicas on the free devices
+    # take running requests from the crowded two (each decodes a smaller batch faster)
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    st = _crowded_rollout(p1)
+    out = get_policy("jigsaw").decide(st)
+    spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+    assert spread and all(d.pipeline == "p0" and not d.absorb for d in spread)
+    assert {x for d in spread for x in d.devices} <= set(st.free)
+    assert not [d for d in get_policy("jigsaw", critical_spread=False).decide(st)
+                if isinstance(d, LaunchReplica) and d.spread]
+
+
+def test_a_crowded_rollout_off_the_critical_path_does_not_spread():
+    # p1's one request has far more left to decode than p0's whole rollout: p1 sets the
+    # makespan, and p0's replicas keep their batch (the free devices are worth more to p1)
+    lone = replica("p1", 3, (4,), [100], [200000.0])
+    p1 = pipeline(1, range(4, 8), [lone], generating=True, gen_next=1, steps={0: step(0, samples=1)})
+    out = get_policy("jigsaw").decide(_crowded_rollout(p1))
+    assert not [d for d in out if isinstance(d, LaunchReplica) and d.spread]

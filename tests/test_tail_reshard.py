@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from jigsaw_plugin.scheduler import LaunchReplica, Migrate, get_policy
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, get_policy
 from jigsaw_plugin.sim import Simulation
 from jigsaw_plugin.sim.world import PolicyViolation
 from sim_helpers import device_overlaps, small_workload
@@ -152,3 +153,34 @@ def test_a_refused_re_shard_stops_nothing():
         w.apply(LaunchReplica("p0", devices, absorb=(reps[0].id, reps[1].id)))
     after = {r.id: {q.rid for q in list(r.queue) + r.running()} for r in w.replicas.values() if r.pipeline == "p0"}
     assert after == before
+
+
+def test_a_spread_replica_takes_running_requests_to_the_average_keeping_their_tokens():
+    # one of four replicas hands its requests to a sibling and retires; a replica launched
+    # on its device with ``spread`` takes requests from the most loaded until it holds the
+    # average load: running ones resume with the tokens they have; nothing is lost
+    sim, w = _world()
+    reps = sorted((r for r in w.replicas.values() if r.pipeline == "p0"), key=lambda r: r.id)
+    w.t += 5.0
+    w.apply(RetireReplica(reps[0].id))
+    w.apply(Migrate(reps[0].id, reps[1].id))
+    assert reps[0].id not in w.replicas
+    for r in reps[1:]:
+        r.sync(w.t)
+    tokens = {r.rid: _generated(rep, r) for rep in reps[1:] for r in list(rep.queue) + rep.running()}
+    total = len(tokens)
+    w.apply(LaunchReplica("p0", reps[0].devices, spread=True))
+    new = next(r for r in w.replicas.values() if r.pipeline == "p0" and r.id not in {x.id for x in reps})
+    held = list(new.queue) + new.running()
+    assert len(held) == total // 4
+    assert all(_generated(new, r) == tokens[r.rid] for r in held)  # tokens kept
+    assert any(tokens[r.rid] > 0 for r in held)  # running requests moved, not only queued ones
+    assert {r.rid for rep in w.replicas.values() if rep.pipeline == "p0" for r in list(rep.queue) + rep.running()} == set(tokens)
+    res = sim.run()
+    assert res["pipelines"]["p0"]["samples"] == 8 * 4
+    assert device_overlaps(w.trace) == []
+
+
+def test_a_spread_replica_absorbs_nothing():
+    with pytest.raises(SpecError, match="LaunchReplica.spread"):
+        LaunchReplica("p0", (0,), absorb=(1,), spread=True)

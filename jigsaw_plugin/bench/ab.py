@@ -16,7 +16,8 @@ __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "ru
 # --ablate flips one jigsaw mechanism from its default: these are on by default (switched off) ...
 ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_passes", "lend_to_critical",
              "reshard_in_place", "async_reserve", "critical_loans",
-             "bulk_width", "keep_critical_loans", "wait_for_home", "idle_spread")
+             "bulk_width", "keep_critical_loans", "wait_for_home", "idle_spread", "critical_spread",
+             "predicted_pace")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
 OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)

@@ -534,6 +534,25 @@ class ExecutorCore:
         off = int(smp.turn_offset[sample])
         return int(p.spec.max_response_len - smp.gen_tokens[off:off + turn].sum())
 
+    def _spread_into(self, p: PipelineRun, dst_id: int) -> None:
+        """``LaunchReplica(spread=True)``, in every executor: the new replica ``dst_id`` takes
+        requests from the most loaded of ``p``'s other replicas until it holds the average
+        load, queued ones first (nothing to recompute), then running ones with the fewest
+        tokens generated (the cheapest re-prefill), each moved by a ``Migrate`` (abort +
+        resume with the tokens it has). Read from the replicas' observable rows."""
+        live = [r for r in p.replicas if not r.retiring]
+        target = sum(r.load for r in live) // max(1, len(live))
+        have = next((r.load for r in live if r.id == dst_id), 0)
+        for src in sorted((r for r in live if r.id != dst_id), key=lambda r: -r.load):
+            want = min(src.load - target, target - have)
+            if want <= 0:
+                continue
+            # rows: (id, group, prompt_key, context, generated, max_tokens, in_flight_s, queued)
+            rows = sorted(src.request_rows(self.t), key=lambda row: (not row[7], row[4]))[:want]
+            if rows:
+                self._migrate(Migrate(src.id, dst_id, tuple(str(row[0].trajectory) for row in rows)))
+                have += len(rows)
+
     # ---- what subclasses provide ---------------------------------------------------------
     def _start_gen(self, d: StartGen) -> None:  # pragma: no cover - interface
         raise NotImplementedError

@@ -101,6 +101,8 @@ def refusal(caps: HostCapabilities, decision, live_replicas: int = 0, rollout_gr
     elif isinstance(decision, LaunchReplica):
         if decision.absorb and not caps.migration:
             return f"{caps.framework} cannot migrate requests (migration=false): LaunchReplica absorb={decision.absorb}"
+        if decision.spread and not caps.migration:
+            return f"{caps.framework} cannot migrate requests (migration=false): LaunchReplica spread=True"
         if rollout_granted and not caps.replicas_elastic:
             # the host took its servers when the rollout was granted: a later one would hold
             # devices it never uses

@@ -559,6 +559,8 @@ class HostExecutor(ExecutorCore):
         self.replicas[rid] = rep
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
+        if d.spread and server is not None:
+            self._spread_into(p, rid)
         for src in d.absorb:  # a re-shard: the absorbed replicas' requests move here, then they retire
             old = self.replicas.get(src)
             if old is not None and old.pipeline == p.name:

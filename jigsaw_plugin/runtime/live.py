@@ -318,6 +318,8 @@ class LiveExecutor(ExecutorCore):
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
         if d.rebalance:
             self._rebalance_into(p)
+        if d.spread:
+            self._spread_into(p, rid)
         for src in d.absorb:
             self._retire(self.replicas[src])
             self._migrate(Migrate(src, rid))

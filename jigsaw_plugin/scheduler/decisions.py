@@ -36,6 +36,10 @@ class LaunchReplica:
 
     ``rebalance``: take over requests still queued (not admitted, so nothing to recompute)
     at the pipeline's most loaded replicas until the new replica holds the average load.
+    ``spread``: as ``rebalance``, and running requests too where the queued ones do not
+    reach the average: each resumes here with the tokens it has (abort + resume, a
+    re-prefill), the fewest generated first (the cheapest to re-prefill): how a crowded
+    rollout spreads onto devices no one else wants.
     ``absorb``: replica ids whose requests all migrate to the new replica (abort + resume),
     after which they are retired: how a rollout tail is re-sharded onto a wider replica.
     ``colocate_with``: the id of another pipeline's rollout replica whose devices (exactly
@@ -50,8 +54,14 @@ class LaunchReplica:
     absorb: tuple = ()
     colocate_with: int | None = None
     kv_share: float = 0.0
+    spread: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.spread, bool):
+            raise SpecError("LaunchReplica.spread", self.spread, "true or false")
+        if self.spread and (self.absorb or self.colocate_with is not None):
+            raise SpecError("LaunchReplica.spread", self.spread,
+                            "false when the replica absorbs replicas or is co-located (it takes their requests)")
         if self.colocate_with is None:
             if self.kv_share != 0.0:
                 raise SpecError("LaunchReplica.kv_share", self.kv_share, "0.0 unless colocate_with is set")

@@ -77,6 +77,7 @@ from jigsaw_plugin.scheduler.estimates import (
 __all__ = ["JigsawConfig", "JigsawMemo", "Jigsaw"]
 
 _INF = float("inf")
+_UNSET = object()  # a figure of the round not computed yet
 # micro-batches a stage not yet started is assumed to run as (the simulator's default; a
 # running stage reports its own in ``RunningStageView``)
 _MICRO_BATCHES = 8
@@ -143,6 +144,20 @@ class JigsawConfig:
     # and a long context's KV reads make a smaller batch decode each token faster
     idle_spread: bool = True
     idle_spread_gain: float = 0.2
+    # a crowded rollout on the job set's critical path (its decode batch above the one below
+    # which halving it shortens a step by less than ``idle_spread_gain``) spreads onto devices
+    # no owner wants back before it drains: new replicas take running requests (re-prefilled)
+    # from the most loaded ones, when the drain they save beats ``min_gain`` x the weight
+    # load and re-prefill; a long context's KV reads make the smaller batch decode faster
+    critical_spread: bool = True
+    # before a pipeline's first step ends (no pace observed), it counts as critical for the
+    # critical-path rules (``lend_to_critical``, ``critical_loans``, ``keep_critical_loans``,
+    # early passes; and its finish is the latest ``_near_critical`` compares with) when its
+    # predicted finish (now plus its predicted completion) is past every other pipeline's
+    # projected finish by more than ``max_slack`` (off: none is critical before its first
+    # step ends, and a 72B critic update that started on 6 devices ran 9,800 s while 98 sat
+    # idle)
+    predicted_pace: bool = True
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
@@ -265,7 +280,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last", "rollout_cap", "bulk_tp")
+                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -281,6 +296,8 @@ class _Round:
         self.gone: set = set()  # replicas this round retires or empties: no request may move to them
         self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
         self.bulk_tp: dict[str, int] = {}  # pipeline -> the width its rollout replicas launch at
+        self.spread = _UNSET  # (pipeline, batch) critical_spread serves, or None; computed on first use
+        self.predicted_last = _UNSET  # the pipeline predicted to finish clearly last (predicted_pace), or None
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -404,6 +421,8 @@ class Jigsaw(Policy):
             if kind == "gen":
                 out.append(StartGen(p.name, p.gen_next))
             rnd.free.difference_update(d for g in groups for d in g)
+        if cfg.critical_spread:
+            self._spread_critical(rnd, out)
         if cfg.early_passes and state.early_passes and cfg.resize:
             self._early_passes(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
@@ -791,10 +810,13 @@ class Jigsaw(Policy):
             # may not stretch its generation at all (``idle_spread``)
             ends = _Ends(0.0 if self._last_left(state, p) else self._slack(rnd, p))
             widths = {r.tp for r in live}
+            # the pipeline critical_spread serves: no merge makes a replica it would spread
+            pick = self._spread_pick(rnd) if self.config.critical_spread else None
+            crowd = 2 * pick[1] if pick is not None and pick[0] is p else None
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
                     continue
-                move = self._price_move(state, p, src, live, ends, extra, used, widths)
+                move = self._price_move(state, p, src, live, ends, extra, used, widths, crowd)
                 if move is None:
                     continue
                 dst, end = move
@@ -825,7 +847,7 @@ class Jigsaw(Policy):
                     break
         return out
 
-    def _price_move(self, state, p, src, live, ends: _Ends, extra, used, widths):
+    def _price_move(self, state, p, src, live, ends: _Ends, extra, used, widths, crowd: int | None = None):
         """The sibling to move ``src``'s requests to and the move's projected end, or None.
         ``ends``: the pipeline's drains this round (moves made this round set theirs);
         ``widths``: the tensor-parallel widths of ``live``.
@@ -866,6 +888,8 @@ class Jigsaw(Policy):
             n = dst.running + extra.get(dst.id, 0)
             if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
                 continue
+            if crowd is not None and n + k >= crowd:
+                continue  # ``critical_spread`` would spread it again
             w = dst.tp
             prefill = prefill_of[w]
             # a step never gets faster with more sequences or KV (new >= old), so the move
@@ -1107,16 +1131,45 @@ class Jigsaw(Policy):
 
     def _paced_critical(self, rnd, p) -> bool:
         """``p`` is projected, at its observed pace, to finish within ``latency_slack`` of
-        the last of the pipelines: its chain is the job set's makespan."""
+        the last of the pipelines: its chain is the job set's makespan. Before its first
+        step ends (no pace), with ``predicted_pace``: ``p`` is the one pipeline predicted
+        to finish clearly last (``_predicted_last``)."""
         mine = self._paced_finish_t(p)
-        return mine is not None and mine >= (1 - self.config.latency_slack) * self._paced_last(rnd)
+        if mine is None:
+            return self._predicted_last(rnd) is p
+        return mine >= (1 - self.config.latency_slack) * self._paced_last(rnd)
+
+    def _predicted_last(self, rnd):
+        """With ``predicted_pace``: the pipeline with no pace observed yet whose predicted
+        finish (now plus ``_completion_s``) is past every other pipeline's projected finish
+        (paced, or predicted) by more than ``max_slack``, or None. Once a round."""
+        if rnd.predicted_last is not _UNSET:
+            return rnd.predicted_last
+        rnd.predicted_last = None
+        if not self.config.predicted_pace:
+            return None
+        left = [q for q in rnd.state.order if not q.done]
+        if not any(self._paced_finish_t(q) is None for q in left):
+            return None  # every pipeline has a pace: no prediction is read
+        t = rnd.state.t
+        finish = {q.name: (f if (f := self._paced_finish_t(q)) is not None else t + self._completion_s(rnd, q))
+                  for q in left}
+        top = max(left, key=lambda q: finish[q.name])
+        rest = max((f for name, f in finish.items() if name != top.name), default=0.0)
+        if self._paced_finish_t(top) is None and finish[top.name] > (1 + self.config.max_slack) * rest:
+            rnd.predicted_last = top
+        return rnd.predicted_last
 
     def _paced_last(self, rnd) -> float:
         """The latest projected finish of the pipelines at their observed paces (once a
-        round: _lendable asks for every free device's owner)."""
+        round: _lendable asks for every free device's owner), or the predicted finish of
+        the pipeline predicted to finish clearly last (``_predicted_last``)."""
         if rnd.paced_last is None:
             rnd.paced_last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None),
                                  default=0.0)
+            top = self._predicted_last(rnd)
+            if top is not None:
+                rnd.paced_last = max(rnd.paced_last, rnd.state.t + self._completion_s(rnd, top))
         return rnd.paced_last
 
     def _near_critical(self, rnd, p) -> bool:
@@ -1265,6 +1318,88 @@ class Jigsaw(Policy):
             return b
         decoding = lens.generated_tokens * cost.decode_step_s(p.model, tp, b, b * context)
         return math.ceil(b * (decoding + tools) / max(decoding, 1e-9))
+
+    def _spread_pick(self, rnd):
+        """(pipeline, batch) for ``critical_spread``: the generating pipeline furthest from
+        completing, if it sets the job set's makespan and no batch of it waits to be
+        trained, and the batch its replicas aim at (``_fast_batch`` at the context its
+        running requests hold); None otherwise. Once a round."""
+        if rnd.spread is not _UNSET:
+            return rnd.spread
+        rnd.spread = None
+        cfg = self.config
+        if not (cfg.critical_spread and cfg.migration and cfg.multiplex and self._borrows()):
+            return None
+        state = rnd.state
+        cands = [p for p in state.order if not p.done and p.generating and self._near_critical(rnd, p)]
+        if not cands:
+            return None
+        p = max(cands, key=lambda q: self._completion_s(rnd, q))
+        if self._completion_s(rnd, p) < self._critical_s(rnd) or self._rollout_cap(rnd, p) is not None:
+            return None  # another pipeline sets the makespan, or a batch of it waits to be trained
+        live = [r for r in p.replicas if not r.retiring]
+        running = sum(r.running for r in live)
+        if not running:
+            return None
+        tp = self._bulk_tp(rnd, p)
+        rnd.spread = (p, self._fast_batch(state, p, tp, sum(r.kv_tokens for r in live) / running))
+        return rnd.spread
+
+    def _spread_critical(self, rnd, out) -> None:
+        """``critical_spread``: the crowded rollout furthest from completing takes free
+        devices its home has and devices whose owners can spare them until it drains, as
+        new replicas that take running requests from the most loaded (``LaunchReplica``
+        with ``spread``). A replica is crowded at twice the batch a spread aims at, and the
+        tail consolidation merges none of the pipeline's replicas into a crowded one (no
+        spread and merge in turn)."""
+        if not rnd.free or not any(
+                not p.done and p.generating and any(not r.retiring for r in p.replicas) for p in rnd.state.order):
+            return
+        pick = self._spread_pick(rnd)
+        if pick is None:
+            return
+        p, batch = pick
+        state, cost, cfg = rnd.state, rnd.state.cost, self.config
+        if p.pending or self._in_tail(p):
+            return  # a tail is re-sharded wider instead (``_widen_tails``)
+        live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
+        if not live or max(r.running for r in live) < 2 * batch:
+            return
+        load = sum(r.load for r in live)
+        want = math.ceil(load / batch) - len(live)
+        if want <= 0:
+            return
+        last = max(live, key=lambda r: r.predicted_drain_s())
+        if last.running < 2 * batch:
+            return  # the replica that ends last is not crowded: a spread would not end it sooner
+        drain = last.predicted_drain_s()
+        tp = self._bulk_tp(rnd, p)
+        pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
+        pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
+        if self._cost_aware(state):  # the cheapest devices that keep the learner fed (activation.py)
+            held = [d for r in live for d in r.devices]
+            pool = [d for d in activate(state, p, [*held, *pool], tp).devices if d not in held]
+        groups = []
+        while len(groups) < want:
+            g = self._node_group(rnd, p, pool, tp)
+            if not g:
+                break
+            groups.append(g)
+            pool = [d for d in pool if d not in g]
+        if not groups:
+            return
+        running = sum(r.running for r in live)
+        ctx = sum(r.kv_tokens for r in live) / max(1, running)
+        per = max(1.0, load / (len(live) + len(groups)))
+        step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
+        step_new = cost.decode_step_s(p.model, last.tp, max(1, round(per)), per * ctx)
+        saved = drain * (1.0 - step_new / step_now)
+        price = cost.context_switch_s(p.model, tp, train_state=False) + cost.migration_s(p.model, tp, per * ctx)
+        if saved < cfg.min_gain * price:
+            return
+        for g in groups:
+            out.append(LaunchReplica(p.name, g, spread=True))
+            rnd.free.difference_update(g)
 
     def _home_returning(self, rnd, p, now: int, want: int) -> bool:
         """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,

@@ -190,6 +190,8 @@ class World(ExecutorCore):
             self._route_many(p, reqs)
         if d.rebalance:
             self._rebalance_into(p, rep)
+        if d.spread:
+            self._spread_into(p, rep.id)
         for src, moved in handed:
             self._move(p, src, rep, moved)
         for rid in d.absorb:
