@@ -506,3 +506,30 @@ def test_a_crowded_rollout_off_the_critical_path_does_not_spread():
     p1 = pipeline(1, range(4, 8), [lone], generating=True, gen_next=1, steps={0: step(0, samples=1)})
     out = get_policy("jigsaw").decide(_crowded_rollout(p1))
     assert not [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+
+
+def _first_step_gang_state(p0_steps):
+    """Both pipelines in their first step (no pace observed): p0's step 0 is ready to train
+    on its idle home (0-3), with ``p0_steps`` steps in its run; p1, a one-step run, decodes
+    a short tail on devices 4-5 and wants 6-7 back at once."""
+    ready = step(0, samples=32, done=32, rewarded=32, tokens=32 * 900)
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: ready}, spec=dataclasses.replace(SPECS[0], steps=p0_steps))
+    reps = [replica("p1", 1, (4,), generated=[100], predicted=[20]),
+            replica("p1", 2, (5,), generated=[100], predicted=[20])]
+    p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=32, done=30)},
+                  spec=dataclasses.replace(SPECS[1], steps=1))
+    return state([p0, p1], busy=_busy_with_replicas([p1]))
+
+
+def test_a_pipeline_predicted_to_finish_clearly_last_is_critical_from_its_first_step():
+    # p0 has 20 steps ahead, p1 is in its last one's tail: before any pace is observed, p0's
+    # predicted finish is far past p1's, so its gang takes the devices p1 wants back
+    # (lend_to_critical); without predicted_pace, or when p0's run is as short, no one is
+    # critical before a step ends and p0 keeps to its home
+    def gang(p0_steps, **opts):
+        out = get_policy("jigsaw", **opts).decide(_first_step_gang_state(p0_steps))
+        return [set(d.devices) for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+
+    assert gang(20) == [{0, 1, 2, 3, 6, 7}]
+    assert gang(20, predicted_pace=False) == [{0, 1, 2, 3}]
+    assert gang(1) == [{0, 1, 2, 3}]
