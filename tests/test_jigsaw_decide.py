@@ -283,8 +283,8 @@ def test_balance_gives_a_ready_stage_the_devices_of_a_pipeline_near_its_end():
     p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=last + 1, train_next=last, generating=True,
                   steps={last: step(last, done=31)})
     st = state([p0, p1], busy=_busy_with_replicas([p1]))
-    # predicted_pace off: p0 (no step finished) would be critical by its predicted
-    # completion, and lend_to_critical would give it p1's devices without balance
+    # predicted_pace off: p0 (no step finished) would be critical by its projected
+    # finish, and lend_to_critical would give it p1's devices without balance
     off = [d for d in get_policy("jigsaw", migration=False, balance=False, predicted_pace=False).decide(st)
            if isinstance(d, RunStage)]
     on = [d for d in get_policy("jigsaw", migration=False, balance=True, min_share=0.5, predicted_pace=False).decide(st)
@@ -475,12 +475,13 @@ def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
     assert [len(g) for g in gang(False)] == [8]
 
 
-def _crowded_rollout(p1):
+def _crowded_rollout(p1, p0_steps=None):
     # p0 decodes 2 x 128 requests 6K tokens into their responses on two devices; 4K more
     # tokens each are predicted: at that batch a step reads ~0.8M tokens of KV
     reps = [replica("p0", 1, (0,), [6000] * 128, [4000.0] * 128),
             replica("p0", 2, (1,), [6000] * 128, [4000.0] * 128)]
-    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=256)})
+    spec = SPECS[0] if p0_steps is None else dataclasses.replace(SPECS[0], steps=p0_steps)
+    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=256)}, spec=spec)
     busy = _busy_with_replicas([p0, p1])
     return state([p0, p1], busy=busy)
 
@@ -500,12 +501,16 @@ def test_the_critical_crowded_rollout_spreads_onto_devices_no_one_wants():
 
 
 def test_a_crowded_rollout_off_the_critical_path_does_not_spread():
-    # p1's one request has far more left to decode than p0's whole rollout: p1 sets the
-    # makespan, and p0's replicas keep their batch (the free devices are worth more to p1)
-    lone = replica("p1", 3, (4,), [100], [200000.0])
-    p1 = pipeline(1, range(4, 8), [lone], generating=True, gen_next=1, steps={0: step(0, samples=1)})
-    out = get_policy("jigsaw").decide(_crowded_rollout(p1))
+    # p1 has 20 steps ahead where p0 is in its last: p1 is projected to finish last, and
+    # p0's replicas keep their batch (the free devices are worth more to p1)
+    lone = replica("p1", 3, (4,), [100], [20.0])
+    p1 = pipeline(1, range(4, 8), [lone], generating=True, gen_next=1, steps={0: step(0, samples=1)},
+                  spec=dataclasses.replace(SPECS[1], steps=20))
+    out = get_policy("jigsaw").decide(_crowded_rollout(p1, p0_steps=1))
     assert not [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+    p1 = dataclasses.replace(p1, spec=dataclasses.replace(SPECS[1], steps=1))
+    out = get_policy("jigsaw").decide(_crowded_rollout(p1, p0_steps=20))  # swapped: p0 spreads
+    assert [d for d in out if isinstance(d, LaunchReplica) and d.spread]
 
 
 def _first_step_gang_state(p0_steps):
@@ -523,7 +528,7 @@ def _first_step_gang_state(p0_steps):
 
 def test_a_pipeline_predicted_to_finish_clearly_last_is_critical_from_its_first_step():
     # p0 has 20 steps ahead, p1 is in its last one's tail: before any pace is observed, p0's
-    # predicted finish is far past p1's, so its gang takes the devices p1 wants back
+    # finish projected from its observed lengths is far past p1's, so its gang takes the devices p1 wants back
     # (lend_to_critical); without predicted_pace, or when p0's run is as short, no one is
     # critical before a step ends and p0 keeps to its home
     def gang(p0_steps, **opts):

@@ -153,8 +153,8 @@ class JigsawConfig:
     # before a pipeline's first step ends (no pace observed), it counts as critical for the
     # critical-path rules (``lend_to_critical``, ``critical_loans``, ``keep_critical_loans``,
     # early passes; and its finish is the latest ``_near_critical`` compares with) when its
-    # predicted finish (now plus its predicted completion) is past every other pipeline's
-    # projected finish by more than ``max_slack`` (off: none is critical before its first
+    # finish projected from its observed lengths (``_projected_finish_t``) is past every
+    # other pipeline's by more than ``max_slack`` (off: none is critical before its first
     # step ends, and a 72B critic update that started on 6 devices ran 9,800 s while 98 sat
     # idle)
     predicted_pace: bool = True
@@ -280,7 +280,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last")
+                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last", "projected")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -297,7 +297,8 @@ class _Round:
         self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
         self.bulk_tp: dict[str, int] = {}  # pipeline -> the width its rollout replicas launch at
         self.spread = _UNSET  # (pipeline, batch) critical_spread serves, or None; computed on first use
-        self.predicted_last = _UNSET  # the pipeline predicted to finish clearly last (predicted_pace), or None
+        self.predicted_last = _UNSET  # the pipeline projected to finish clearly last (predicted_pace), or None
+        self.projected: dict[str, float] = {}  # pipeline -> projected finish, no prediction read
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -1132,7 +1133,7 @@ class Jigsaw(Policy):
     def _paced_critical(self, rnd, p) -> bool:
         """``p`` is projected, at its observed pace, to finish within ``latency_slack`` of
         the last of the pipelines: its chain is the job set's makespan. Before its first
-        step ends (no pace), with ``predicted_pace``: ``p`` is the one pipeline predicted
+        step ends (no pace), with ``predicted_pace``: ``p`` is the one pipeline projected
         to finish clearly last (``_predicted_last``)."""
         mine = self._paced_finish_t(p)
         if mine is None:
@@ -1140,9 +1141,9 @@ class Jigsaw(Policy):
         return mine >= (1 - self.config.latency_slack) * self._paced_last(rnd)
 
     def _predicted_last(self, rnd):
-        """With ``predicted_pace``: the pipeline with no pace observed yet whose predicted
-        finish (now plus ``_completion_s``) is past every other pipeline's projected finish
-        (paced, or predicted) by more than ``max_slack``, or None. Once a round."""
+        """With ``predicted_pace``: the pipeline with no pace observed yet whose projected
+        finish (``_projected_finish_t``) is past every other pipeline's by more than
+        ``max_slack``, or None. Once a round."""
         if rnd.predicted_last is not _UNSET:
             return rnd.predicted_last
         rnd.predicted_last = None
@@ -1150,26 +1151,45 @@ class Jigsaw(Policy):
             return None
         left = [q for q in rnd.state.order if not q.done]
         if not any(self._paced_finish_t(q) is None for q in left):
-            return None  # every pipeline has a pace: no prediction is read
-        t = rnd.state.t
-        finish = {q.name: (f if (f := self._paced_finish_t(q)) is not None else t + self._completion_s(rnd, q))
-                  for q in left}
-        top = max(left, key=lambda q: finish[q.name])
-        rest = max((f for name, f in finish.items() if name != top.name), default=0.0)
-        if self._paced_finish_t(top) is None and finish[top.name] > (1 + self.config.max_slack) * rest:
+            return None  # every pipeline has a pace
+        top = max(left, key=lambda q: self._projected_finish_t(rnd, q))
+        rest = max((self._projected_finish_t(rnd, q) for q in left if q is not top), default=0.0)
+        if self._paced_finish_t(top) is None and self._projected_finish_t(rnd, top) > (1 + self.config.max_slack) * rest:
             rnd.predicted_last = top
         return rnd.predicted_last
 
+    def _projected_finish_t(self, rnd, p) -> float:
+        """When ``p`` is projected to finish its run: at its observed pace
+        (``_paced_finish_t``); before its first step ends, now plus the rest of its step and
+        its later steps at the rate its observed lengths give on its static share
+        (``gen_estimate_s``, ``train_estimate_s``; the step's rest is its projected length
+        less the time since its generation started). No length prediction is read: every
+        round asks for every pipeline's. Once a round a pipeline."""
+        got = rnd.projected.get(p.name)
+        if got is not None:
+            return got
+        got = self._paced_finish_t(p)
+        if got is None:
+            t, cost, share, stats = rnd.state.t, rnd.state.cost, max(1, len(p.static_devices)), observed_stats(p)
+            gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
+            per_step = max(gen, train) if p.spec.mode == "async" else gen + train
+            s = p.steps.get(p.train_next)
+            since = t - s.gen_start_t if s is not None else 0.0
+            later = max(0, p.total_steps - p.train_next - 1)
+            got = t + max(train, per_step - since) + later * per_step
+        rnd.projected[p.name] = got
+        return got
+
     def _paced_last(self, rnd) -> float:
         """The latest projected finish of the pipelines at their observed paces (once a
-        round: _lendable asks for every free device's owner), or the predicted finish of
-        the pipeline predicted to finish clearly last (``_predicted_last``)."""
+        round: _lendable asks for every free device's owner), or the projected finish of
+        the pipeline projected to finish clearly last (``_predicted_last``)."""
         if rnd.paced_last is None:
             rnd.paced_last = max((f for q in rnd.state.order if (f := self._paced_finish_t(q)) is not None),
                                  default=0.0)
             top = self._predicted_last(rnd)
             if top is not None:
-                rnd.paced_last = max(rnd.paced_last, rnd.state.t + self._completion_s(rnd, top))
+                rnd.paced_last = max(rnd.paced_last, self._projected_finish_t(rnd, top))
         return rnd.paced_last
 
     def _near_critical(self, rnd, p) -> bool:
@@ -1320,8 +1340,9 @@ class Jigsaw(Policy):
         return math.ceil(b * (decoding + tools) / max(decoding, 1e-9))
 
     def _spread_pick(self, rnd):
-        """(pipeline, batch) for ``critical_spread``: the generating pipeline furthest from
-        completing, if it sets the job set's makespan and no batch of it waits to be
+        """(pipeline, batch) for ``critical_spread``: the pipeline projected to finish last
+        (``_projected_finish_t``: at its observed pace, or from its observed lengths; no
+        length prediction is read), if it is generating and no batch of it waits to be
         trained, and the batch its replicas aim at (``_fast_batch`` at the context its
         running requests hold); None otherwise. Once a round."""
         if rnd.spread is not _UNSET:
@@ -1331,12 +1352,12 @@ class Jigsaw(Policy):
         if not (cfg.critical_spread and cfg.migration and cfg.multiplex and self._borrows()):
             return None
         state = rnd.state
-        cands = [p for p in state.order if not p.done and p.generating and self._near_critical(rnd, p)]
-        if not cands:
+        left = [q for q in state.order if not q.done]
+        if not left:
             return None
-        p = max(cands, key=lambda q: self._completion_s(rnd, q))
-        if self._completion_s(rnd, p) < self._critical_s(rnd) or self._rollout_cap(rnd, p) is not None:
-            return None  # another pipeline sets the makespan, or a batch of it waits to be trained
+        p = max(left, key=lambda q: self._projected_finish_t(rnd, q))
+        if not p.generating or self._rollout_cap(rnd, p) is not None:
+            return None  # its rollout is not what sets the makespan now, or a batch of it waits to be trained
         live = [r for r in p.replicas if not r.retiring]
         running = sum(r.running for r in live)
         if not running:
