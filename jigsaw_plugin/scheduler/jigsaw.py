@@ -1397,16 +1397,7 @@ class Jigsaw(Policy):
         tp = self._bulk_tp(rnd, p)
         pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
         pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
-        if self._cost_aware(state):  # the cheapest devices that keep the learner fed (activation.py)
-            held = [d for r in live for d in r.devices]
-            pool = [d for d in activate(state, p, [*held, *pool], tp).devices if d not in held]
-        groups = []
-        while len(groups) < want:
-            g = self._node_group(rnd, p, pool, tp)
-            if not g:
-                break
-            groups.append(g)
-            pool = [d for d in pool if d not in g]
+        groups = self._take_groups(rnd, p, pool, [d for r in live for d in r.devices], tp, [], want)
         if not groups:
             return
         running = sum(r.running for r in live)
@@ -1568,12 +1559,19 @@ class Jigsaw(Policy):
                 duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
             taken = {d for g in groups for d in g}
             pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
-            if self._cost_aware(state):
-                pool = [d for d in activate(state, p, [*taken, *pool], tp).devices if d not in taken]
-            while len(groups) < want:
-                g = self._node_group(rnd, p, pool, tp)
-                if not g:
-                    break
-                groups.append(g)
-                pool = [d for d in pool if d not in g]
+            groups = self._take_groups(rnd, p, pool, taken, tp, groups, want)
+        return groups
+
+    def _take_groups(self, rnd, p, pool: list, held, tp: int, groups: list, want: int) -> list:
+        """``groups`` and more ``tp``-wide groups of ``pool``, each on one node, up to
+        ``want``; on a cost-aware pool only the devices activation picks beside the ``held``
+        ones (the cheapest that keep the learner fed, activation.py)."""
+        if self._cost_aware(rnd.state):
+            pool = [d for d in activate(rnd.state, p, [*held, *pool], tp).devices if d not in held]
+        while len(groups) < want:
+            g = self._node_group(rnd, p, pool, tp)
+            if not g:
+                break
+            groups.append(g)
+            pool = [d for d in pool if d not in g]
         return groups
