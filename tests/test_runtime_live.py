@@ -88,3 +88,39 @@ def test_a_live_run_measures_its_tool_calls_from_call_to_return():
     mean = sum(drawn) / len(drawn)
     # wall-clock sleeps at 1/50 of workload time: late by scheduling jitter, never early
     assert mean - 1e-3 <= seen.tool_mean_s() <= mean + 0.5
+
+
+def test_a_spread_replica_takes_live_requests_and_loses_none():
+    # LaunchReplica(spread=True) on live engines: once a replica decodes several requests
+    # and a device is free, a new replica there takes requests from the most loaded by
+    # migration (abort + resume); every sample still finishes exactly once
+    from jigsaw_plugin.scheduler import LaunchReplica, RunStage
+    from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+
+    class SpreadOnce(Jigsaw):
+        def __init__(self):
+            super().__init__(critical_spread=False, migration=False)  # no move but the spread's
+            self.spread = []
+
+        def decide(self, state):
+            out = super().decide(state)
+            if self.spread:
+                return out
+            taken = {d for x in out if isinstance(x, (LaunchReplica, RunStage)) for d in x.devices}
+            free = sorted(d for d in state.free if d not in taken)
+            for p in state.order:
+                crowded = [r for r in p.replicas if not r.retiring and r.load >= 4 and r.tp == 1]
+                if p.generating and crowded and free:
+                    self.spread.append(LaunchReplica(p.name, (free[0],), spread=True))
+                    return out + self.spread
+            return out
+
+    wl = small_workload(gpus=8, pipelines=2, prompts=4, samples=4, steps=2, median=400)
+    log = HookLog()
+    pol = SpreadOnce()
+    r = run_live(wl, pol, factory, time_scale=0.02, hooks=log, record_requests=True)
+    assert pol.spread  # the decision was made ...
+    assert sum(p["migrations"] for p in r["pipelines"].values()) > 0  # ... and moved requests
+    assert r["samples"] == 2 * 2 * 16
+    finished = [(e["request_id"], e["turn"]) for e in log.by("jigsaw_request_finished")]
+    assert len(finished) == len(set(finished))
