@@ -252,3 +252,50 @@ def test_the_jigsaw_policy_moves_nothing_until_the_steps_requests_are_all_submit
     assert issued and {r["src_server"] for r in issued} | {r["dst_server"] for r in issued} == {a, b}
     moved = {r["request_id"] for r in issued}
     assert len(moved) == len(issued) == 2 and len(rows(ex)) == 4  # each request once, none lost
+
+
+@register_policy("test-spread-once")
+class _SpreadOnce(Policy):
+    """A replica on the lowest free device opens the rollout; once a replica shows four
+    requests (the host's rows) and a device is free, a replica launched there with ``spread`` takes its
+    share of them (test policy)."""
+
+    name = "test-spread-once"
+    spread: list = []
+
+    def decide(self, state):
+        free, out = sorted(state.free), []
+        for p in state.order:
+            live = [r for r in p.replicas if not r.retiring]
+            if p.gen_next == p.train_next < p.total_steps and not p.replicas and free:
+                out += [LaunchReplica(p.name, (free[0],)), StartGen(p.name, p.gen_next)]
+                free = free[1:]
+            elif p.generating and any(len(r.requests) >= 4 for r in live) and free and not type(self).spread:
+                type(self).spread = [LaunchReplica(p.name, (free[0],), spread=True)]
+                out += type(self).spread
+        return out
+
+
+def test_a_spread_replica_takes_half_the_requests_by_host_migration():
+    # all four requests on the first server; the host's next server opens on a free
+    # device, and the new replica takes requests from the loaded one until it holds the
+    # average (4 over 2 replicas: 2): two HostMigration commands from the first server to it
+    _SpreadOnce.spread = []
+    servers = SERVERS + ("10.0.0.1:8002",)
+    host = HostPipeline("m", "tiny-qwen2", "grpo", 2, 2, 32, 16, 1, 2,
+                        HostCapabilities("verl", rollout_replicas=3, migration=True, replicas_elastic=True,
+                                         training_width=2), servers=servers)
+    ex = HostExecutor(3, host, get_policy("test-spread-once"))
+    tk = ex.want("m", 0, "gen")
+    ex.round()
+    assert tk.granted == (0,)
+    a = ex.pipelines["m"].replicas[0].server
+    feed(ex, *(submitted(f"q{i}", a) for i in range(4)))
+    assert _SpreadOnce.spread and ex.refusals == []
+    cmds = ex.take_migrations("m")
+    new = [r for r in ex.pipelines["m"].replicas if r.devices == (1,)]
+    assert len(new) == 1 and new[0].server != a
+    assert [(c.src_server, c.dst_server) for c in cmds] == [(a, new[0].server)] * 2
+    shown = rows(ex)
+    assert len(shown) == 4  # nothing lost or shown twice
+    assert [v[0] for v in shown.values()].count(new[0].server) == 2  # shown on the new replica, to resume
