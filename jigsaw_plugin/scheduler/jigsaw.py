@@ -1349,7 +1349,7 @@ class Jigsaw(Policy):
             return rnd.spread
         rnd.spread = None
         cfg = self.config
-        if not (cfg.critical_spread and cfg.migration and cfg.multiplex and self._borrows()):
+        if not (cfg.critical_spread and cfg.migration and self._borrows()):  # borrowing needs multiplex
             return None
         state = rnd.state
         left = [q for q in state.order if not q.done]
@@ -1390,10 +1390,9 @@ class Jigsaw(Policy):
         want = math.ceil(load / batch) - len(live)
         if want <= 0:
             return
-        last = max(live, key=lambda r: r.predicted_drain_s())
+        drain, last = max(((r.predicted_drain_s(), r) for r in live), key=lambda x: x[0])
         if last.running < 2 * batch:
             return  # the replica that ends last is not crowded: a spread would not end it sooner
-        drain = last.predicted_drain_s()
         tp = self._bulk_tp(rnd, p)
         pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
         pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
