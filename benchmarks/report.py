@@ -199,7 +199,10 @@ the synthetic mixes, where it is measured; the bundled workloads barely reach th
 (on: new replicas on devices no owner wants back before it drains take running requests
 from the most loaded, when the drain saved pays for the weight load and re-prefill);
 "no predicted_pace" treats no pipeline as critical before its first step ends (on: its
-projected finish is now plus its predicted completion); "with loans" switches on micro-batch
+projected finish is now plus its predicted completion); "no fastest_width" lets a ready
+stage take every free device it may (on: no more than its fastest width, where a wider
+gang's parameter all-gathers, over the node NICs past one node, would make it end later);
+"with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish

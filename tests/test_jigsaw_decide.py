@@ -454,25 +454,38 @@ def test_the_last_pipeline_spreads_its_rollout_over_the_devices_left_idle():
     assert launched(False) == 4
 
 
-def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
+def _ready_stage_gang(p1_done, **opts):
+    """The gang p0's ready forward pass (32 trajectories of 900 tokens) gets on 8 free
+    devices on nodes of 4, while p1 runs (``p1_done`` False) or after it finished."""
+    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = dataclasses.replace(pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)}), done=p1_done)
+    st = dataclasses.replace(state([p0, p1]), gpus_per_node=4, cost=cost)
+    out = get_policy("jigsaw", migration=False, **opts).decide(st)
+    return [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+
+
+def test_a_gang_takes_no_more_devices_than_its_fastest_width():
     # on nodes of 4 a gang of 8 moves its all-gathers over the node NICs: over a few
-    # thousand tokens one node's 4 devices finish the pass sooner than all 8, so the run's
-    # last pipeline (idle_spread) takes 4 on one node; while another pipeline runs, or with
-    # the rule off, a ready stage takes every free device as before
+    # thousand tokens one node's 4 devices finish the pass sooner than all 8, so a ready
+    # stage takes 4 on one node (fastest_width), while another pipeline runs as well as
+    # for the run's last one; with the rule off it takes every free device
     cost = CostModel.for_nodes(hardware_profile("h100"), 4)
     assert cost.forward_s(MODEL, 4, 32 * 900) < cost.forward_s(MODEL, 8, 32 * 900)
+    for p1_done in (False, True):
+        got = _ready_stage_gang(p1_done, idle_spread=False)
+        assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
+        assert [len(g) for g in _ready_stage_gang(p1_done, idle_spread=False, fastest_width=False)] == [8]
 
-    def gang(p1_done, **opts):
-        p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
-        p1 = dataclasses.replace(pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)}), done=p1_done)
-        st = dataclasses.replace(state([p0, p1]), gpus_per_node=4, cost=cost)
-        out = get_policy("jigsaw", migration=False, **opts).decide(st)
-        return [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
 
-    got = gang(True)
+def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
+    # idle_spread on its own (fastest_width off): the run's last pipeline takes the
+    # narrowest gang that ends as soon as all 8 would, 4 on one node; while another
+    # pipeline runs, or with the rule off, a ready stage takes every free device
+    got = _ready_stage_gang(True, fastest_width=False)
     assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
-    assert [len(g) for g in gang(True, idle_spread=False)] == [8]
-    assert [len(g) for g in gang(False)] == [8]
+    assert [len(g) for g in _ready_stage_gang(True, idle_spread=False, fastest_width=False)] == [8]
+    assert [len(g) for g in _ready_stage_gang(False, fastest_width=False)] == [8]
 
 
 def _crowded_rollout(p1, p0_steps=None):

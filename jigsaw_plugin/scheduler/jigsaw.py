@@ -81,6 +81,7 @@ _UNSET = object()  # a figure of the round not computed yet
 # micro-batches a stage not yet started is assumed to run as (the simulator's default; a
 # running stage reports its own in ``RunningStageView``)
 _MICRO_BATCHES = 8
+_GANG_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the gang widths a narrower gang is chosen from
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,14 @@ class JigsawConfig:
     # step ends, and a 72B critic update that started on 6 devices ran 9,800 s while 98 sat
     # idle)
     predicted_pace: bool = True
+    # a training gang takes no more devices than its fastest width: past it the pass is
+    # bound by parameter all-gathers (over the node NICs once it outgrows a node) and a
+    # wider gang only ends later (off: every free device it may take). Measured: synthetic
+    # mixes -3.7% makespan geomean (23 of 60 faster, none slower), trace/search_r1_async
+    # -12.7%: its last pipeline's 32B update ran on 4 devices (52 s), the narrowest gang
+    # no slower than all 16 over two nodes (62 s), where one node's 8 take 27 s
+    # (docs/simulator.md)
+    fastest_width: bool = True
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
@@ -765,7 +774,7 @@ class Jigsaw(Policy):
         own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
         lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
         devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
-        return tuple(self._affinity(rnd, p, devs, "train"))
+        return self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))
 
     def _on_trainer_site(self, state, devices: list) -> list:
         """``devices`` a training stage may take: those on the trainer's site where the pool
@@ -1249,7 +1258,7 @@ class Jigsaw(Policy):
             g = len(now) + i
             if g == 0:
                 continue
-            whole = self._stage_s(state, p, stage, g)
+            whole = self._gang_s(state, p, stage, g)
             end = wait + whole
             if loans and i == 0:
                 first = self._micro_batch_s(state, p, stage, g)
@@ -1260,24 +1269,50 @@ class Jigsaw(Policy):
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
+        narrow = self._no_slower_gang(rnd, p, stage, now)
+        if narrow:
+            return narrow
         if self.config.idle_spread and all(o.done for o in state.order if o is not p):
             narrow = self._fastest_gang(rnd, p, stage, now, best[0])
             if narrow:
                 return narrow
         return tuple(self._affinity(rnd, p, now, "train"))
 
+    def _no_slower_gang(self, rnd, p, stage, devices: list) -> tuple:
+        """``fastest_width``: the narrowest gang of the fastest width below ``len(devices)``
+        when every one of ``devices`` would make the pass slower (few tokens a device leave
+        it bound by parameter all-gathers, over the node NICs once it outgrows a node); ()
+        when all of them are the fastest."""
+        if not self.config.fastest_width or len(devices) < 2:
+            return ()
+        state = rnd.state
+        full = self._stage_s(state, p, stage, len(devices))
+        fastest = self._gang_s(state, p, stage, len(devices))
+        if fastest >= full * (1 - 1e-9):
+            return ()
+        return self._fastest_gang(rnd, p, stage, devices, fastest)
+
+    def _gang_s(self, state, p, stage, g: int) -> float:
+        """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
+        gang they hold (``_GANG_WIDTHS`` below ``g``)."""
+        whole = self._stage_s(state, p, stage, g)
+        if not self.config.fastest_width:
+            return whole
+        return min([whole] + [self._stage_s(state, p, stage, w) for w in _GANG_WIDTHS if w < g])
+
     def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:
-        """For the run's last pipeline (``idle_spread``): the narrowest gang of fewer than
-        ``now`` devices that ends no later than ``end`` (the look-ahead's best with all of
-        them), on one node where it fits; () if none. A gang's time is not monotone in its
+        """The narrowest gang of fewer than ``now`` devices that ends no later than ``end``,
+        on one node where it fits; () if none: for ``fastest_width`` (``end`` the fastest
+        width's time) and for the run's last pipeline (``idle_spread``: ``end`` the
+        look-ahead's best with all of them). A gang's time is not monotone in its
         width: few tokens a device leave a pass bound by its parameter all-gathers, which
         cross the node NICs once the gang outgrows a node (a 14B update over 64K tokens: 4.7 s
-        on one 4-device node, 29 s on 16 devices over four). Only the last pipeline: while
-        others run, a narrower gang changes who gets which devices when, and measured
-        chaotic (docs/simulator.md)."""
+        on one 4-device node, 29 s on 16 devices over four). The narrowest gang that merely
+        matches the whole width's end is for the last pipeline only: while others run, such
+        a gang changes who gets which devices when, and measured chaotic (docs/simulator.md)."""
         state = rnd.state
         gpn = max(1, state.gpus_per_node)
-        for g in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for g in _GANG_WIDTHS:
             if g >= len(now):
                 return ()
             if self._stage_s(state, p, stage, g) <= end + 1e-9:
