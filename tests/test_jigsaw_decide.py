@@ -478,6 +478,26 @@ def test_a_gang_takes_no_more_devices_than_its_fastest_width():
         assert [len(g) for g in _ready_stage_gang(p1_done, idle_spread=False, fastest_width=False)] == [8]
 
 
+def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
+    # p0's update over 32 x 900 tokens, paused by a reclaim, resumes with its 8-device home
+    # free on nodes of 4: one node's 4 end the pass sooner than all 8 (fastest_width)
+    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    assert cost.train_s(MODEL, 4, 32 * 900) < cost.train_s(MODEL, 8, 32 * 900)
+    rs = RunningStageView(0, "update_actor", (), None, 6, 8, float("inf"), True)
+    p0 = pipeline(0, range(8), gen_next=1, stage_next=3, stage_running=True, running_stage=rs,
+                  steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    st = dataclasses.replace(state([p0, p1]), gpus_per_node=4, cost=cost)
+
+    def resumed(**opts):
+        out = get_policy("jigsaw", migration=False, **opts).decide(st)
+        return [d.devices for d in out if isinstance(d, ResizeStage) and d.pipeline == "p0"]
+
+    got = resumed()
+    assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
+    assert [len(g) for g in resumed(fastest_width=False)] == [8]
+
+
 def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
     # idle_spread on its own (fastest_width off): the run's last pipeline takes the
     # narrowest gang that ends as soon as all 8 would, 4 on one node; while another
