@@ -116,6 +116,19 @@ def test_consolidates_a_tail_replica_onto_a_sibling():
     assert Migrate(1, 2) in out and RetireReplica(1) in out
 
 
+def test_replicas_at_their_steps_start_are_not_merged_as_tails():
+    # two replicas of 16 requests each, none decoded yet, 8K tokens predicted each: under
+    # tail_requests, but merging them doubles the KV every step reads as it grows by 16 x
+    # 8K tokens, so the merged replica would end long after either (the steps are priced
+    # at the KV halfway through the predicted work, not at the prompts' KV now)
+    reps = [replica("p0", 1, (0,), generated=[0] * 16, predicted=[8000] * 16),
+            replica("p0", 2, (1,), generated=[0] * 16, predicted=[8000] * 16)]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=32)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    out = get_policy("jigsaw", resize=False).decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    assert not [d for d in out if isinstance(d, (Migrate, RetireReplica))]
+
+
 def test_widens_a_long_tail_onto_free_home_devices():
     reps = [replica("p0", 1, (0,), generated=[3000], predicted=[20000])]
     p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=31)})

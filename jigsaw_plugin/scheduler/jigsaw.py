@@ -881,7 +881,7 @@ class Jigsaw(Policy):
                 pays = True
         if not pays:
             return None
-        src_left = bound = top = None
+        src_left = bound = top = src_work = None
         # the slowest a destination's step can be after the move is at least the step of
         # the tail's own batch and KV alone on its width (a step never gets faster with
         # more sequences or KV), and its longest request runs at least the tail's longest:
@@ -922,11 +922,17 @@ class Jigsaw(Policy):
             others = next((e for i, e in top if i not in (src.id, dst.id)), 0.0)
             if max(prefill + max(src_left, dst_left) * floor, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack (end >= this)
-            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + ctx)
+            # each step priced at the KV its requests hold halfway through their predicted
+            # work, not now: early in a long step the KV grows many times over, and
+            # merged replicas read twice the growth each step
+            if src_work is None:
+                src_work = src.predicted_work_tokens
+            dst_work = dst.predicted_work_tokens
+            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + ctx + (src_work + dst_work) / 2)
             end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
-            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens)
+            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens + dst_work / 2)
             move_dev_s = (prefill + (new - old) * dst_left) * w
             if src_dev_s < cfg.min_gain * move_dev_s:
                 continue
