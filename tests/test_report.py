@@ -252,6 +252,18 @@ def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_
     assert (run / "throughput.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_the_readme_lists_every_mechanism_ablate_accepts():
+    # the README's `jigsaw bench ... [--ablate a|b|...]` line is where users find the switches
+    import re
+
+    from jigsaw_plugin.bench.ab import ABLATIONS, OFF_BY_DEFAULT
+    from jigsaw_plugin.scheduler.jigsaw import JigsawConfig
+
+    listed = re.search(r"\[--ablate ([a-z_|]+)\]", (ROOT / "README.md").read_text()).group(1).split("|")
+    assert sorted(listed) == sorted(ABLATIONS + OFF_BY_DEFAULT)
+    assert all(hasattr(JigsawConfig(), name) for name in listed)
+
+
 def test_ablate_flips_each_mechanism_from_its_default():
     from jigsaw_plugin.bench.ab import ablation_options
     from jigsaw_plugin.errors import SpecError
