@@ -543,12 +543,17 @@ class Jigsaw(Policy):
         if p.done:
             rnd.completion[p.name] = 0.0
             return 0.0
-        cost, share, stats = rnd.state.cost, max(1, len(p.static_devices)), observed_stats(p)
-        gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
-        per_step = max(gen, train) if p.spec.mode == "async" else gen + train
+        _, per_step = self._step_on_share_s(rnd.state, p)
         later = max(0, p.total_steps - p.train_next - 1)
         rnd.completion[p.name] = got = self._remaining_s(rnd.state, p) + later * per_step
         return got
+
+    def _step_on_share_s(self, state, p) -> tuple[float, float]:
+        """(training, whole step) seconds of one step of ``p`` on its static share at its
+        observed lengths: an asynchronous step overlaps its generation with training."""
+        cost, share, stats = state.cost, max(1, len(p.static_devices)), observed_stats(p)
+        gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
+        return train, (max(gen, train) if p.spec.mode == "async" else gen + train)
 
     def _critical_s(self, rnd) -> float:
         """The job set's projected completion: the furthest of its pipelines'."""
@@ -1185,9 +1190,8 @@ class Jigsaw(Policy):
             return got
         got = self._paced_finish_t(p)
         if got is None:
-            t, cost, share, stats = rnd.state.t, rnd.state.cost, max(1, len(p.static_devices)), observed_stats(p)
-            gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
-            per_step = max(gen, train) if p.spec.mode == "async" else gen + train
+            t = rnd.state.t
+            train, per_step = self._step_on_share_s(rnd.state, p)
             s = p.steps.get(p.train_next)
             since = t - s.gen_start_t if s is not None else 0.0
             later = max(0, p.total_steps - p.train_next - 1)
