@@ -67,6 +67,20 @@ def _large(model: str) -> bool:
     return any(tag in model for tag in ("14b", "32b"))
 
 
+def _fit_training(spec: dict) -> dict:
+    """Double a pipeline's share until it holds its training state (``CostModel.min_gang``:
+    the simulator refuses a share that does not); the pool grows by what was added."""
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
+
+    cost = CostModel.for_nodes(hardware_profile(spec["cluster"]["gpu"]), spec["cluster"]["gpus_per_node"])
+    for p in spec["pipelines"]:
+        need = cost.min_gang(model_profile(p["model"]), update=True)
+        while p["gpus"] < need:
+            spec["cluster"]["gpus"] += p["gpus"]
+            p["gpus"] *= 2
+    return spec
+
+
 def mixes(seed: int, n: int) -> list[tuple[str, dict]]:
     """``n`` job mixes drawn with ``seed``: (name, workload spec)."""
     rng = np.random.default_rng(seed)
@@ -91,7 +105,7 @@ def mixes(seed: int, n: int) -> list[tuple[str, dict]]:
         gpu = str(rng.choice(["h100", "h100", "h20"]))
         spec = {"version": 1, "cluster": {"gpus": gpus + (-gpus % 8), "gpu": gpu, "gpus_per_node": 8},
                 "pipelines": pipes}
-        out.append((f"m{i}", spec))
+        out.append((f"m{i}", _fit_training(spec)))
     return out
 
 
@@ -144,7 +158,7 @@ def synthetic_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
         pipes[0]["gpus"] += -total % gpn  # whole nodes
         spec = {"version": 1, "cluster": {"gpus": total + (-total % gpn), "gpu": str(rng.choice(["h100", "h20", "a100"])),
                                           "gpus_per_node": gpn}, "pipelines": pipes}
-        out.append((f"s{seed + i}", spec))
+        out.append((f"s{seed + i}", _fit_training(spec)))
     return out
 
 
@@ -237,6 +251,14 @@ def section(data: dict, load_before: str, load_after: str) -> str:
                and r["makespan_s"] < by[r["mix"]]["jigsaw"]["makespan_s"]]
     lost += (" No on-policy baseline finished a mix first." if not on_lost else
              f" On-policy baselines finished first on {len(on_lost)} (mix, policy) pairs.")
+    refused = {}
+    for r in data["runs"]:
+        if "error" in r:
+            refused.setdefault(r["policy"], []).append(r["mix"])
+    if refused:
+        lost += (" n/a: the policy refused the mix before running it (a share too small for its rollout and "
+                 "a trainer that holds the training state, `CostModel.min_gang`): " +
+                 "; ".join(f"{p} {len(m)}" for p, m in refused.items()) + ".")
     pairs = [(by[m]["rollmux"]["makespan_s"], by[m]["verl-sync"]["makespan_s"]) for m in data["mixes"]
              if "makespan_s" in by[m]["rollmux"]]
     if pairs:

@@ -584,3 +584,27 @@ def test_a_pipeline_predicted_to_finish_clearly_last_is_critical_from_its_first_
     assert gang(20) == [{0, 1, 2, 3, 6, 7}]
     assert gang(20, predicted_pace=False) == [{0, 1, 2, 3}]
     assert gang(1) == [{0, 1, 2, 3}]
+
+
+def test_a_training_gang_never_takes_fewer_devices_than_hold_its_state():
+    # a 7B update's training state (16 bytes a parameter, 122 GB) needs two 80 GB devices
+    assert COST.min_gang(MODEL, update=True) == 2 and COST.min_gang(MODEL, update=False) == 1
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
+                  steps={1: step(1, done=32, rewarded=32)})
+
+    def ready(free):
+        p0 = pipeline(0, range(4), gen_next=1, stage_next=3, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+        busy = {d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}
+        busy.update({d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4) if d not in free})
+        return state([p0, p1], busy=busy)
+
+    gang = lambda out: [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    for lookahead in (True, False):
+        assert gang(get_policy("jigsaw", lookahead=lookahead).decide(ready({0}))) == []
+        assert gang(get_policy("jigsaw", lookahead=lookahead).decide(ready({0, 1}))) == [(0, 1)]
+    # a reclaim that would leave a running update one device pauses it instead
+    p0 = _update_actor_running((0, 4))
+    p1 = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in (0, 4)}
+    out = get_policy("jigsaw", loans=True).decide(state([p0, p1], busy=busy))
+    assert ResizeStage("p0", 0, "update_actor", ()) in out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jigsaw_plugin import workload as workload_mod
-from jigsaw_plugin.costmodel import CostModel, hardware_profile
+from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.hookspecs import hookimpl
 from jigsaw_plugin.manager import get_plugin_manager, register
 from jigsaw_plugin.runtime.emulated import EmulatedEngine
@@ -178,8 +178,9 @@ class _ResizeOnce:
 def test_a_stage_resizes_and_pauses_at_micro_batch_boundaries():
     from jigsaw_plugin.scheduler import ResizeStage
 
+    # a compute-bound update whose training state fits on one device (a 7B's does not)
     wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=8, steps=1, median=2000, algorithms=("grpo",),
-                        models=("qwen2.5-7b",), agentic=(False,))  # compute-bound update: width matters
+                        models=("qwen2.5-3b",), agentic=(False,))
     base = Simulation(wl, get_policy("verl-sync")).run()["pipelines"]["p0"]["stage_s"]["update_actor"]
     pm = get_plugin_manager(load_entrypoints=False)
     spy = _ResizeOnce([(0,)])
@@ -197,6 +198,36 @@ def test_a_stage_resizes_and_pauses_at_micro_batch_boundaries():
     with pytest.raises(Exception, match="stalled"):  # paused and never resumed: the run cannot finish
         Simulation(wl, get_policy("verl-sync"), pm=pm).run()
     assert ResizeStage("p0", 0, "update_actor", ()).devices == ()
+
+
+def test_a_training_pass_on_fewer_devices_than_hold_its_state_is_refused():
+    from jigsaw_plugin.core.executor import PolicyViolation
+    from jigsaw_plugin.errors import SpecError
+
+    # a 7B's training state (16 bytes a parameter: 122 GB) needs two 80 GB devices
+    wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=8, steps=1, median=2000, algorithms=("grpo",),
+                        models=("qwen2.5-7b",), agentic=(False,))
+    pm = get_plugin_manager(load_entrypoints=False)
+    register(pm, _ResizeOnce([(0,)]), "resize")
+    with pytest.raises(PolicyViolation, match=r"ResizeStage.devices: 1 devices .* allowed: at least 2 devices"):
+        Simulation(wl, get_policy("verl-sync"), pm=pm).run()
+    # its log-prob pass holds the bf16 weights only: one device is enough
+    assert CostModel(hardware_profile("h100")).min_gang(model_profile("qwen2.5-7b"), update=False) == 1
+    # a share that cannot hold the training state is refused before the run
+    with pytest.raises(SpecError, match=r"pipelines\[0\].gpus.*at least 17 h100 devices"):
+        Simulation(small_workload(gpus=16, pipelines=1, prompts=4, samples=4, steps=1, median=500,
+                                  models=("qwen2.5-72b",), agentic=(False,)), get_policy("verl-sync"))
+    # a 32B on 8 devices trains colocated (its state fills 8), but not beside its own rollout
+    wl = small_workload(gpus=8, pipelines=1, prompts=4, samples=4, steps=1, median=500, models=("qwen2.5-32b",),
+                        agentic=(False,), modes=("async",), staleness=(1,))
+    Simulation(wl, get_policy("verl-sync"))
+    for name in ("one-step-off", "streamrl", "areal"):
+        with pytest.raises(SpecError, match=r"pipelines\[0\].gpus.*at least 12 devices for " + name):
+            Simulation(wl, get_policy(name))
+    with pytest.raises(SpecError, match=r"one-step-off.rollout_gpus.*in 4..8"):
+        Simulation(small_workload(gpus=16, pipelines=1, prompts=4, samples=4, steps=1, median=500,
+                                  models=("qwen2.5-32b",), agentic=(False,), modes=("async",), staleness=(1,)),
+                   get_policy("one-step-off", rollout_gpus=12))
 
 
 def test_no_policy_beats_the_makespan_lower_bound():
@@ -271,7 +302,7 @@ class _GrowInLastMicroBatch:
 
 def test_a_resize_asked_in_the_last_micro_batch_gives_its_devices_back():
     wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=8, steps=2, median=2000, algorithms=("grpo",),
-                        models=("qwen2.5-7b",), agentic=(False,))
+                        models=("qwen2.5-3b",), agentic=(False,))
     pm = get_plugin_manager(load_entrypoints=False)
     spy = _GrowInLastMicroBatch()
     register(pm, spy, "grow-late")

@@ -136,9 +136,12 @@ def _step_fixed_s(ex, p, last: bool) -> float:
 
 
 def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
-    """Least device-seconds of a training-side pass: compute without the stage's fixed cost."""
+    """Least device-seconds of a training-side pass: compute without the stage's fixed cost,
+    on a gang that holds its state (``CostModel.min_gang``: narrower ones are priced
+    infinite; the narrowest that fits is among the widths tried)."""
     price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
-    widths = sorted({1, gpus} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
+    floor = cost.min_gang(model, stage in UPDATE_STAGES)
+    widths = sorted({1, gpus, min(floor, gpus)} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
     return min(max(0.0, price(model, w, tokens) - cost.f.train_stage_overhead_s) * w for w in widths)
 
 

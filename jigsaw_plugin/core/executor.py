@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import time
 
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
@@ -60,6 +61,13 @@ class ExecutorCore:
         self.gpus = workload.cluster.gpus
         self.gpus_per_node = workload.cluster.gpus_per_node
         self.cost = CostModel.for_nodes(hardware_profile(workload.cluster.gpu), workload.cluster.gpus_per_node, factors)
+        for p in self.order:  # each share must hold its training state (a colocated step trains on all of it)
+            need = self.cost.min_gang(p.model, update=True)
+            if len(p.static_devices) < need:
+                raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
+                                f"at least {need} {workload.cluster.gpu} devices for {p.name}: {p.model.name}'s training "
+                                f"state (16 bytes a parameter, FSDP-sharded) fills at most "
+                                f"{self.cost.f.train_memory_fraction:.0%} of each device's memory")
         self.hooks = hooks
         self.record_requests = record_requests and hooks is not None
         self.free: set[int] = set(range(self.gpus))
@@ -226,11 +234,31 @@ class ExecutorCore:
         elif isinstance(d, Migrate):
             self._migrate(d)
         elif isinstance(d, RunStage):
+            self._check_gang_memory(d)
             self._run_stage(d)
         elif isinstance(d, ResizeStage):
+            if d.devices:  # an empty tuple pauses the stage
+                self._check_gang_memory(d)
             self._resize_stage(d)
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
+
+    def _check_gang_memory(self, d) -> None:
+        """A training-side pass on fewer devices than hold its sharded state
+        (``CostModel.min_gang``) would run out of memory on a real cluster."""
+        p = self.pipelines.get(d.pipeline)
+        if p is None or not d.devices or not (d.stage in FORWARD_STAGES or d.stage in UPDATE_STAGES):
+            return
+        cost = self.cost_for(tuple(d.devices))
+        update = d.stage in UPDATE_STAGES
+        need = cost.min_gang(p.model, update)
+        if len(d.devices) < need:
+            what, nbytes = (("training state", p.model.train_state_bytes) if update
+                            else ("bf16 weights", p.model.weight_bytes))
+            raise PolicyViolation(
+                f"{type(d).__name__}.devices: {len(d.devices)} devices for {p.name}'s {d.stage}: {p.model.name}'s "
+                f"{what} ({nbytes / 1e9:.0f} GB) fill at most {cost.f.train_memory_fraction:.0%} of each "
+                f"{cost.hw.memory_gb:g} GB device; allowed: at least {need} devices")
 
     # ---- devices ------------------------------------------------------------------------
     def _emit(self, name: str, **kw) -> None:

@@ -53,6 +53,9 @@ class EfficiencyFactors:
     train_stage_overhead_s: float = 2.0  # set: fixed cost per training-side stage (dispatch, gather)
     # memory and host
     rollout_mem_util: float = 0.80  # set: vLLM gpu_memory_utilization
+    # set: the share of a device's memory a training gang's FSDP-sharded state may fill
+    # (the rest: activations of a micro-batch, NCCL buffers, the allocator's fragmentation)
+    train_memory_fraction: float = 0.90
     activation_reserve_gb: float = 4.0  # set: vLLM activation / CUDA graph reserve per device
     max_num_seqs: int = 1024  # set: verl's rollout default
     adv_s: float = 0.5  # set: advantage computation on the driver (a fixed, small cost)
@@ -151,9 +154,12 @@ class CostModel:
 
     # ---- training side (a gang of ``devices``, FSDP) -------------------------------------
     def forward_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
-        """log-prob, reference or values pass over ``tokens`` (data parallel over the gang)."""
+        """log-prob, reference or values pass over ``tokens`` (data parallel over the gang);
+        infinite on fewer devices than hold the weights (``min_gang``)."""
         if tokens <= 0:
             return 0.0
+        if devices < self.min_gang(model, update=False):
+            return math.inf
         per_device = tokens / self.gang_speedup(devices)
         micro = max(1, math.ceil(per_device / self.f.forward_micro_batch_tokens))
         each = self.micro_batch_s(model, devices, per_device / micro, backward=False)
@@ -161,13 +167,25 @@ class CostModel:
 
     def train_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
         """One update (every mini-batch of the step) over ``tokens``: at least one micro-batch
-        per optimizer step, more where a mini-batch overflows a device's micro-batch budget."""
+        per optimizer step, more where a mini-batch overflows a device's micro-batch budget;
+        infinite on fewer devices than hold the training state (``min_gang``)."""
         if tokens <= 0:
             return 0.0
+        if devices < self.min_gang(model, update=True):
+            return math.inf
         per_device = tokens / self.gang_speedup(devices)
         micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
         each = self.micro_batch_s(model, devices, per_device / micro, backward=True)
         return self.f.train_stage_overhead_s + micro * each
+
+    def min_gang(self, model: ModelProfile, update: bool) -> int:
+        """The fewest devices a training-side pass fits on without offloading: FSDP shards
+        its state evenly over the gang, each device holding its share within
+        ``train_memory_fraction`` of its memory. A forward pass (log-prob, reference,
+        values) holds the bf16 weights; an update (``update``) the training state: weights,
+        gradients, fp32 master weights and Adam's two moments, 16 bytes a parameter."""
+        nbytes = model.train_state_bytes if update else model.weight_bytes
+        return max(1, math.ceil(nbytes / (self.hw.memory_bytes * self.f.train_memory_fraction)))
 
     def gang_speedup(self, devices: int) -> float:
         """How many devices' worth of compute a gang of ``devices`` delivers."""

@@ -279,6 +279,11 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     if not isinstance(trainer_gpus, int) or isinstance(trainer_gpus, bool) or not 1 <= trainer_gpus <= home.count:
         raise SpecError("--trainer-gpus", trainer_gpus, f"an integer in 1..{home.count} (devices of class "
                         f"{home.name}, where the trainer runs)")
+    need = costs[t].min_gang(p.model, update=True)
+    if trainer_gpus < need:
+        raise SpecError("--trainer-gpus", trainer_gpus, f"at least {need} {home.name} devices: {p.model.name}'s training "
+                        f"state (16 bytes a parameter, FSDP-sharded) fills at most "
+                        f"{costs[t].f.train_memory_fraction:.0%} of each device's memory")
     st = length_stats(spec)
     tail_tokens = _tail_tokens(spec)
     rates = []

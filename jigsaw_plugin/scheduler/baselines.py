@@ -105,10 +105,17 @@ class _Disaggregated(Policy):
                 raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
                                 f"at least {tp + 1} devices for {self.name}, which keeps rollout "
                                 f"({tp} per replica) and training on separate devices")
+            need = state.cost.min_gang(p.model, update=True)  # the trainer holds the training state
+            if len(devs) < tp + need:
+                raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
+                                f"at least {tp + need} devices for {self.name}: {tp} for a rollout replica and "
+                                f"{need} that hold {p.model.name}'s training state on separate devices")
             r = self.config.rollout_gpus or balanced_split(p, state.cost, len(devs))
-            if not tp <= r < len(devs) or r % tp:
+            top = (len(devs) - need) // tp * tp
+            if not tp <= r <= top or r % tp:
                 raise SpecError(f"{self.name}.rollout_gpus", r,
-                                f"a multiple of {tp} in {tp}..{len(devs) - 1} for pipeline {p.name}")
+                                f"a multiple of {tp} in {tp}..{top} for pipeline {p.name} (the rest trains: "
+                                f"at least {need} devices hold its training state)")
             split[p.name] = (devs[:r], devs[r:])
         return PolicySetup(super().setup(state).residency, memo=split)
 
@@ -192,7 +199,8 @@ class RollMux(Policy):
             small = min(state.order, key=lambda p: len(p.static_devices))
             raise SpecError(f"pipelines[{small.index}].gpus", len(small.static_devices),
                             "enough devices that every co-execution group of rollmux keeps separate "
-                            "rollout and training pools (more than one replica's devices)")
+                            "rollout and training pools (a replica's devices, and a training pool that "
+                            "holds each job's training state)")
         res, pools = {}, {}
         for g in plan:
             for name in g.names:

@@ -55,7 +55,8 @@ def _plan_one(group: tuple, cost, stats: dict, profiles: dict) -> GroupPlan | No
             profiles[key] = gen_profile_s(p, cost, r, other)
         return profiles[key]
 
-    for r in range(tp, len(devices), tp):
+    need = max(cost.min_gang(p.model, update=True) for p in group)  # the training pool holds each job's state
+    for r in range(tp, len(devices) - need + 1, tp):
         gen = [profile(p, r) for p in group]
         train = [train_estimate_s(p, cost, len(devices) - r, stats[p.name]) for p in group]
         period = round_robin_period_s(gen, train)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, early_stages
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -715,6 +715,8 @@ class Jigsaw(Policy):
                 continue
             base = rnd.stage_devices(qv)
             new = tuple(x for x in base if x not in devs)
+            if len(new) < self._min_gang(state, qv, qv.running_stage.stage):
+                new = ()  # what is left cannot hold its state: it pauses until devices free up
             if new != base:
                 rnd.resize(out, qv, new)
         if self.config.migration:
@@ -779,6 +781,8 @@ class Jigsaw(Policy):
         own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
         lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
         devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
+        if len(devs) < self._min_gang(rnd.state, p, rs.stage):
+            return ()  # too few to hold its state: it stays paused
         return self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))
 
     def _on_trainer_site(self, state, devices: list) -> list:
@@ -1083,7 +1087,16 @@ class Jigsaw(Policy):
                 return tuple(by_node[node][:w])
         return ()
 
+    @staticmethod
+    def _min_gang(state, p, stage) -> int:
+        """The fewest devices ``stage`` of ``p`` fits on (``CostModel.min_gang``; 1 for a
+        stage that holds no training state on its devices)."""
+        if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
+            return state.cost.min_gang(p.model, stage in UPDATE_STAGES)
+        return 1
+
     def _stage_s(self, state, p, stage, g) -> float:
+        """The pass's time on ``g`` devices (infinite on fewer than hold its state)."""
         s = p.steps[p.train_next]
         if stage in FORWARD_STAGES:  # what early passes did not read
             return state.cost.forward_s(p.model, g, s.tokens - s.covered.get(stage, 0))
@@ -1121,7 +1134,8 @@ class Jigsaw(Policy):
             pool = [d for d in sorted(rnd.free) if d in home]
             pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
             pool = self._on_trainer_site(state, pool)
-            if len(pool) < tp:
+            floor = max(tp, self._min_gang(state, p, stage))
+            if len(pool) < floor:
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
             price = lambda g, n: state.cost.forward_s(p.model, g, n)
@@ -1130,7 +1144,7 @@ class Jigsaw(Policy):
             # (a pass's fixed cost is paid per device); else all free devices, reading what
             # they can by then (a pass still running when the batch is complete would hold
             # the stage back), if that is worth a pass's fixed cost
-            g = next((g for g in range(1, len(pool) + 1) if price(g, tokens) <= drain), 0)
+            g = next((g for g in range(floor, len(pool) + 1) if price(g, tokens) <= drain), 0)
             chunk = tokens
             if not g:
                 g = len(pool)
@@ -1255,7 +1269,7 @@ class Jigsaw(Policy):
         home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
         now = home_free + [d for d in lent if d not in home_free]
         if not self.config.lookahead:
-            return tuple(now)
+            return tuple(now) if len(now) >= self._min_gang(state, p, stage) else ()
         # look-ahead: start now with what is free (and, with loans, grow at the first
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
@@ -1269,6 +1283,8 @@ class Jigsaw(Policy):
             if g == 0:
                 continue
             whole = self._gang_s(state, p, stage, g)
+            if whole == _INF:
+                continue  # too few devices to hold the pass's state
             end = wait + whole
             if loans and i == 0:
                 first = self._micro_batch_s(state, p, stage, g)
