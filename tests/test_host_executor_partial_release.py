@@ -258,3 +258,16 @@ def test_a_replica_retired_before_the_grant_gives_its_devices_back_at_once():
     assert s.holder() == {got[0]: "o"}  # the retired one's device is free, not held idle
     released = [e for e in leases.events if e["hook"] == "jigsaw_lease_released"]
     assert [tuple(e["devices"]) for e in released] == [tuple(d for d in (0, 1) if d != got[0])]
+
+
+def test_a_host_places_its_own_gangs_without_the_simulators_memory_floor():
+    # the simulator refuses a 32B update on fewer devices than hold its training state
+    # (CostModel.min_gang); a host places its own FSDP gangs (or offloads), so the host
+    # executor prices none infinite and refuses none for memory
+    from jigsaw_plugin.runtime.host_executor import HostExecutor
+    from jigsaw_plugin.scheduler import get_policy
+
+    big = HostPipeline("v", "qwen2.5-32b", "grpo", 2, 2, 32, 16, 1, 1, HostCapabilities("verl", training_width=1))
+    ex = HostExecutor(2, big, get_policy("verl-sync"))
+    assert ex.cost.min_gang(ex.pipelines["v"].model, update=True) == 1
+    assert ex.cost.train_s(ex.pipelines["v"].model, 1, 1000.0) < float("inf")

@@ -43,6 +43,8 @@ from jigsaw_plugin.core.executor import ExecutorCore, PolicyViolation
 from jigsaw_plugin.core.pipelines import build_pipelines
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import ReplicaObs, build_state
+from jigsaw_plugin.costmodel import hardware_profile
+from jigsaw_plugin.costmodel.predictor import default_factors
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.capabilities import HostCapabilities, refusal
 from jigsaw_plugin.runtime.host_requests import REQUEST_HOOKS, HostMigration, HostRequestBook, MigrationOutcome
@@ -219,7 +221,12 @@ class HostExecutor(ExecutorCore):
         # (dict) -> None: the coordinator's log of commands issued and dropped
         self.on_migration = on_migration
         self.migration_log: list[dict] = []  # the same records, for reports
-        super().__init__(host_workload(pool_devices, [first]), policy, hooks=hooks, pm=pm)
+        # no training-memory floor (``CostModel.min_gang``): a host places its own FSDP gangs
+        # (and may offload), and the pool's devices are pretend ones of the cpu profile, whose
+        # memory says nothing about the host's accelerators
+        hw = hardware_profile("cpu")
+        factors = dataclasses.replace(default_factors(hw), train_memory_fraction=math.inf)
+        super().__init__(host_workload(pool_devices, [first]), policy, factors=factors, hooks=hooks, pm=pm)
         self.pricer = Pricer(self.pm, self.cost, self.models)  # one dict shared with the cost plugin
         self.on_refusal = on_refusal
         self.tickets: list[Ticket] = []
