@@ -81,6 +81,8 @@ def test_plan_from_a_workload_uses_the_cost_model():
     ({"workload": _async(), "name": "nope"}, "--pipeline"),
     ({"workload": _async(), "trainer_gpus": 0}, "--trainer-gpus"),
     ({"workload": _async(), "trainer_gpus": 8}, "cluster"),
+    # a 32B's training state (16 bytes a parameter) needs 8 trainer H100s
+    ({"workload": _async(gpus=16, models=("qwen2.5-32b", "qwen2.5-7b")), "trainer_gpus": 4}, "--trainer-gpus"),
     ({"workload": _async(), "trainer_class": "tpu"}, "--trainer-class"),
 ])
 def test_unplannable_workloads_name_the_field(kw, field):
