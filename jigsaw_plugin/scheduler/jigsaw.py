@@ -1134,8 +1134,8 @@ class Jigsaw(Policy):
             pool = [d for d in sorted(rnd.free) if d in home]
             pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
             pool = self._on_trainer_site(state, pool)
-            floor = max(tp, self._min_gang(state, p, stage))
-            if len(pool) < floor:
+            need = self._min_gang(state, p, stage)
+            if len(pool) < max(tp, need):
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
             price = lambda g, n: state.cost.forward_s(p.model, g, n)
@@ -1144,7 +1144,7 @@ class Jigsaw(Policy):
             # (a pass's fixed cost is paid per device); else all free devices, reading what
             # they can by then (a pass still running when the batch is complete would hold
             # the stage back), if that is worth a pass's fixed cost
-            g = next((g for g in range(floor, len(pool) + 1) if price(g, tokens) <= drain), 0)
+            g = next((g for g in range(need, len(pool) + 1) if price(g, tokens) <= drain), 0)
             chunk = tokens
             if not g:
                 g = len(pool)
