@@ -140,7 +140,7 @@ def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
     on a gang that holds its state (``CostModel.min_gang``: narrower ones are priced
     infinite; the narrowest that fits is among the widths tried)."""
     price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
-    floor = cost.min_gang(model, stage in UPDATE_STAGES)
+    floor = cost.stage_min_gang(model, stage)
     widths = sorted({1, gpus, min(floor, gpus)} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
     return min(max(0.0, price(model, w, tokens) - cost.f.train_stage_overhead_s) * w for w in widths)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import time
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.algorithms import UPDATE_STAGES
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
@@ -65,9 +65,8 @@ class ExecutorCore:
             need = self.cost.min_gang(p.model, update=True)
             if len(p.static_devices) < need:
                 raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
-                                f"at least {need} {workload.cluster.gpu} devices for {p.name}: {p.model.name}'s training "
-                                f"state (16 bytes a parameter, FSDP-sharded) fills at most "
-                                f"{self.cost.f.train_memory_fraction:.0%} of each device's memory")
+                                f"at least {need} {workload.cluster.gpu} devices for {p.name}: "
+                                f"{self.cost.min_gang_reason(p.model)}")
         self.hooks = hooks
         self.record_requests = record_requests and hooks is not None
         self.free: set[int] = set(range(self.gpus))
@@ -237,8 +236,7 @@ class ExecutorCore:
             self._check_gang_memory(d)
             self._run_stage(d)
         elif isinstance(d, ResizeStage):
-            if d.devices:  # an empty tuple pauses the stage
-                self._check_gang_memory(d)
+            self._check_gang_memory(d)
             self._resize_stage(d)
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
@@ -247,11 +245,11 @@ class ExecutorCore:
         """A training-side pass on fewer devices than hold its sharded state
         (``CostModel.min_gang``) would run out of memory on a real cluster."""
         p = self.pipelines.get(d.pipeline)
-        if p is None or not d.devices or not (d.stage in FORWARD_STAGES or d.stage in UPDATE_STAGES):
+        if p is None or not d.devices:  # no devices: a pause, or a stage the executor refuses itself
             return
         cost = self.cost_for(tuple(d.devices))
         update = d.stage in UPDATE_STAGES
-        need = cost.min_gang(p.model, update)
+        need = cost.stage_min_gang(p.model, d.stage)
         if len(d.devices) < need:
             what, nbytes = (("training state", p.model.train_state_bytes) if update
                             else ("bf16 weights", p.model.weight_bytes))

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
 __all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors", "cuda_graph_batch"]
@@ -186,6 +187,18 @@ class CostModel:
         gradients, fp32 master weights and Adam's two moments, 16 bytes a parameter."""
         nbytes = model.train_state_bytes if update else model.weight_bytes
         return max(1, math.ceil(nbytes / (self.hw.memory_bytes * self.f.train_memory_fraction)))
+
+    def stage_min_gang(self, model: ModelProfile, stage: str) -> int:
+        """``min_gang`` of a training-side stage; 1 for one that holds no training state on
+        its devices (a weight sync, a host stage)."""
+        if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
+            return self.min_gang(model, stage in UPDATE_STAGES)
+        return 1
+
+    def min_gang_reason(self, model: ModelProfile) -> str:
+        """Why an update needs ``min_gang(model, update=True)`` devices, for error messages."""
+        return (f"{model.name}'s training state (16 bytes a parameter, FSDP-sharded) fills at most "
+                f"{self.f.train_memory_fraction:.0%} of each device's memory")
 
     def gang_speedup(self, devices: int) -> float:
         """How many devices' worth of compute a gang of ``devices`` delivers."""

@@ -281,9 +281,8 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
                         f"{home.name}, where the trainer runs)")
     need = costs[t].min_gang(p.model, update=True)
     if trainer_gpus < need:
-        raise SpecError("--trainer-gpus", trainer_gpus, f"at least {need} {home.name} devices: {p.model.name}'s training "
-                        f"state (16 bytes a parameter, FSDP-sharded) fills at most "
-                        f"{costs[t].f.train_memory_fraction:.0%} of each device's memory")
+        raise SpecError("--trainer-gpus", trainer_gpus,
+                        f"at least {need} {home.name} devices: {costs[t].min_gang_reason(p.model)}")
     st = length_stats(spec)
     tail_tokens = _tail_tokens(spec)
     rates = []

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, early_stages
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -715,7 +715,7 @@ class Jigsaw(Policy):
                 continue
             base = rnd.stage_devices(qv)
             new = tuple(x for x in base if x not in devs)
-            if len(new) < self._min_gang(state, qv, qv.running_stage.stage):
+            if len(new) < state.cost.stage_min_gang(qv.model, qv.running_stage.stage):
                 new = ()  # what is left cannot hold its state: it pauses until devices free up
             if new != base:
                 rnd.resize(out, qv, new)
@@ -781,7 +781,7 @@ class Jigsaw(Policy):
         own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
         lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
         devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
-        if len(devs) < self._min_gang(rnd.state, p, rs.stage):
+        if len(devs) < rnd.state.cost.stage_min_gang(p.model, rs.stage):
             return ()  # too few to hold its state: it stays paused
         return self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))
 
@@ -1087,14 +1087,6 @@ class Jigsaw(Policy):
                 return tuple(by_node[node][:w])
         return ()
 
-    @staticmethod
-    def _min_gang(state, p, stage) -> int:
-        """The fewest devices ``stage`` of ``p`` fits on (``CostModel.min_gang``; 1 for a
-        stage that holds no training state on its devices)."""
-        if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
-            return state.cost.min_gang(p.model, stage in UPDATE_STAGES)
-        return 1
-
     def _stage_s(self, state, p, stage, g) -> float:
         """The pass's time on ``g`` devices (infinite on fewer than hold its state)."""
         s = p.steps[p.train_next]
@@ -1134,7 +1126,7 @@ class Jigsaw(Policy):
             pool = [d for d in sorted(rnd.free) if d in home]
             pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
             pool = self._on_trainer_site(state, pool)
-            need = self._min_gang(state, p, stage)
+            need = state.cost.stage_min_gang(p.model, stage)
             if len(pool) < max(tp, need):
                 continue  # fewer devices than hold the model's weights
             tokens = s.finished_tokens - s.covered.get(stage, 0)
@@ -1269,7 +1261,7 @@ class Jigsaw(Policy):
         home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
         now = home_free + [d for d in lent if d not in home_free]
         if not self.config.lookahead:
-            return tuple(now) if len(now) >= self._min_gang(state, p, stage) else ()
+            return tuple(now) if len(now) >= state.cost.stage_min_gang(p.model, stage) else ()
         # look-ahead: start now with what is free (and, with loans, grow at the first
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
