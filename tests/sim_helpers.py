@@ -9,7 +9,7 @@ from jigsaw_plugin.workload import parse_workload
 
 def small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(False, True),
                    modes=("sync", "sync"), staleness=(0, 0), models=("qwen2.5-1.5b", "qwen2.5-1.5b"),
-                   algorithms=("grpo", "ppo"), max_len=4096, median=300, gpu="h100"):
+                   algorithms=("grpo", "ppo"), max_len=4096, median=300, gpu="h100", train_offload=None):
     pipes = []
     for i in range(pipelines):
         p = {
@@ -25,6 +25,8 @@ def small_workload(gpus=8, pipelines=2, prompts=8, samples=4, steps=2, agentic=(
             "response_len": {"dist": "lognormal", "median": median, "sigma": 0.9, "min": 1},
             "steps": steps,
         }
+        if train_offload is not None:
+            p["train_offload"] = train_offload[i % len(train_offload)]
         if agentic[i % len(agentic)]:
             p["turns"] = {"dist": "categorical", "values": [1, 2, 3], "weights": [0.3, 0.4, 0.3]}
             p["tool_latency_s"] = {"dist": "uniform", "low": 0.05, "high": 2.0}

@@ -114,4 +114,7 @@ def openrlhf_host_pipeline(name: str, args, *, n_engines: int, n_train: int, act
     return HostPipeline(name, model_profile_of(args.actor.model_name_or_path), ALGORITHM_OF_ESTIMATOR[estimator],
                         int(args.rollout.batch_size), int(args.rollout.n_samples_per_prompt), max_new, prompt_len,
                         int(steps), max(active, int(n_train)), caps,
-                        servers=engine_servers(n_engines) if moves else ())
+                        servers=engine_servers(n_engines) if moves else (),
+                        # --ds.adam_offload: DeepSpeed keeps Adam's state on the host, steps it there
+                        train_offload="optimizer" if getattr(getattr(args, "ds", None), "adam_offload", False)
+                        else "none")

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.liveness import LOSS_MODES
 
-__all__ = ["JigsawOptions", "parse_options", "algorithm_of", "resolve_staleness", "TRAINER_MODES", "OPTION_PREFIX",
-           "OFF_POLICY_THRESHOLD_KEY"]
+__all__ = ["JigsawOptions", "parse_options", "algorithm_of", "train_offload_of", "resolve_staleness", "TRAINER_MODES",
+           "OPTION_PREFIX", "OFF_POLICY_THRESHOLD_KEY"]
 
 OPTION_PREFIX = "+jigsaw"
 #: verl ``trainer.v1.trainer_mode`` values this adapter registers -> the verl mode it extends.
@@ -181,6 +181,16 @@ def _check_scheduler(name) -> None:
     allowed = (FIFO_LEASE, *policy_names())
     if name not in allowed:
         raise SpecError(f"{OPTION_PREFIX}.scheduler", name, " | ".join(allowed))
+
+
+def train_offload_of(actor) -> str:
+    """Where verl's actor keeps its training state (``workload.TRAIN_OFFLOAD``), from
+    ``actor_rollout_ref.actor``: ``fsdp_config.offload_policy`` (FSDP2's CPUOffloadPolicy:
+    weights, gradients and optimizer on the host) is ``full``. ``param_offload`` and
+    ``optimizer_offload`` are not: verl loads the state back onto the devices for each pass
+    (docs/calibration.md)."""
+    fsdp = actor.get("fsdp_config") or {}
+    return "full" if bool(fsdp.get("offload_policy", False)) else "none"
 
 
 def algorithm_of(adv_estimator: str, use_critic: bool, use_reference: bool) -> str:

@@ -107,7 +107,8 @@ class JigsawSession:
         return HostPipeline(self.pipeline, model_profile_of(self.options, spec.get("model")),
                             str(spec["algorithm"]), int(spec["prompts_per_step"]), int(spec["samples_per_prompt"]),
                             int(spec["max_response_len"]), int(spec["max_prompt_len"]), int(spec["steps"]),
-                            self.n_devices, caps, staleness=int(spec.get("staleness") or 0), servers=servers)
+                            self.n_devices, caps, staleness=int(spec.get("staleness") or 0), servers=servers,
+                            train_offload=str(spec.get("train_offload") or "none"))
 
     def migration_servers(self, binding) -> tuple:
         """The rollout servers the coordinator may move this job's requests between (``()``:

@@ -31,7 +31,8 @@ through a property, so verl's own logic runs exactly as in that mode.
 
 from __future__ import annotations
 
-from jigsaw_plugin.adapters.verl.options import TRAINER_MODES, algorithm_of, parse_options, resolve_staleness
+from jigsaw_plugin.adapters.verl.options import (TRAINER_MODES, algorithm_of, parse_options, resolve_staleness,
+                                                  train_offload_of)
 from jigsaw_plugin.adapters.verl.reporter import batch_sizes
 from jigsaw_plugin.adapters.verl.session import JigsawSession
 
@@ -152,6 +153,7 @@ class JigsawTrainerMixin:
             "prompts_per_step": int(cfg.data.train_batch_size),
             "samples_per_prompt": int(cfg.actor_rollout_ref.rollout.n),
             "rollout_tp": int(cfg.actor_rollout_ref.rollout.get("tensor_model_parallel_size", 1)),
+            "train_offload": train_offload_of(cfg.actor_rollout_ref.get("actor") or {}),
             "steps": int(getattr(self, "total_training_steps", 0) or 0),
             # verl's data config always has them; a policy scheduler needs them (host_pipeline)
             **{ours: int(cfg.data[theirs]) for ours, theirs in (("max_response_len", "max_response_length"),

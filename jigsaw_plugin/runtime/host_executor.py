@@ -77,8 +77,15 @@ class HostPipeline:
     # the host's rollout server ids, as its request events name them (``replica``); required
     # (two or more) with ``capabilities.migration``: replicas are bound to them in order
     servers: tuple = ()
+    # where its trainer keeps the training state (workload.TRAIN_OFFLOAD): the policy's
+    # estimates of its training stages price it (the host places its own gangs)
+    train_offload: str = "none"
 
     def __post_init__(self):
+        from jigsaw_plugin.workload.spec import TRAIN_OFFLOAD
+
+        if self.train_offload not in TRAIN_OFFLOAD:
+            raise SpecError(f"pipeline {self.name}: train_offload", self.train_offload, " | ".join(TRAIN_OFFLOAD))
         servers = self.servers
         if isinstance(servers, str) or not isinstance(servers, (tuple, list)) \
                 or not all(isinstance(x, str) and x for x in servers) or len(set(servers)) != len(servers):
@@ -116,7 +123,7 @@ class HostPipeline:
             "prompt_len": {"dist": "const", "value": self.prompt_len},
             "response_len": {"dist": "const", "value": self.max_response_len},
             "steps": self.steps, "gpus": self.devices,
-            "rollout_tp": 1,
+            "rollout_tp": 1, "train_offload": self.train_offload,
         }
 
 

@@ -53,6 +53,10 @@ def check_ray_workload(workload) -> None:
             raise SpecError(f"pipelines[{i}].reward.kind", p.reward.kind,
                             f"{', '.join(RAY_REWARDS)} (the reference pipeline has no reward model; a sandbox "
                             f"reward runs on the tool server)")
+        if p.train_offload != "none":
+            raise SpecError(f"pipelines[{i}].train_offload", p.train_offload,
+                            "none (the reference pipeline's torch trainer keeps its state in the process it "
+                            "trains in: there is no device memory to offload from on CPU)")
 
 
 def _model_dir(seed: int) -> Path:

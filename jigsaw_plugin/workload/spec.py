@@ -31,6 +31,7 @@ __all__ = [
     "ALGORITHMS",
     "MODES",
     "REWARD_KINDS",
+    "TRAIN_OFFLOAD",
     "ClusterSpec",
     "DeviceClassSpec",
     "LinkSpec",
@@ -69,8 +70,15 @@ DEFAULT_REPLACE_S = 120.0
 _PIPELINE_KEYS = (
     "name", "model", "algorithm", "mode", "staleness", "prompts_per_step", "samples_per_prompt",
     "max_response_len", "prompt_len", "response_len", "turns", "tool_latency_s", "observation_len",
-    "reward", "steps", "gpus", "rollout_tp", "group_correlation",
+    "reward", "steps", "gpus", "rollout_tp", "group_correlation", "train_offload",
 )
+#: Where a pipeline's training state lives (``pipelines[i].train_offload``; the cost model
+#: prices each, docs/workload.md): ``none`` on its gang's devices; ``optimizer`` the fp32
+#: master weights and Adam's moments on the host, the step run there (DeepSpeed's
+#: ``offload_optimizer``: OpenRLHF's ``--ds.adam_offload``); ``full`` weights, gradients and
+#: optimizer on the host, streamed to the gang for each pass (FSDP2's ``CPUOffloadPolicy``:
+#: verl's ``fsdp_config.offload_policy``)
+TRAIN_OFFLOAD = ("none", "optimizer", "full")
 _AGENTIC_KEYS = ("turns", "tool_latency_s", "observation_len")
 _REWARD_KEYS = ("kind", "latency_s")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -225,6 +233,7 @@ class PipelineSpec:
     # intra-class correlation of (normal scores of) response length among the samples of
     # one prompt, in [0, 1); 0: independent samples (sampling.py, docs/workload.md)
     group_correlation: float = 0.0
+    train_offload: str = "none"  # one of TRAIN_OFFLOAD
 
     @property
     def agentic(self) -> bool:
@@ -259,6 +268,8 @@ class PipelineSpec:
             d["rollout_tp"] = self.rollout_tp
         if self.group_correlation:
             d["group_correlation"] = self.group_correlation
+        if self.train_offload != "none":
+            d["train_offload"] = self.train_offload
         return d
 
 
@@ -591,6 +602,7 @@ def _pipeline(p: object, field: str, cluster: ClusterSpec, base_dir, where: str 
         max_response_len=counts["max_response_len"], prompt_len=prompt_len, response_len=response_len,
         turns=turns, tool_latency_s=agentic["tool_latency_s"], observation_len=agentic["observation_len"],
         reward=reward, steps=counts["steps"], gpus=gpus, rollout_tp=tp, group_correlation=float(rho),
+        train_offload=_choice(p, "train_offload", field, TRAIN_OFFLOAD, where, default="none"),
     )
 
 
