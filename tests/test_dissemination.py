@@ -218,18 +218,27 @@ def test_pull_serves_the_latest_version_never_a_stale_one(group):
 
 
 def test_measured_times_have_the_cost_models_shape(group):
+    import ray
+
     # A slow modelled link (4 MB/s, 2 ms) makes the sleeps dominate, and a sleep is a hard
     # lower bound: each strategy takes at least its link time, and naive > chain as priced.
+    # How much faster the chain measures is a benchmark's figure (benchmarks/dissemination.py,
+    # docs/benchmarks.md): on a loaded machine its relays wait for a core, so a timed ratio
+    # here would test the machine's load. What must hold whatever the load: the chain
+    # overlaps its hops (the last replica has the first chunk before the first has the last).
     link = LinkSpec(bandwidth_bytes_s=4e6, latency_s=0.002)
     group.set_state(synthetic_state(MB, seed=4, tensor_bytes=MB // 4))
-    measured, priced = {}, {}
+    priced = {}
     for strategy in ("naive", "chain"):
         spec = DisseminationSpec(strategy, chunk_bytes=MB // 8, link=link)
         r = group.run(spec)
         zero = HopCost(overhead_s=0.0, bytes_per_s=1e30)
         floor = dissemination_price(spec, r.total_bytes, 3, hop=zero).seconds
         assert r.bit_identical and r.seconds >= floor * 0.98, strategy
-        measured[strategy] = r.seconds
         priced[strategy] = dissemination_price(spec, r.total_bytes, 3).seconds
     assert priced["naive"] > 1.5 * priced["chain"]
-    assert measured["naive"] > 1.3 * measured["chain"]
+    first, last = ({a.chunk: a.at_s for a in ray.get(rep.arrivals.remote())} for rep in (group.replicas[0],
+                                                                                        group.replicas[-1]))
+    # one chunk's hop is 1/8 of the 0.25 s the state takes over the link: the last replica
+    # gets chunk 0 about two hops after the first, long before the first gets chunk 7
+    assert last[0] < first[7], (last, first)
