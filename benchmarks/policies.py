@@ -3,7 +3,8 @@
 For verl-sync the rollout tensor-parallel size is a user choice that moves its throughput,
 so it is swept (1, 2, 4) and the best is reported beside the default, so that jigsaw is
 compared with a tuned baseline, not a weak one. The disaggregated baselines choose their
-rollout/training split with the cost model (balanced), as StreamRL and AReaL do by profiling.
+rollout/training split from an offline profile of the workload (``estimates.balanced_split``), as
+StreamRL and AReaL do by profiling.
 """
 
 from __future__ import annotations
@@ -83,6 +84,21 @@ def _rerun_jigsaw(all_jobs: list) -> list:
     return [next(fresh) if _is_jigsaw(j) else next(kept) for j in all_jobs]
 
 
+def _rerun_baselines(all_jobs: list) -> list:
+    """Re-run the baselines' jobs (a baseline changed) and keep jigsaw's saved runs, which
+    the baselines do not touch; a saved file from an older job list is refused."""
+    import json
+
+    saved = json.loads(RESULTS.read_text())
+    kept = [r for r in saved if r["policy"] == "jigsaw"]
+    if len(kept) != sum(1 for j in all_jobs if _is_jigsaw(j)):
+        raise SystemExit(f"{RESULTS}: {len(kept)} saved jigsaw runs do not match the job list; run without "
+                         f"--baselines-only")
+    fresh = iter(run_many([j for j in all_jobs if not _is_jigsaw(j)]))
+    kept = iter(kept)
+    return [next(kept) if _is_jigsaw(j) else next(fresh) for j in all_jobs]
+
+
 def _add_ablation(all_jobs: list, name: str) -> list:
     """Run only the jobs of a newly added ablation ``name``; every other run is the saved
     one (the saved file holds the job list without it, in the same order)."""
@@ -96,9 +112,11 @@ def _add_ablation(all_jobs: list, name: str) -> list:
     return [next(fresh) if j in new else next(kept) for j in all_jobs]
 
 
-def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None = None) -> tuple[str, dict]:
+def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None = None,
+        baselines_only: bool = False) -> tuple[str, dict]:
     """``reuse``: render the runs saved by the last call (benchmarks/results/policies.json);
     ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
+    ``baselines_only``: re-run only the baselines, jigsaw's from the saved file;
     ``add_ablation``: run only a newly added ablation's jobs, the rest from the saved file."""
     all_jobs, spans = [], {}
     for key, (fname, _) in WORKLOADS.items():
@@ -111,6 +129,9 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         results = json.loads(RESULTS.read_text())
     elif jigsaw_only:
         results = _rerun_jigsaw(all_jobs)
+        dump(results, RESULTS)
+    elif baselines_only:
+        results = _rerun_baselines(all_jobs)
         dump(results, RESULTS)
     elif add_ablation:
         results = _add_ablation(all_jobs, add_ablation)

@@ -105,7 +105,8 @@ def _decision_p99() -> dict | None:
 
 def main(argv: list[str] | None = None) -> None:
     """``--only policies``: re-run the policy tables alone (the other sections are kept);
-    ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/)."""
+    ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
+    ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     # decision latency and simulator speed: their own scripts' blocks (MEASURED_BLOCKS); the
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     # round times move with the machine's load and are not the benchmark)
     lat_summary = _decision_p99()
     if only:
-        pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
+        pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args,
+                                    baselines_only="--baselines-only" in args)
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
     else:
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)

@@ -134,7 +134,10 @@ class _Disaggregated(Policy):
             if p.done:
                 continue
             roll, train = state.memo[p.name]
-            if not p.replicas and p.gen_next < p.total_steps and all_free(state, roll):
+            # the rollout is (re)launched for a step still to generate, or for requests that
+            # wait without a replica (a preemption took the last step's replicas)
+            wanted = p.gen_next < p.total_steps or p.pending > 0
+            if not p.replicas and wanted and all_free(state, roll):
                 out += launch_replicas(state, p, roll)
             if p.replicas and p.gen_next >= p.total_steps and rollout_drained(p):
                 out += retire_all(p)
