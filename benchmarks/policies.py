@@ -14,10 +14,14 @@ import copy
 import yaml
 from common import EXAMPLES, GAP_HEAD, ROOT, dump, gap_row, md_table, run_many
 
+from jigsaw_plugin.workload import parse_workload
+
 from jigsaw_plugin.bench import ab
 from jigsaw_plugin.bench.bundled import BUNDLED_WORKLOADS
 
 RESULTS = ROOT / "benchmarks" / "results" / "policies.json"
+# each disaggregated baseline's best rollout size per pipeline, from a sweep (tuned_splits)
+SPLITS = ROOT / "benchmarks" / "results" / "async_splits.json"
 
 # (a)-(d) of the bundled registry; (e) and (f) have their own script (workloads_ef.py)
 WORKLOADS = {w.key: (w.file, w.title) for w in BUNDLED_WORKLOADS if w.key in "abcd"}
@@ -42,9 +46,53 @@ def with_tp(fname: str, tp: int) -> dict:
     return d
 
 
-def jobs_for(fname: str) -> list:
+def _alone(spec: dict, name: str, share: int) -> dict:
+    """``spec`` with only pipeline ``name``, on a pool of its own share: a disaggregated
+    baseline runs each pipeline on its share alone (and a pipeline's samples are seeded by
+    its name), so its run there is its run in the mix."""
+    one = copy.deepcopy(spec)
+    one["pipelines"] = [dict(p, gpus=share) for p in one["pipelines"] if p["name"] == name]
+    one["cluster"] = dict(one["cluster"], gpus=share)
+    return one
+
+
+def tuned_splits() -> dict:
+    """Each disaggregated baseline's rollout size per pipeline, swept (every size its share
+    allows, each pipeline alone on its share) and the fastest kept: the split a user tunes,
+    as "verl-sync best tp" tunes verl-sync, so that jigsaw is not compared with a split the
+    baseline's own rule got wrong. {workload key: {policy: {pipeline: rollout devices}}}"""
+    from jigsaw_plugin.core.pipelines import build_pipelines
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.scheduler.estimates import rollout_tp
+
+    jobs, keys = [], []
+    for key, (fname, _) in WORKLOADS.items():
+        spec = yaml.safe_load((EXAMPLES / fname).read_text())
+        wl = parse_workload(spec, base_dir=EXAMPLES)
+        cost = CostModel.for_nodes(hardware_profile(wl.cluster.gpu), wl.cluster.gpus_per_node)
+        for p in build_pipelines(wl):
+            share, tp = len(p.static_devices), rollout_tp(p, cost)
+            top = (share - cost.min_gang(p.model, update=True)) // tp * tp
+            for b in ASYNC_BASELINES:
+                for r in range(tp, top + 1, tp):
+                    jobs.append((_alone(spec, p.name, share), b, {"rollout_gpus": r}, 0))
+                    keys.append((key, b, p.name, r))
+    best: dict = {}
+    for (key, b, name, r), res in zip(keys, run_many(jobs)):
+        cur = best.setdefault(key, {}).setdefault(b, {}).get(name)
+        if cur is None or res["makespan_s"] < cur[1] - 1e-9:
+            best[key][b][name] = (r, res["makespan_s"])
+    return {key: {b: {name: r for name, (r, _) in per.items()} for b, per in pols.items()}
+            for key, pols in best.items()}
+
+
+def jobs_for(fname: str, splits: dict | None = None) -> list:
+    """The runs of one workload, in the order ``run`` reads them: the baselines, verl-sync
+    at tp 2 and 4, the disaggregated baselines at their tuned splits (``splits``: policy ->
+    {pipeline: rollout devices}), jigsaw, its ablations, the oracle ablation."""
     jobs = [(fname, b, None, 0) for b in BASELINES]
     jobs += [(with_tp(fname, tp), "verl-sync", None, 0) for tp in (2, 4)]
+    jobs += [(fname, b, {"rollout_gpus": (splits or {}).get(b, {})}, 0) for b in ASYNC_BASELINES]
     jobs += [(fname, "jigsaw", None, 0)]
     jobs += [(fname, "jigsaw", ab.ablation_options("jigsaw", [a]), 0) for a in ABLATIONS]
     jobs += [(fname, "jigsaw", None, 0, "oracle")]  # ablation: true lengths instead of the predictor
@@ -118,9 +166,16 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
     ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
     ``baselines_only``: re-run only the baselines, jigsaw's from the saved file;
     ``add_ablation``: run only a newly added ablation's jobs, the rest from the saved file."""
+    import json
+
+    if reuse or jigsaw_only or add_ablation:
+        splits = json.loads(SPLITS.read_text())
+    else:
+        splits = tuned_splits()
+        dump(splits, SPLITS)
     all_jobs, spans = [], {}
     for key, (fname, _) in WORKLOADS.items():
-        jobs = jobs_for(fname)
+        jobs = jobs_for(fname, splits[key])
         spans[key] = (len(all_jobs), len(jobs))
         all_jobs += jobs
     if reuse:
@@ -145,17 +200,21 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         start, n = spans[key]
         rs = results[start:start + n]
         by = {r["policy"]: r for r in rs[: len(BASELINES)]}
-        tuned = max([by["verl-sync"]] + rs[len(BASELINES): len(BASELINES) + 2], key=lambda r: r["samples_per_s"])
-        jig = rs[len(BASELINES) + 2]
-        abl = rs[len(BASELINES) + 3: len(BASELINES) + 3 + len(ABLATIONS)]
+        at = len(BASELINES)
+        tuned = max([by["verl-sync"]] + rs[at: at + 2], key=lambda r: r["samples_per_s"])
+        split = {r["policy"]: r for r in rs[at + 2: at + 2 + len(ASYNC_BASELINES)]}
+        at += 2 + len(ASYNC_BASELINES)
+        jig = rs[at]
+        abl = rs[at + 1: at + 1 + len(ABLATIONS)]
         oracle = rs[-1]
-        best_async = max((by[b] for b in ASYNC_BASELINES), key=lambda r: r["samples_per_s"])
+        # the best asynchronous run: each disaggregated baseline at its own split or its tuned one
+        best_async = max([by[b] for b in ASYNC_BASELINES] + list(split.values()), key=lambda r: r["samples_per_s"])
         sps = jig["samples_per_s"]
         summary[key] = {
             "vs_verl_sync": sps / by["verl-sync"]["samples_per_s"],
             "vs_tuned_verl_sync": sps / tuned["samples_per_s"],
             "vs_best_async": sps / best_async["samples_per_s"],
-            "best_async": best_async["policy"],
+            "best_async": best_async["policy"] + (" tuned split" if best_async["options"] else ""),
             "busy": jig["gpu_busy_fraction"],
             "p99_us": jig["scheduler"]["decision_p99_us"],
             "p50_us": jig["scheduler"]["decision_p50_us"],
@@ -168,10 +227,10 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         }
         row = [f"({key}) {title}"]
         for b in BASELINES:
-            row.append(f"{by[b]['samples_per_s']:.1f}")
+            row.append(f"{by[b]['samples_per_s']:.1f}" + (f" / {split[b]['samples_per_s']:.1f}" if b in split else ""))
         row += [f"{tuned['samples_per_s']:.1f}", f"{sps:.1f}",
                 f"**{summary[key]['vs_verl_sync']:.2f}x** / {summary[key]['vs_tuned_verl_sync']:.2f}x",
-                f"{summary[key]['vs_best_async']:.2f}x ({best_async['policy']})",
+                f"{summary[key]['vs_best_async']:.2f}x ({summary[key]['best_async']})",
                 f"{jig['gpu_busy_fraction']:.2f} (verl {by['verl-sync']['gpu_busy_fraction']:.2f})"]
         main_rows.append(row)
         shown = [a for name, a in zip(ABLATIONS, abl) if name in SHOWN_ABLATIONS]
@@ -199,7 +258,8 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
             lat_rows.append([f"({key})", name, f"{pv['mean_step_s']:.1f}", f"{pj['mean_step_s']:.1f}",
                              f"{pj['mean_step_s'] / pv['mean_step_s']:.2f}", pj["migrations"], pj["max_staleness"]])
     sections.append(md_table(
-        ["workload"] + [f"{b} samples/s" for b in BASELINES] + ["verl-sync best tp", "jigsaw",
+        ["workload"] + [f"{b} samples/s" + (" (own split / tuned)" if b in ASYNC_BASELINES else "")
+                        for b in BASELINES] + ["verl-sync best tp", "jigsaw",
          "jigsaw / verl-sync (default / best tp)", "jigsaw / best async", "jigsaw busy"], main_rows))
     sections.append("Against the bound (docs/simulator.md derives each bound): `work_s` = ideal device-seconds / "
                     "GPUs, `critical_path_s` = the longest pipeline's unoverlappable chain; gap recovered = "

@@ -142,7 +142,12 @@ Workloads are `examples/workloads/a_sync4_32gpu.yaml`, `b_sync8_64gpu.yaml`,
 `c_async2_16gpu.yaml`, `d_hetero_32gpu.yaml` (distributions fitted to the PolyTrace verl
 and search_r1 traces, 10 steps per pipeline). "verl-sync best tp" re-runs verl-sync with
 rollout tensor-parallel 2 and 4 and keeps the best, so that jigsaw is also compared with
-a tuned baseline. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_32gpu.yaml
+a tuned baseline. The disaggregated baselines (one-step-off, streamrl, areal) show their
+own split of each share into rollout and training devices (balanced on an offline profile,
+`estimates.balanced_split`) and a tuned one: every rollout size the share allows, swept
+for each pipeline alone on its share (a disaggregated pipeline never shares devices), the
+fastest kept (`benchmarks/results/async_splits.json`); "jigsaw / best async" is against
+the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_32gpu.yaml
 --baseline verl-sync --out runs/a`.
 
 {pol}

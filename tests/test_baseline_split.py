@@ -37,3 +37,15 @@ def test_the_profiled_split_is_about_as_good_as_the_best_of_a_sweep(policy):
     default = Simulation(wl, get_policy(policy), seed=0).run()["makespan_s"]
     assert default == pytest.approx(sweep[chosen])  # the default is the profiled split
     assert default <= 1.1 * min(sweep.values()), (chosen, sweep)
+
+
+def test_the_split_may_be_given_per_pipeline():
+    from jigsaw_plugin.errors import SpecError
+
+    wl = _agentic_async(8)
+    one = Simulation(wl, get_policy("one-step-off", rollout_gpus=3), seed=0).run()["makespan_s"]
+    assert Simulation(wl, get_policy("one-step-off", rollout_gpus={"agent": 3}), seed=0).run()["makespan_s"] == one
+    with pytest.raises(SpecError, match=r"one-step-off.rollout_gpus.*'nope'.*a pipeline of the workload: agent"):
+        Simulation(wl, get_policy("one-step-off", rollout_gpus={"nope": 3}))
+    with pytest.raises(SpecError, match=r"one-step-off.rollout_gpus.*'3'.*a multiple of 1 in 1..6"):
+        Simulation(wl, get_policy("one-step-off", rollout_gpus={"agent": "3"}))

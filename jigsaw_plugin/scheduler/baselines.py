@@ -78,7 +78,9 @@ class VerlSync(Policy):
 
 @dataclass
 class _SplitConfig:
-    rollout_gpus: int | None = None  # rollout devices per pipeline; None: balanced by the cost model
+    # rollout devices of each pipeline's share: one count for every pipeline, or a mapping
+    # pipeline name -> count (pipelines it leaves out, and None: the profiled balance)
+    rollout_gpus: int | dict | None = None
 
 
 class _Disaggregated(Policy):
@@ -95,9 +97,16 @@ class _Disaggregated(Policy):
         return 1
 
     def setup(self, state) -> PolicySetup:
-        """The rollout/training split of each share: the user's ``rollout_gpus``, or balanced
-        by the cost model on the workload's profile (what StreamRL and AReaL profile offline)."""
+        """The rollout/training split of each share: the user's ``rollout_gpus`` (one count,
+        or one per pipeline), or balanced on an offline profile of the workload (what
+        StreamRL and AReaL profile for; ``estimates.balanced_split``)."""
         split = {}
+        given = self.config.rollout_gpus
+        if isinstance(given, dict):
+            unknown = sorted(set(given) - {p.name for p in state.order})
+            if unknown:
+                raise SpecError(f"{self.name}.rollout_gpus", unknown[0],
+                                "a pipeline of the workload: " + ", ".join(p.name for p in state.order))
         for p in state.order:
             devs = p.static_devices
             tp = rollout_tp(p, state.cost)
@@ -110,14 +119,21 @@ class _Disaggregated(Policy):
                 raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
                                 f"at least {tp + need} devices for {self.name}: {tp} for a rollout replica and "
                                 f"{need} that hold {p.model.name}'s training state on separate devices")
-            r = self.config.rollout_gpus or balanced_split(p, state.cost, len(devs))
+            r = self._rollout_gpus(p) or balanced_split(p, state.cost, len(devs))
             top = (len(devs) - need) // tp * tp
-            if not tp <= r <= top or r % tp:
+            if isinstance(r, bool) or not isinstance(r, int) or not tp <= r <= top or r % tp:
                 raise SpecError(f"{self.name}.rollout_gpus", r,
                                 f"a multiple of {tp} in {tp}..{top} for pipeline {p.name} (the rest trains: "
                                 f"at least {need} devices hold its training state)")
             split[p.name] = (devs[:r], devs[r:])
         return PolicySetup(super().setup(state).residency, memo=split)
+
+    def _rollout_gpus(self, p) -> int | None:
+        """The user's rollout size for ``p`` (``rollout_gpus``), None where not given."""
+        given = self.config.rollout_gpus
+        if isinstance(given, dict):
+            return given.get(p.name)
+        return given
 
     def may_start_gen(self, p) -> bool:
         k = p.gen_next
