@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
-import time
 from concurrent.futures import ProcessPoolExecutor
 
-from common import EXAMPLES, ROOT, dump, md_table, write_doc_block
-from random_mixes import OFF_POLICY, ON_POLICY, POLICIES, _describe, _load, _run, synthetic_mixes
+from common import EXAMPLES, ROOT, md_table
+from random_mixes import OFF_POLICY, ON_POLICY, POLICIES, _describe, _run, measure_render_write, synthetic_mixes
 
 RESULTS = ROOT / "benchmarks" / "results" / "offload.json"
 BLOCK = "offload"
@@ -168,21 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-doc", action="store_true", help="print the block; do not touch docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="re-render the saved results")
     args = ap.parse_args(argv)
-    if args.render:
-        data = json.loads(RESULTS.read_text())
-        before, _, after = data.get("load", "- -> -").partition(" -> ")
-    else:
-        before, start = _load(), time.monotonic()
-        data = measure(0, args.mixes)
-        after = _load()
-        data["load"], data["wall_s"] = f"{before} -> {after}", round(time.monotonic() - start, 1)
-        if not args.no_doc:
-            dump(data, RESULTS)
-    text = section(data, before, after)
-    print(text)
-    if not args.no_doc:
-        write_doc_block(BLOCK, text)
-    return 0
+    return measure_render_write(RESULTS, BLOCK, lambda: measure(0, args.mixes), section, args.render, args.no_doc)
 
 
 if __name__ == "__main__":

@@ -276,7 +276,9 @@ one-step-off, streamrl and areal run every pipeline at least one step off-policy
 lower bound (of jigsaw's run: each pipeline at its own staleness) does not bind them: a
 synchronous agent whose turns wait minutes on sandboxes is chain-bound on-policy, while
 one step off-policy overlaps its steps. "n/a": the baseline refuses the mix (a share too
-small to split into rollout and training devices). Load average (1 / 5 / 15 min) before {load_before}, after {load_after}.
+small to split into rollout and training devices). The disaggregated baselines split each
+share by their own rule, balanced on an offline profile (`estimates.balanced_split`; not
+swept per mix as the bundled table's tuned splits are). Load average (1 / 5 / 15 min) before {load_before}, after {load_after}.
 
 {md_table(head, rows)}
 
@@ -310,20 +312,28 @@ def main(argv: list[str] | None = None) -> int:
     results, block = (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK) if args.synthetic else (RESULTS, BLOCK)
     n = args.mixes if args.mixes is not None else (60 if args.synthetic else 16)
     seed = args.seed if args.seed is not None else (0 if args.synthetic else 2026)
-    if args.render:
+    return measure_render_write(results, block, lambda: measure(seed, n, args.synthetic), section, args.render,
+                                args.no_doc)
+
+
+def measure_render_write(results, block: str, measure_fn, section_fn, render: bool, no_doc: bool) -> int:
+    """Measure (or, ``render``, read the saved ``results``), render with ``section_fn(data,
+    load before, load after)``, print, and save and write docs/benchmarks.md's ``block``
+    unless ``no_doc``; the load averages and wall time go with the data."""
+    if render:
         data = json.loads(results.read_text())
         before, _, after = data.get("load", "- -> -").partition(" -> ")
     else:
         before, start = _load(), time.monotonic()
-        data = measure(seed, n, args.synthetic)
+        data = measure_fn()
         after = _load()
         data["load"] = f"{before} -> {after}"
         data["wall_s"] = round(time.monotonic() - start, 1)
-        if not args.no_doc:
+        if not no_doc:
             dump(data, results)
-    text = section(data, before, after)
+    text = section_fn(data, before, after)
     print(text)
-    if not args.no_doc:
+    if not no_doc:
         write_doc_block(block, text)
     return 0
 
