@@ -12,7 +12,8 @@ Each is a pure policy (DESIGN.md section 6); docs/simulator.md says how each was
 - ``streamrl``: StreamRL. Disaggregated like one-step-off, with skew-aware dispatch
   (requests submitted longest predicted first to the replica with the least predicted
   outstanding work; the ranker is the run's length predictor, as StreamRL's is learned)
-  and the rollout/training split chosen by the cost model.
+  and the rollout/training split balanced on an offline profile of the workload
+  (``estimates.balanced_split``; every disaggregated baseline's default).
 - ``areal``: AReaL. Fully asynchronous: generation runs ahead of training by up to the
   staleness bound, weights are pushed while requests are in flight and those requests are
   interrupted and continue under the new weights (their KV recomputed).
