@@ -49,3 +49,33 @@ def test_the_split_may_be_given_per_pipeline():
         Simulation(wl, get_policy("one-step-off", rollout_gpus={"nope": 3}))
     with pytest.raises(SpecError, match=r"one-step-off.rollout_gpus.*'3'.*a multiple of 1 in 1..6"):
         Simulation(wl, get_policy("one-step-off", rollout_gpus={"agent": "3"}))
+
+
+def test_streamrl_streams_forward_passes_over_the_batch_still_generating():
+    # 2 rollout devices of 8 for long responses: the trainer waits on the next batch, so
+    # StreamRL reads what has finished of it; one-step-off waits for the whole batch
+    from tests.sim_helpers import small_workload
+
+    wl = small_workload(gpus=8, pipelines=1, prompts=32, samples=8, steps=4, median=2500, max_len=16384,
+                        models=("qwen2.5-7b",), algorithms=("grpo",), agentic=(False,), modes=("async",),
+                        staleness=(1,))
+    runs = {name: Simulation(wl, get_policy(name, rollout_gpus=2), seed=0).run() for name in ("one-step-off", "streamrl")}
+    assert runs["one-step-off"]["pipelines"]["p0"]["early_passes"] == 0
+    assert runs["streamrl"]["pipelines"]["p0"]["early_passes"] >= 3  # the next batch, while the last sync waits
+    for r in runs.values():
+        assert r["samples"] == 32 * 8 * 4 and r["pipelines"]["p0"]["max_staleness"] <= 1
+
+
+def test_an_early_pass_two_steps_ahead_or_before_the_last_stage_is_refused():
+    from jigsaw_plugin.core.executor import PolicyViolation
+    from jigsaw_plugin.scheduler.decisions import RunStage
+    from jigsaw_plugin.sim.world import World
+    from tests.sim_helpers import small_workload
+
+    wl = small_workload(gpus=8, pipelines=1, models=("qwen2.5-1.5b",), algorithms=("grpo",), agentic=(False,),
+                        modes=("async",), staleness=(1,))
+    world = World(wl, get_policy("one-step-off"), lambda ev: None)
+    # step 1 is not the step to train next (0), and step 0 has more than its weight sync left
+    with pytest.raises(PolicyViolation, match=r"early old_log_prob of step 1: only the step to train next \(0\), "
+                                              r"or the one after when only its weight sync is left"):
+        world.apply(RunStage("p0", 1, "old_log_prob", (0,), colocated=False, early=True))

@@ -417,9 +417,14 @@ class ExecutorCore:
                 f"{type(self).__name__} cannot run early passes (capability 'early_passes'): RunStage.early "
                 f"is for executors whose state says early_passes=True (the simulator)")
         s = p.steps.get(d.step)
-        if d.step != p.train_next or s is None or s.reward_end_t is not None:
+        # the step to train next, or the one after once only the former's weight sync is left
+        # (the pass reads the trainer's weights, which that sync only copies to the rollout)
+        sync_left = list(p.stages[p.stage_next:]) == ["weight_sync"]
+        if d.step not in (p.train_next, p.train_next + 1) or (d.step > p.train_next and not sync_left) \
+                or s is None or s.reward_end_t is not None:
             raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step}: only the step to train next "
-                                  f"({p.train_next}) while its batch is still being generated")
+                                  f"({p.train_next}), or the one after when only its weight sync is left, "
+                                  f"while its batch is still being generated")
         if p.stage_running:
             raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step} while a stage runs")
         if d.stage not in p.early_stages():
@@ -438,7 +443,7 @@ class ExecutorCore:
             raise PolicyViolation(f"{p.name}: early {d.stage} needs devices")
         self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
         p.stage_running = True
-        p.early = d.stage
+        p.early, p.early_step = d.stage, d.step
         s.pass_tokens[d.stage] = tokens
         self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
                    samples=s.n_gen_done, tokens=tokens, t=self.t)
@@ -458,7 +463,7 @@ class ExecutorCore:
 
     def running_stage_end_t(self, p: PipelineRun) -> float | None:
         """Predicted end of the stage ``p`` runs now (its start + its priced duration)."""
-        s = p.steps.get(p.train_next)
+        s = p.steps.get(p.early_step if p.early else p.train_next)
         stage = p.early or p.stages[p.stage_next]
         if s is None or stage not in s.stage_t:
             return None
@@ -473,7 +478,7 @@ class ExecutorCore:
         """Bookkeeping when a training-side stage ends (both executors)."""
         s = p.steps[step]
         self._release(devices)
-        if p.early == stage:  # an early pass: the stage itself is still to run, over the rest
+        if p.early == stage and p.early_step == step:  # an early pass: the stage itself is still to run
             self._early_pass_done(p, s, stage, devices)
             return
         s.pass_tokens.pop(stage, None)
@@ -507,7 +512,7 @@ class ExecutorCore:
         s.covered[stage] = s.covered.get(stage, 0) + tokens
         s.early_passes += 1
         s.stage_t.pop(stage, None)  # the stage's own pass records its start and end
-        p.early = None
+        p.early = p.early_step = None
         p.stage_running = False
         self.dirty = True
         self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage=stage,

@@ -54,6 +54,7 @@ class PipelineRun:
         self.stage_next = 0  # index into ``stages`` of train_next's next stage
         self.stage_running = False
         self.early: str | None = None  # the stage whose early pass runs now (docs/simulator.md)
+        self.early_step: int | None = None  # the step it reads (train_next, or the one after)
         self.version = 0  # updates applied to the trainer's weights
         self.rollout_version = 0  # weights the rollout replicas hold
         self.replicas: list = []  # live replicas of this pipeline

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jigsaw_plugin.algorithms import early_stages
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
@@ -178,6 +179,41 @@ class StreamRL(_Disaggregated):
     name = "streamrl"
 
     routes_by_predicted_length = True
+    #: a streamed forward pass reads at least this many times its stage's fixed cost's worth
+    #: of compute (each pass pays the stage's dispatch, so not one per finished sample)
+    stream_min_fixed = 2.0
+
+    def decide(self, state) -> list:
+        """one-step-off's decisions, and stream training: while the next batch generates and
+        the trainer is free, the trainer's forward passes (log-prob, reference, values) read
+        the samples finished so far (``RunStage.early``, where the executor runs early
+        passes), so less is left once the batch is complete. The batch generating is the
+        step to train next, or the one after while the former's weight sync waits for the
+        rollout to go idle. The update itself still takes the whole batch."""
+        out = super().decide(state)
+        if not state.early_passes:
+            return out
+        taken = {d for x in out if isinstance(x, RunStage) for d in x.devices}
+        fixed = state.cost.f.train_stage_overhead_s
+        for p in state.order:
+            if p.done or p.stage_running:
+                continue
+            if p.next_stage is None:
+                k = p.train_next
+            elif p.next_stage == "weight_sync" and p.generating:
+                k = p.train_next + 1
+            else:
+                continue
+            s = p.steps.get(k)
+            _, train = state.memo[p.name]
+            if s is None or s.rewarded >= s.samples or taken.intersection(train) or not all_free(state, train):
+                continue
+            for stage in early_stages(p.stages):
+                tokens = s.finished_tokens - s.covered.get(stage, 0)
+                if tokens > 0 and state.cost.forward_s(p.model, len(train), tokens) - fixed >= self.stream_min_fixed * fixed:
+                    out.append(RunStage(p.name, k, stage, train, colocated=False, early=True))
+                    break
+        return out
 
     def order(self, requests: list) -> list:
         return sorted(requests, key=lambda r: -r.pred_tokens)  # longest predicted first (skew-aware)
