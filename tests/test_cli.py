@@ -66,6 +66,11 @@ def test_unknown_policy_and_bad_options(tmp_path):
     assert p.returncode == 2 and "verl-sync" in p.stderr and "Traceback" not in p.stderr
     p = jigsaw("sim", DEMO, "--policy", "one-step-off", "--policy-opt", "rollout_gpus=9")
     assert p.returncode == 2 and "rollout_gpus" in p.stderr
+    # a split per pipeline, as JSON; a name the workload lacks is refused naming the option
+    p = jigsaw("sim", DEMO, "--policy", "one-step-off", "--policy-opt", 'rollout_gpus={"nope": 2}')
+    assert p.returncode == 2 and "one-step-off.rollout_gpus" in p.stderr and "nope" in p.stderr
+    p = jigsaw("sim", DEMO, "--policy", "one-step-off", "--policy-opt", 'rollout_gpus={"dapo-math-7b": 2}')
+    assert p.returncode == 0, p.stderr
     p = jigsaw("sim", DEMO, "--policy", "verl-sync", "--policy-opt", "nonsense")
     assert p.returncode == 2 and "KEY=VALUE" in p.stderr
     p = jigsaw("sim", tmp_path / "missing.yaml")
