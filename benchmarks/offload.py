@@ -31,27 +31,24 @@ BUNDLED = "d_hetero_32gpu"
 MODES = ("none", "optimizer", "full")
 
 
-def _disaggregated_need(cost, p: dict, offload: str) -> int:
-    """Devices a disaggregated baseline needs for pipeline ``p``: a rollout replica and a
-    trainer that holds its training state (scheduler/baselines.py)."""
-    from jigsaw_plugin.costmodel import model_profile, with_train_offload
-
-    model = with_train_offload(model_profile(p["model"]), offload)
-    tp = p.get("rollout_tp") or model.default_tp
-    return tp + cost.min_gang(model, update=True)
-
-
 def offloaded(spec: dict) -> tuple[dict, list]:
     """``spec`` with ``train_offload`` on each pipeline whose share is too small for a
-    disaggregated baseline (``optimizer``, else ``full``), and what was set."""
-    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    disaggregated baseline (a rollout replica beside a trainer that holds the training
+    state: ``estimates.split_rollout_sizes``): ``optimizer``, else ``full``; and what was set."""
+    from jigsaw_plugin.core.pipelines import build_pipelines
+    from jigsaw_plugin.costmodel import CostModel, hardware_profile, with_train_offload
+    from jigsaw_plugin.scheduler.estimates import rollout_tp, split_rollout_sizes
+    from jigsaw_plugin.workload import parse_workload
 
     cost = CostModel.for_nodes(hardware_profile(spec["cluster"]["gpu"]), spec["cluster"]["gpus_per_node"])
     out, changed = copy.deepcopy(spec), []
-    for p in out["pipelines"]:
-        if p["gpus"] >= _disaggregated_need(cost, p, "none"):
+    for p, run in zip(out["pipelines"], build_pipelines(parse_workload(spec, base_dir=EXAMPLES))):
+        tp = rollout_tp(run, cost)
+        fits = {o: bool(split_rollout_sizes(tp, with_train_offload(run.model, o), cost, p["gpus"]))
+                for o in ("none", "optimizer")}
+        if fits["none"]:
             continue
-        p["train_offload"] = "optimizer" if p["gpus"] >= _disaggregated_need(cost, p, "optimizer") else "full"
+        p["train_offload"] = "optimizer" if fits["optimizer"] else "full"
         changed.append(f"{p['name']}: {p['train_offload']}")
     return out, changed
 

@@ -63,7 +63,7 @@ def tuned_splits() -> dict:
     baseline's own rule got wrong. {workload key: {policy: {pipeline: rollout devices}}}"""
     from jigsaw_plugin.core.pipelines import build_pipelines
     from jigsaw_plugin.costmodel import CostModel, hardware_profile
-    from jigsaw_plugin.scheduler.estimates import rollout_tp
+    from jigsaw_plugin.scheduler.estimates import rollout_tp, split_rollout_sizes
 
     jobs, keys = [], []
     for key, (fname, _) in WORKLOADS.items():
@@ -71,10 +71,9 @@ def tuned_splits() -> dict:
         wl = parse_workload(spec, base_dir=EXAMPLES)
         cost = CostModel.for_nodes(hardware_profile(wl.cluster.gpu), wl.cluster.gpus_per_node)
         for p in build_pipelines(wl):
-            share, tp = len(p.static_devices), rollout_tp(p, cost)
-            top = (share - cost.min_gang(p.model, update=True)) // tp * tp
+            share = len(p.static_devices)
             for b in ASYNC_BASELINES:
-                for r in range(tp, top + 1, tp):
+                for r in split_rollout_sizes(rollout_tp(p, cost), p.model, cost, share):
                     jobs.append((_alone(spec, p.name, share), b, {"rollout_gpus": r}, 0))
                     keys.append((key, b, p.name, r))
     best: dict = {}

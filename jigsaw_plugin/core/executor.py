@@ -251,12 +251,9 @@ class ExecutorCore:
         update = d.stage in UPDATE_STAGES
         need = cost.stage_min_gang(p.model, d.stage)
         if len(d.devices) < need:
-            what = "bf16 weights" if not update else (
-                "bf16 weights and gradients" if p.model.train_offload == "optimizer" else "training state")
-            nbytes = p.model.gang_bytes(update)
             raise PolicyViolation(
                 f"{type(d).__name__}.devices: {len(d.devices)} devices for {p.name}'s {d.stage}: {p.model.name}'s "
-                f"{what} ({nbytes / 1e9:.0f} GB) fill at most {cost.f.train_memory_fraction:.0%} of each "
+                f"{p.model.gang_contents(update)} ({p.model.gang_bytes(update) / 1e9:.0f} GB) fill at most {cost.f.train_memory_fraction:.0%} of each "
                 f"{cost.hw.memory_gb:g} GB device; allowed: at least {need} devices")
 
     # ---- devices ------------------------------------------------------------------------

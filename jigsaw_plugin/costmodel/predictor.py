@@ -230,8 +230,9 @@ class CostModel:
         """Why an update needs ``min_gang(model, update=True)`` devices, for error messages."""
         if model.train_offload == "full":
             return f"{model.name}'s training state lives on the host (train_offload: full)"
-        what = ("bf16 weights and gradients (4 bytes a parameter with train_offload: optimizer, FSDP-sharded) fill"
-                if model.train_offload == "optimizer" else "training state (16 bytes a parameter, FSDP-sharded) fills")
+        what = model.gang_contents(update=True) + (
+            " (4 bytes a parameter with train_offload: optimizer, FSDP-sharded) fill"
+            if model.train_offload == "optimizer" else " (16 bytes a parameter, FSDP-sharded) fills")
         hint = "" if model.train_offload != "none" else "; or set train_offload: optimizer | full"
         return (f"{model.name}'s {what} at most {self.f.train_memory_fraction:.0%} "
                 f"of each device's memory{hint}")

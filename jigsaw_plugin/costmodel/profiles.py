@@ -120,6 +120,14 @@ class ModelProfile:
             return 4.0 * self.params if self.train_offload == "optimizer" else self.train_state_bytes
         return self.weight_bytes
 
+    def gang_contents(self, update: bool) -> str:
+        """What ``gang_bytes`` counts, in words (for error messages)."""
+        if self.train_offload == "full":
+            return "layer being streamed"
+        if update:
+            return "bf16 weights and gradients" if self.train_offload == "optimizer" else "training state"
+        return "bf16 weights"
+
     def resident_train_bytes(self) -> float:
         """Bytes a training gang must bring onto a device it moves to (a context switch):
         the training state, the bf16 weights alone with ``optimizer`` offload (gradients

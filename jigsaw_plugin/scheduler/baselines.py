@@ -31,7 +31,7 @@ from jigsaw_plugin.algorithms import early_stages
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
-from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
+from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp, split_rollout_sizes
 from jigsaw_plugin.scheduler.groups import plan_groups
 
 __all__ = ["VerlSync", "OneStepOff", "StreamRL", "AReaL", "RollMux"]
@@ -122,10 +122,10 @@ class _Disaggregated(Policy):
                                 f"at least {tp + need} devices for {self.name}: {tp} for a rollout replica and "
                                 f"{need} that hold {p.model.name}'s training state on separate devices")
             r = self._rollout_gpus(p) or balanced_split(p, state.cost, len(devs))
-            top = (len(devs) - need) // tp * tp
-            if isinstance(r, bool) or not isinstance(r, int) or not tp <= r <= top or r % tp:
+            sizes = split_rollout_sizes(tp, p.model, state.cost, len(devs))
+            if isinstance(r, bool) or r not in sizes:
                 raise SpecError(f"{self.name}.rollout_gpus", r,
-                                f"a multiple of {tp} in {tp}..{top} for pipeline {p.name} (the rest trains: "
+                                f"a multiple of {tp} in {tp}..{sizes[-1]} for pipeline {p.name} (the rest trains: "
                                 f"at least {need} devices hold its training state)")
             split[p.name] = (devs[:r], devs[r:])
         return PolicySetup(super().setup(state).residency, memo=split)

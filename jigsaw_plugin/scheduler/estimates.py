@@ -12,7 +12,7 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["rollout_tp", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "gen_profile_s", "train_estimate_s",
+__all__ = ["rollout_tp", "split_rollout_sizes", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "gen_profile_s", "train_estimate_s",
            "balanced_split"]
 
 
@@ -25,6 +25,13 @@ def rollout_tp(pipeline, cost) -> int:
     while (cost.kv_capacity_tokens(m, tp) <= 0 or not m.fits_tp(tp)) and tp < 8:
         tp *= 2
     return tp
+
+
+def split_rollout_sizes(tp: int, model, cost, devices: int) -> range:
+    """Rollout sizes a disaggregated split of ``devices`` allows: whole replicas of ``tp``
+    devices, leaving a trainer that holds ``model``'s training state
+    (``CostModel.min_gang``); empty where the share holds no such split."""
+    return range(tp, (devices - cost.min_gang(model, update=True)) // tp * tp + 1, tp)
 
 
 def length_stats(spec, draws: int = 4096) -> dict:
@@ -102,7 +109,7 @@ def balanced_split(pipeline, cost, devices: int) -> int:
     tp = rollout_tp(pipeline, cost)
     st = length_stats(pipeline.spec)
     best, best_r = None, tp
-    for r in range(tp, devices, tp):
+    for r in split_rollout_sizes(tp, pipeline.model, cost, devices):
         t = max(gen_profile_s(pipeline, cost, r), train_estimate_s(pipeline, cost, devices - r, st))
         if best is None or t < best:
             best, best_r = t, r
