@@ -116,34 +116,21 @@ def _is_jigsaw(job) -> bool:
     return job[1] == "jigsaw"
 
 
-def _rerun_jigsaw(all_jobs: list) -> list:
-    """Re-run the jigsaw jobs (the policy changed) and keep the baselines' saved runs, which
-    the policy does not touch; a saved file from an older job list is refused."""
+def _rerun(all_jobs: list, jigsaw: bool) -> list:
+    """Re-run only jigsaw's jobs (``jigsaw``: the policy changed) or only the baselines'
+    (a baseline changed), keeping the other side's saved runs, which the change does not
+    touch; a saved file from an older job list is refused."""
     import json
 
     saved = json.loads(RESULTS.read_text())
-    old = [r for r in saved if r["policy"] != "jigsaw"]
-    base_jobs = [j for j in all_jobs if not _is_jigsaw(j)]
-    if len(old) != len(base_jobs):
-        raise SystemExit(f"{RESULTS}: {len(old)} saved baseline runs, {len(base_jobs)} expected; run without --jigsaw-only")
-    fresh = iter(run_many([j for j in all_jobs if _is_jigsaw(j)]))
-    kept = iter(old)
-    return [next(fresh) if _is_jigsaw(j) else next(kept) for j in all_jobs]
-
-
-def _rerun_baselines(all_jobs: list) -> list:
-    """Re-run the baselines' jobs (a baseline changed) and keep jigsaw's saved runs, which
-    the baselines do not touch; a saved file from an older job list is refused."""
-    import json
-
-    saved = json.loads(RESULTS.read_text())
-    kept = [r for r in saved if r["policy"] == "jigsaw"]
-    if len(kept) != sum(1 for j in all_jobs if _is_jigsaw(j)):
-        raise SystemExit(f"{RESULTS}: {len(kept)} saved jigsaw runs do not match the job list; run without "
-                         f"--baselines-only")
-    fresh = iter(run_many([j for j in all_jobs if not _is_jigsaw(j)]))
+    kept = [r for r in saved if (r["policy"] == "jigsaw") != jigsaw]
+    expected = sum(1 for j in all_jobs if _is_jigsaw(j) != jigsaw)
+    if len(kept) != expected:
+        flag = "--jigsaw-only" if jigsaw else "--baselines-only"
+        raise SystemExit(f"{RESULTS}: {len(kept)} saved runs to keep, {expected} expected; run without {flag}")
+    fresh = iter(run_many([j for j in all_jobs if _is_jigsaw(j) == jigsaw]))
     kept = iter(kept)
-    return [next(kept) if _is_jigsaw(j) else next(fresh) for j in all_jobs]
+    return [next(fresh) if _is_jigsaw(j) == jigsaw else next(kept) for j in all_jobs]
 
 
 def _add_ablation(all_jobs: list, name: str) -> list:
@@ -182,10 +169,10 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
 
         results = json.loads(RESULTS.read_text())
     elif jigsaw_only:
-        results = _rerun_jigsaw(all_jobs)
+        results = _rerun(all_jobs, jigsaw=True)
         dump(results, RESULTS)
     elif baselines_only:
-        results = _rerun_baselines(all_jobs)
+        results = _rerun(all_jobs, jigsaw=False)
         dump(results, RESULTS)
     elif add_ablation:
         results = _add_ablation(all_jobs, add_ablation)
