@@ -110,12 +110,14 @@ def section(data: dict, load_before: str, load_after: str) -> str:
             if "makespan_s" not in off[p]:
                 still.setdefault(p, []).append(name)
         spec = m["spec"]
+        bounds = [drawn["jigsaw"]["bounds"], off["jigsaw"]["bounds"]]
         mix_rows.append([name, f"{spec['cluster']['gpus']} {spec['cluster']['gpu'].upper()}", _describe(spec),
-                         "; ".join(m["changed"]), *cells, f"{best_on / j:.2f}x",
-                         f"{ok[best_all] / j:.2f}x ({best_all})"])
+                         "; ".join(m["changed"]),
+                         " / ".join(f"{b['makespan_lower_bound_s']:.0f}" for b in bounds), *cells,
+                         f"{best_on / j:.2f}x", f"{ok[best_all] / j:.2f}x ({best_all})"])
     mixes = md_table(["mix", "pool", "pipelines (model-algorithm, mode, GPUs)", "offloaded",
-                      *[f"{p} s (drawn / offload)" for p in POLICIES], "offload: jigsaw vs best on-policy",
-                      "offload: jigsaw vs best of all"], mix_rows)
+                      "lower bound s (drawn / offload)", *[f"{p} s (drawn / offload)" for p in POLICIES],
+                      "offload: jigsaw vs best on-policy", "offload: jigsaw vs best of all"], mix_rows)
     n = len(data["mixes"])
     ran = {p: sum("makespan_s" in by[f"{m}:offload"][p] for m in data["mixes"]) for p in OFF_POLICY}
     summary = (f"{n} of the {data['mixes_drawn']} mixes drawn have a pipeline whose share is too small for a "
