@@ -259,8 +259,8 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
                         "(`gap_breakdown` in the result JSON, `core/bounds.py`), as average devices over the "
                         "makespan and split four ways: devices with no task; rollout replicas above the ideal "
                         "decode and prefill (small batches, KV reads, re-prefill, replicas waiting on tools); "
-                        "training passes above their compute (per-stage overhead, wide gangs, context "
-                        "switches); weight syncs.\n\n" + md_table(GAP_HEAD, gap_rows))
+                        "training passes above their compute and fixed cost on the fewest devices (the fixed "
+                        "cost paid on wider gangs, gangs past their cheapest width, context switches); weight syncs.\n\n" + md_table(GAP_HEAD, gap_rows))
     sections.append("Ablations: jigsaw samples/s with one mechanism switched off, or on where it is off by default "
                     "(\"with ...\"; change vs jigsaw's defaults); the last "
                     "column is the ORACLE ablation: true remaining lengths instead of the predictor.\n\n" +

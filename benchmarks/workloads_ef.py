@@ -67,7 +67,8 @@ on 2 shared cores: the sim wall times move with it.
 
 Where the rest goes (`gap_breakdown`, as in the table of (a)-(d) above: average devices
 above the ideal over the makespan, split into devices with no task, rollout replicas above
-the ideal decode and prefill, training passes above their compute, and weight syncs):
+the ideal decode and prefill, training passes above their compute and fixed cost on the
+fewest devices, and weight syncs):
 
 {md_table(GAP_HEAD, gaps)}
 

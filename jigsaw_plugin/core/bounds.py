@@ -6,24 +6,27 @@ the record, never the policy's input), priced by the run's cost model:
 - ``ideal_device_s``: the least device-seconds any policy could spend. Decode: the larger
   of two floors, per synchronous step (an asynchronous pipeline's steps may share decode
   steps: over its whole run), each a lower bound on its own: every token at the engine's
-  largest batch with no KV reads (``max_num_seqs`` sequences per step, on the replica width
-  that makes a token cheapest); and the HBM reads no decode step avoids: the weights once
-  per decode step (at least as many steps as the longest trajectory has tokens) and each
-  token's own KV cache, its whole context, once (``_kv_read_device_s``). Every prompt and
-  observation token prefilled once, every training-side pass at its compute alone (no
-  per-stage overhead, on the gang width that makes it cheapest). Weight syncs, tool calls and rewards cost no
-  device time here.
+  largest batch with no KV reads and no host-side step overhead (``max_num_seqs``
+  sequences per step, on the replica width that makes a token cheapest); and the HBM
+  reads no decode step avoids: the weights once per decode step (at least as many steps
+  as the longest trajectory has tokens) and each token's own KV cache, its whole context,
+  once (``_kv_read_device_s``). Every prompt and observation token prefilled once. Every
+  training-side pass at its compute on the gang width that makes it cheapest, plus its
+  fixed per-stage cost on the fewest devices that hold its state
+  (``_stage_fixed_device_s``). Weight syncs, tool calls and rewards cost no device time
+  here.
 - ``work_s``: ``ideal_device_s / gpus``: no policy finishes sooner than the pool can do the
   work.
 - ``critical_path_s``: the longest pipeline's chain that no scheduling can overlap. For a
   synchronous pipeline, every step's longest trajectory (decoded at batch 1 on the widest
-  replica a node allows, plus its tool and reward latencies) then its update passes on
-  the whole pool (its forward passes may run early, over the trajectories that finished
-  before the longest: ``RunStage.early``); for an asynchronous one, the first step's
-  longest trajectory plus every step's training passes on the whole pool (one pass at a
-  time per pipeline, early ones included). Each step adds the seconds no device count
-  shortens: every training-side stage's fixed cost, the advantage computation, and the
-  weight sync before the next step (``_step_fixed_s``).
+  replica a node allows, plus its tool and reward latencies) then its update passes, each
+  on its fastest gang of at most the whole pool (``_pass_s``; its forward passes may run
+  early, over the trajectories that finished before the longest: ``RunStage.early``); for
+  an asynchronous one, the first step's longest trajectory plus every step's training
+  passes, each on its fastest gang (one pass at a time per pipeline, early ones
+  included). Each step adds the seconds no device count shortens: every training-side
+  stage's fixed cost, the advantage computation, and the weight sync before the next step
+  (``_step_fixed_s``).
 - ``makespan_lower_bound_s``: the larger of the two.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
@@ -44,6 +47,7 @@ __all__ = ["Bounds", "compute_bounds", "gap_breakdown", "idle_gaps", "idle_gap_l
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
 
 _TP = (1, 2, 4, 8)
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,12 @@ def _widths(cost, model, limit: int) -> list[int]:
 
 
 def _decode_token_device_s(cost, model, limit: int) -> float:
-    """Least device-seconds per generated token: the largest batch, no KV reads."""
+    """Least device-seconds per generated token: the largest batch, no KV reads, the GPU
+    work alone (a co-located replica's host-side step overhead runs under its partner's
+    GPU work: ``costmodel.colocation.colocated_step_s``)."""
     b = cost.f.max_num_seqs
-    return min(cost.decode_step_s(model, tp, b, 0.0) * tp / b for tp in _widths(cost, model, limit))
+    ov = cost.f.decode_step_overhead_s
+    return min((cost.decode_step_s(model, tp, b, 0.0) - ov) * tp / b for tp in _widths(cost, model, limit))
 
 
 def _tail_token_s(cost, model, limit: int) -> float:
@@ -145,9 +152,32 @@ def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
     return min(max(0.0, price(model, w, tokens) - cost.f.train_stage_overhead_s) * w for w in widths)
 
 
+def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
+    """Least seconds of a training-side pass's compute (its fixed cost is in
+    ``_step_fixed_s``), on the fastest gang of at most ``gpus`` devices: every width, since
+    a pass's time is not monotone in it (past a node its all-gathers cross the NICs), over
+    the pool's device classes. A stage the executor resizes runs each of its micro-batches
+    at its own width's price, so it is never faster than its fastest width alone."""
+    best = _INF
+    for c in costs:
+        price = c.forward_s if stage in FORWARD_STAGES else c.train_s
+        for w in range(min(c.stage_min_gang(model, stage), gpus), gpus + 1):
+            best = min(best, max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s))
+    return best
+
+
+def _stage_fixed_device_s(costs, model, stage: str) -> float:
+    """Device-seconds of a training-side pass's fixed cost no schedule avoids: the executor
+    charges it on every device of the gang (split over its micro-batches, each at its own
+    width), and a gang holds at least the pass's state (``stage_min_gang``); a pass split
+    into early parts pays it once per part."""
+    return min(c.f.train_stage_overhead_s * c.stage_min_gang(model, stage) for c in costs)
+
+
 def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
     cost, gpus, gpn = ex.cost, ex.gpus, ex.gpus_per_node
+    costs = _class_costs(ex)
     per_byte = _read_s_per_byte(ex)
     ideal = 0.0
     rollout_ideal = 0.0
@@ -180,10 +210,9 @@ def compute_bounds(ex) -> Bounds:
             train = 0.0
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
-                    d = _pass_device_s(cost, m, stage, s.tokens, gpus)
-                    ideal += d
+                    ideal += _pass_device_s(cost, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
                     if stage in UPDATE_STAGES or p.spec.mode != "sync":
-                        train += d / gpus
+                        train += _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
@@ -205,8 +234,9 @@ def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
     """Where the device-seconds between the run and the ideal went, from the executor's
     per-device record (``ex.trace``): devices with no task, rollout replicas above the
     ideal decode and prefill (small batches, KV reads, re-prefill, empty replicas waiting
-    on tools), training passes above their compute (per-stage overhead, wide gangs,
-    context switches), and weight syncs. The four sum to ``gpus x makespan - ideal``."""
+    on tools), training passes above their compute and their fixed cost on the fewest
+    devices (the fixed cost paid on wider gangs, gangs past their cheapest width, context
+    switches), and weight syncs. The four sum to ``gpus x makespan - ideal``."""
     held = {"rollout": 0.0, "training": 0.0, "weight_sync": 0.0}
     for _, category, devices, start, end in ex.trace:
         kind = category if category in ("rollout", "weight_sync") else "training"

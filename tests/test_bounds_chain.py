@@ -1,0 +1,57 @@
+"""The training side of ``core.bounds``: an update on the critical path at its fastest gang
+(every width tried: a pass's time is not monotone in it), and each pass's fixed cost
+counted in the ideal device-seconds on the fewest devices that hold its state."""
+
+import pytest
+
+from jigsaw_plugin.core.bounds import _pass_device_s, _pass_s, _stage_fixed_device_s, compute_bounds
+from jigsaw_plugin.costmodel import CostModel, model_profile
+from jigsaw_plugin.costmodel.profiles import hardware_profile
+from jigsaw_plugin.scheduler import get_policy
+from jigsaw_plugin.sim.engine import Simulation
+from sim_helpers import small_workload
+
+
+def _h100(gpn: int = 8) -> CostModel:
+    return CostModel.for_nodes(hardware_profile("h100"), gpn)
+
+
+def test_an_update_on_the_chain_runs_at_its_fastest_width_not_spread_over_the_pool():
+    cost, m = _h100(), model_profile("qwen2.5-14b")
+    tokens, gpus = 2.0e6, 32
+    ov = cost.f.train_stage_overhead_s
+    times = {w: cost.train_s(m, w, tokens) - ov for w in range(cost.min_gang(m, update=True), gpus + 1)}
+    fastest = min(times, key=times.get)
+    assert _pass_s([cost], m, "update_actor", tokens, gpus) == pytest.approx(times[fastest])
+    # past a node the all-gathers cross the NICs: the whole pool is not the fastest gang,
+    # and the pass takes far longer than its least device-seconds spread over the pool
+    assert fastest < gpus and times[gpus] > times[fastest]
+    assert times[fastest] > 1.5 * _pass_device_s(cost, m, "update_actor", tokens, gpus) / gpus
+    # a device class that is slower everywhere does not lower it; the faster one sets it
+    slow = CostModel.for_nodes(hardware_profile("h20"), 8)
+    assert _pass_s([slow, cost], m, "update_actor", tokens, gpus) == pytest.approx(times[fastest])
+
+
+def test_a_pass_fixed_cost_is_ideal_work_on_the_fewest_devices_that_hold_its_state():
+    cost = _h100()
+    m7, m32 = model_profile("qwen2.5-7b"), model_profile("qwen2.5-32b")
+    ov = cost.f.train_stage_overhead_s
+    assert _stage_fixed_device_s([cost], m7, "old_log_prob") == pytest.approx(ov * cost.min_gang(m7, update=False))
+    assert _stage_fixed_device_s([cost], m32, "update_actor") == pytest.approx(ov * cost.min_gang(m32, update=True))
+    assert cost.min_gang(m32, update=True) > 1
+
+
+def test_no_policy_beats_the_chain_bound_on_a_pool_where_updates_do_not_scale():
+    # few samples of a 14B on four nodes: the chain (each step's longest trajectory, then its
+    # update at its fastest width, whose all-gathers cross the NICs past a node) is above
+    # the work spread over the pool; jigsaw grows and shrinks its gangs at micro-batch
+    # boundaries, each micro-batch at its own width's price
+    wl = small_workload(gpus=32, pipelines=1, prompts=8, samples=4, steps=3, median=800,
+                        models=("qwen2.5-14b",), algorithms=("grpo",), agentic=(False,), modes=("sync",),
+                        staleness=(0,))
+    for name in ("verl-sync", "jigsaw"):
+        sim = Simulation(wl, get_policy(name), seed=3)
+        r = sim.run()
+        b = compute_bounds(sim.world)
+        assert b.critical_path_s > b.work_s
+        assert r["makespan_s"] >= b.makespan_lower_bound_s
