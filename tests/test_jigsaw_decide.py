@@ -491,11 +491,27 @@ def test_a_gang_takes_no_more_devices_than_its_fastest_width():
         assert [len(g) for g in _ready_stage_gang(p1_done, idle_spread=False, fastest_width=False)] == [8]
 
 
+def test_the_fastest_width_is_any_count_not_only_a_power_of_two():
+    # on nodes of 6 the pass is fastest on one whole node: 6 devices beat 4 (fewer devices
+    # computing) and 8 (the all-gathers cross the NICs); the gang takes those 6
+    cost = CostModel.for_nodes(hardware_profile("h100"), 6)
+    times = {w: cost.forward_s(MODEL, w, 32 * 900) for w in range(1, 9)}
+    assert min(times, key=times.get) == 6
+    p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    st = dataclasses.replace(state([p0, p1]), gpus_per_node=6, cost=cost)
+    out = get_policy("jigsaw", migration=False, idle_spread=False).decide(st)
+    got = [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    assert len(got) == 1 and len(got[0]) == 6 and len({d // 6 for d in got[0]}) == 1
+
+
 def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
     # p0's update over 32 x 900 tokens, paused by a reclaim, resumes with its 8-device home
-    # free on nodes of 4: one node's 4 end the pass sooner than all 8 (fastest_width)
+    # free on nodes of 4: 3 devices of one node end the pass sooner than all 8 (their
+    # all-gathers cross the NICs) and than 4 (fastest_width)
     cost = CostModel.for_nodes(hardware_profile("h100"), 4)
-    assert cost.train_s(MODEL, 4, 32 * 900) < cost.train_s(MODEL, 8, 32 * 900)
+    times = {w: cost.train_s(MODEL, w, 32 * 900) for w in range(1, 9)}
+    assert min(times, key=times.get) == 3
     rs = RunningStageView(0, "update_actor", (), None, 6, 8, float("inf"), True)
     p0 = pipeline(0, range(8), gen_next=1, stage_next=3, stage_running=True, running_stage=rs,
                   steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
@@ -507,7 +523,7 @@ def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
         return [d.devices for d in out if isinstance(d, ResizeStage) and d.pipeline == "p0"]
 
     got = resumed()
-    assert len(got) == 1 and len(got[0]) == 4 and len({d // 4 for d in got[0]}) == 1
+    assert len(got) == 1 and len(got[0]) == 3 and len({d // 4 for d in got[0]}) == 1
     assert [len(g) for g in resumed(fastest_width=False)] == [8]
 
 

@@ -81,7 +81,7 @@ _UNSET = object()  # a figure of the round not computed yet
 # micro-batches a stage not yet started is assumed to run as (the simulator's default; a
 # running stage reports its own in ``RunningStageView``)
 _MICRO_BATCHES = 8
-_GANG_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the gang widths a narrower gang is chosen from
+_STAGE_TIMES_KEPT = 256  # passes whose times by width a policy keeps (a few per pipeline)
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,9 @@ class JigsawConfig:
     # mixes -3.7% makespan geomean (23 of 60 faster, none slower), trace/search_r1_async
     # -12.7%: its last pipeline's 32B update ran on 4 devices (52 s), the narrowest gang
     # no slower than all 16 over two nodes (62 s), where one node's 8 take 27 s
-    # (docs/simulator.md)
+    # (docs/simulator.md). Every width is a candidate, not only powers of two (FSDP shards
+    # over any count): a 14B update on (f) is fastest on 10 devices (26 s), where 8 take
+    # 34 s and 16 take 29 s
     fastest_width: bool = True
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
@@ -371,6 +373,9 @@ class Jigsaw(Policy):
     def __init__(self, **options):
         self.config = JigsawConfig(**options)
         self.tail_threshold = self.config.tail_requests if self.config.migration else 0
+        # a pass's time on 1, 2, ... devices, by what prices it (cost model, model, stage,
+        # tokens): a ready stage's widths are read every round it waits
+        self._widths_s: dict[tuple, list] = {}
 
     # ---- contract ---------------------------------------------------------------------
     def staleness_bound(self, pipeline) -> int:
@@ -1274,7 +1279,7 @@ class Jigsaw(Policy):
             g = len(now) + i
             if g == 0:
                 continue
-            whole = self._gang_s(state, p, stage, g)
+            whole = self._gang_s(rnd, p, stage, g)
             if whole == _INF:
                 continue  # too few devices to hold the pass's state
             end = wait + whole
@@ -1305,18 +1310,33 @@ class Jigsaw(Policy):
             return ()
         state = rnd.state
         full = self._stage_s(state, p, stage, len(devices))
-        fastest = self._gang_s(state, p, stage, len(devices))
+        fastest = self._gang_s(rnd, p, stage, len(devices))
         if fastest >= full * (1 - 1e-9):
             return ()
         return self._fastest_gang(rnd, p, stage, devices, fastest)
 
-    def _gang_s(self, state, p, stage, g: int) -> float:
+    def _gang_s(self, rnd, p, stage, g: int) -> float:
         """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
-        gang they hold (``_GANG_WIDTHS`` below ``g``)."""
-        whole = self._stage_s(state, p, stage, g)
+        gang they hold (any width up to ``g``: FSDP shards over any count)."""
         if not self.config.fastest_width:
-            return whole
-        return min([whole] + [self._stage_s(state, p, stage, w) for w in _GANG_WIDTHS if w < g])
+            return self._stage_s(rnd.state, p, stage, g)
+        return min(self._stage_times(rnd, p, stage, g)[:g])
+
+    def _stage_times(self, rnd, p, stage, upto: int) -> list:
+        """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
+        (maybe more: callers slice), each width priced once for what the pass reads: the look-ahead and the width rules read every width
+        below a gang's, every round the stage waits."""
+        s = p.steps[p.train_next]
+        tokens = s.tokens - s.covered.get(stage, 0) if stage in FORWARD_STAGES else s.tokens
+        key = (rnd.state.cost, p.model, stage, tokens)
+        times = self._widths_s.get(key)
+        if times is None:
+            if len(self._widths_s) >= _STAGE_TIMES_KEPT:
+                self._widths_s.clear()
+            times = self._widths_s[key] = []
+        while len(times) < upto:
+            times.append(self._stage_s(rnd.state, p, stage, len(times) + 1))
+        return times
 
     def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:
         """The narrowest gang of fewer than ``now`` devices that ends no later than ``end``,
@@ -1328,12 +1348,9 @@ class Jigsaw(Policy):
         on one 4-device node, 29 s on 16 devices over four). The narrowest gang that merely
         matches the whole width's end is for the last pipeline only: while others run, such
         a gang changes who gets which devices when, and measured chaotic (docs/simulator.md)."""
-        state = rnd.state
-        gpn = max(1, state.gpus_per_node)
-        for g in _GANG_WIDTHS:
-            if g >= len(now):
-                return ()
-            if self._stage_s(state, p, stage, g) <= end + 1e-9:
+        gpn = max(1, rnd.state.gpus_per_node)
+        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
+            if t <= end + 1e-9:
                 group = self._node_group(rnd, p, now, g) if g <= gpn else ()
                 return group or tuple(self._affinity(rnd, p, now, "train")[:g])
         return ()
