@@ -26,7 +26,7 @@ def test_an_update_on_the_chain_runs_at_its_fastest_width_not_spread_over_the_po
     # past a node the all-gathers cross the NICs: the whole pool is not the fastest gang,
     # and the pass takes far longer than its least device-seconds spread over the pool
     assert fastest < gpus and times[gpus] > times[fastest]
-    assert times[fastest] > 1.5 * _pass_device_s(cost, m, "update_actor", tokens, gpus) / gpus
+    assert times[fastest] > 1.5 * _pass_device_s([cost], m, "update_actor", tokens, gpus) / gpus
     # a device class that is slower everywhere does not lower it; the faster one sets it
     slow = CostModel.for_nodes(hardware_profile("h20"), 8)
     assert _pass_s([slow, cost], m, "update_actor", tokens, gpus) == pytest.approx(times[fastest])

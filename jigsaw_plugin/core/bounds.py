@@ -142,14 +142,18 @@ def _step_fixed_s(ex, p, last: bool) -> float:
     return fixed
 
 
-def _pass_device_s(cost, model, stage: str, tokens: float, gpus: int) -> float:
+def _pass_device_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
     """Least device-seconds of a training-side pass: compute without the stage's fixed cost,
     on a gang that holds its state (``CostModel.min_gang``: narrower ones are priced
-    infinite; the narrowest that fits is among the widths tried)."""
-    price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
-    floor = cost.stage_min_gang(model, stage)
-    widths = sorted({1, gpus, min(floor, gpus)} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
-    return min(max(0.0, price(model, w, tokens) - cost.f.train_stage_overhead_s) * w for w in widths)
+    infinite; the narrowest that fits is among the widths tried), over the pool's device
+    classes."""
+    best = _INF
+    for c in costs:
+        price = c.forward_s if stage in FORWARD_STAGES else c.train_s
+        floor = c.stage_min_gang(model, stage)
+        widths = sorted({1, gpus, min(floor, gpus)} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
+        best = min(best, min(max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s) * w for w in widths))
+    return best
 
 
 def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
@@ -176,17 +180,17 @@ def _stage_fixed_device_s(costs, model, stage: str) -> float:
 
 def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
-    cost, gpus, gpn = ex.cost, ex.gpus, ex.gpus_per_node
-    costs = _class_costs(ex)
+    gpus, gpn = ex.gpus, ex.gpus_per_node
+    costs = _class_costs(ex)  # each figure at its least over the pool's device classes
     per_byte = _read_s_per_byte(ex)
     ideal = 0.0
     rollout_ideal = 0.0
     critical = 0.0
     for p in ex.order:
         m = p.model
-        per_token = _decode_token_device_s(cost, m, gpn)
-        tail_token = _tail_token_s(cost, m, gpn)
-        prefill_per_token = min(cost.prefill_s(m, tp, 1e6) * tp / 1e6 for tp in _widths(cost, m, gpn))
+        per_token = min(_decode_token_device_s(c, m, gpn) for c in costs)
+        tail_token = min(_tail_token_s(c, m, gpn) for c in costs)
+        prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, gpn))
         sync = p.spec.mode == "sync"
         chain = 0.0
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
@@ -210,7 +214,7 @@ def compute_bounds(ex) -> Bounds:
             train = 0.0
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
-                    ideal += _pass_device_s(cost, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
+                    ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
                     if stage in UPDATE_STAGES or p.spec.mode != "sync":
                         train += _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward

@@ -1092,12 +1092,17 @@ class Jigsaw(Policy):
                 return tuple(by_node[node][:w])
         return ()
 
+    @staticmethod
+    def _pass_tokens(p, stage) -> int:
+        """The tokens ``stage`` of the step to train next reads: a forward pass what early
+        passes did not read, an update the whole batch."""
+        s = p.steps[p.train_next]
+        return s.tokens - s.covered.get(stage, 0) if stage in FORWARD_STAGES else s.tokens
+
     def _stage_s(self, state, p, stage, g) -> float:
         """The pass's time on ``g`` devices (infinite on fewer than hold its state)."""
-        s = p.steps[p.train_next]
-        if stage in FORWARD_STAGES:  # what early passes did not read
-            return state.cost.forward_s(p.model, g, s.tokens - s.covered.get(stage, 0))
-        return state.cost.train_s(p.model, g, s.tokens)
+        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        return price(p.model, g, self._pass_tokens(p, stage))
 
     # ---- early forward passes ---------------------------------------------------------------
     def _early_passes(self, rnd, out) -> None:
@@ -1324,11 +1329,10 @@ class Jigsaw(Policy):
 
     def _stage_times(self, rnd, p, stage, upto: int) -> list:
         """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
-        (maybe more: callers slice), each width priced once for what the pass reads: the look-ahead and the width rules read every width
-        below a gang's, every round the stage waits."""
-        s = p.steps[p.train_next]
-        tokens = s.tokens - s.covered.get(stage, 0) if stage in FORWARD_STAGES else s.tokens
-        key = (rnd.state.cost, p.model, stage, tokens)
+        (maybe more: callers slice), each width priced once for what the pass reads: the
+        look-ahead and the width rules read every width below a gang's, every round the
+        stage waits."""
+        key = (rnd.state.cost, p.model, stage, self._pass_tokens(p, stage))
         times = self._widths_s.get(key)
         if times is None:
             if len(self._widths_s) >= _STAGE_TIMES_KEPT:
