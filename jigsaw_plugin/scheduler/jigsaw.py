@@ -82,6 +82,7 @@ _UNSET = object()  # a figure of the round not computed yet
 # running stage reports its own in ``RunningStageView``)
 _MICRO_BATCHES = 8
 _STAGE_TIMES_KEPT = 256  # passes whose times by width a policy keeps (a few per pipeline)
+_SHARE_ESTIMATES_KEPT = 1024  # (generation, training) estimates on a share a policy keeps
 
 
 @dataclass(frozen=True)
@@ -376,6 +377,10 @@ class Jigsaw(Policy):
         # a pass's time on 1, 2, ... devices, by what prices it (cost model, model, stage,
         # tokens): a ready stage's widths are read every round it waits
         self._widths_s: dict[tuple, list] = {}
+        # a step's (generation, training) seconds on a share, by what prices them (the cost
+        # model, the pipeline's spec, the share, its length summary): every round projects
+        # every pipeline's finish from them, and they change only when a trajectory ends
+        self._share_s: dict[tuple, tuple] = {}
 
     # ---- contract ---------------------------------------------------------------------
     def staleness_bound(self, pipeline) -> int:
@@ -530,14 +535,13 @@ class Jigsaw(Policy):
     # ---- projections --------------------------------------------------------------------
     def _remaining_s(self, state, p) -> float:
         """Projected time to finish the pipeline's current step on its home devices."""
-        share = len(p.static_devices)
-        stats = observed_stats(p)
+        gen, train = self._on_share_s(state, p, len(p.static_devices))
         rest = 0.0
         if p.generating:
             rest = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
         elif self._may_start_gen(p):
-            rest = gen_estimate_s(p, state.cost, share, stats)
-        return rest + train_estimate_s(p, state.cost, share, stats)
+            rest = gen
+        return rest + train
 
     def _completion_s(self, rnd, p) -> float:
         """Projected time to finish the pipeline's whole run on its static share: this step's
@@ -556,9 +560,21 @@ class Jigsaw(Policy):
     def _step_on_share_s(self, state, p) -> tuple[float, float]:
         """(training, whole step) seconds of one step of ``p`` on its static share at its
         observed lengths: an asynchronous step overlaps its generation with training."""
-        cost, share, stats = state.cost, max(1, len(p.static_devices)), observed_stats(p)
-        gen, train = gen_estimate_s(p, cost, share, stats), train_estimate_s(p, cost, share, stats)
+        gen, train = self._on_share_s(state, p, max(1, len(p.static_devices)))
         return train, (max(gen, train) if p.spec.mode == "async" else gen + train)
+
+    def _on_share_s(self, state, p, share: int) -> tuple[float, float]:
+        """(``gen_estimate_s``, ``train_estimate_s``) of one step of ``p`` on ``share``
+        devices at its observed lengths, each computed once for what it reads."""
+        key = (id(state.cost), id(p.spec), share, p.lengths)
+        got = self._share_s.get(key)
+        if got is None or got[0] is not state.cost or got[1] is not p.spec:  # (ids of live objects only)
+            if len(self._share_s) >= _SHARE_ESTIMATES_KEPT:
+                self._share_s.clear()
+            stats = observed_stats(p)
+            got = self._share_s[key] = (state.cost, p.spec, gen_estimate_s(p, state.cost, share, stats),
+                                        train_estimate_s(p, state.cost, share, stats))
+        return got[2], got[3]
 
     def _critical_s(self, rnd) -> float:
         """The job set's projected completion: the furthest of its pipelines'."""
