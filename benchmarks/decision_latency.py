@@ -305,8 +305,6 @@ The predictor column times the `jigsaw_predict_remaining` hook inside the state 
 (a hook wrapper): its per-round p99, its share of all state-build time, and the slowest
 1% of state builds (their mean, the predictor's share of them, predictor calls per round).
 Targets (issue 12): decision p99 <= 1,000 us at 64 / 8 and <= 10,000 us at 1024 / 32.
-The policy changes under other work; this build makes the state build, the predictor
-and the tail widening cheaper without changing a decision (below).
 
 What the incremental build does each round (docs/predictor.md, "Incremental
 predictions"): a replica whose requests did not change advances its running rows by one
@@ -315,66 +313,40 @@ requests changed a little keeps its rows (finished ones dropped as the executor 
 them); a new turn or a migrated request has only its GRPO groups asked, the whole
 pipeline only when its predictions are stale by progress, history or an outlived row.
 The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); the
-collections that then run between rounds are in the GC column.
+collections that then run between rounds are in the GC column. What earlier builds made
+cheaper without changing a decision is in docs/predictor.md ("What a round costs").
 
 Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
-state build and of the policy, the slowest 1% of a case's rounds; timers included, which
-add about 1 us a timed call):
+state build and of the policy, the slowest 1% of a case's rounds; timers included, about
+1 us a timed call), on this build:
 
-* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`, 5,367
-  rounds; one run each of the previous build and of this one's state build and predictor
-  at a load about 2.9): the slowest rounds (4.1 -> 3.2 ms on average) are rounds in which
-  the tail consolidation (`Jigsaw._consolidate_tails`) reads the predicted drains of 7-8
-  pipelines at once (this benchmark's pipelines are copies of two and reach their rollout
-  tails together). Each first read gathers its pipeline's rows: 3.3 -> 2.5 ms of the
-  round, of which 3.4 predictor calls 1.3 -> 1.0 ms (a call's fixed cost about 140 us on
-  an idle core, 180 us before), the replicas whose requests changed read again 0.9 -> 0.6
-  ms (taking the requests' fields from the simulator's replicas 0.50 -> 0.27 ms), and
-  staleness checks, aggregates, finished rows, the predictor's batch and log about 0.9 ms.
-  Outside the gathers: the views of the 64 replicas (0.19 -> 0.16 ms every round) and the
-  tail widening (about 0.3 ms every round before this build; its profiled time over the
-  run 4.0 -> 2.2 s with the width filter below).
-* 1024 / 32 (the previous build's analysis; not re-run whole on this one): from about 3
-  simulated seconds most of the 1,024 replicas hold fewer than the policy's
-  `tail_requests` (32) and are priced as tails every round (about 520 a round in the
-  slowest rounds). Its slowest rounds over 16,000 rounds (15.4 ms at a load about 6): the
-  consolidation 10.9 ms, the gathers 5.6 ms of it, 840 drain reads 1.7 ms beyond the
-  gathers and the pricing itself 2.3 ms for 553 tails, the views of all replicas 3.8 ms:
+* 64 / 8, the first 400 rounds (`--breakdown --cases 64x8 --rounds 400 --cpu-budget 40`):
+  the slowest rounds (6.6 ms on average) are rounds in which the tail consolidation
+  (`Jigsaw._consolidate_tails`) reads the predicted drains of 7 pipelines at once (this
+  benchmark's pipelines are copies of two and reach their rollout tails together). Each
+  first read gathers its pipeline's rows: 5.7 ms of the round, of which 4 predictor calls
+  2.0 ms, the replicas whose requests changed read again 1.7 ms (their requests' fields
+  from the simulator's replicas 1.0 ms), and staleness checks, aggregates, finished rows
+  and the predictor's batch the rest. Outside the gathers: the views of the 64 replicas
+  (0.3 ms every round).
+* 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
+  400`; the first rollout's tails, from about 2.8 simulated seconds): the slowest rounds
+  (19.4 ms on average with about 2,500 timed calls) price 554 tails a round (12.5 ms):
+  814 drain reads 8.8 ms, of which 29 gathers 6.8 ms (every pipeline has tails to price,
+  and a gather advances all 32 of its replicas' rows: 1.3 ms; its staleness checks 1.0
+  ms; 1.7 predictor calls 0.8 ms); the views of all 1,024 replicas 4.1 ms, every round:
   the state build is most of a slow round.
 
-What changed in this build (docs/predictor.md, "What a round costs"), each giving the same
-values in the same order, so every prediction and decision is unchanged:
-
-* the predictor (`predict/`): the same arithmetic with fewer numpy calls: each step's
-  GRPO-group statistics read as one array (`LengthHistory.group_stats`), every turn bin's
-  empirical lengths in one stacked table built at fit time (`EmpiricalTable`: two thirds
-  of the calls span several bins), numpy's Python wrappers (unique, stack, clip,
-  reductions) replaced by their ufuncs and methods; on 1,149 calls recorded from the 64 /
-  8 run, bit-identical answers, 182 -> 137 us for calls of 1-10 requests, 292 -> 211 us for
-  calls of over 100;
-* the simulator's requests keep their six fixed fields (group, step, sample, turn,
-  context, budget) in one packed buffer, so a replica's columns are built in one pass, not
-  one per field;
-* the state build: the finished requests' keys computed once a gather, not per replica;
-  a pipeline's length summary kept until a trajectory finishes; the replicas' step times
-  built only for a predictor call; a replica view keeps `load`, `tp` and its predicted
-  work and longest remaining in its own dict after the first read (plain attribute reads
-  later: a policy reads them hundreds of times a round);
-* the tail widening (`Jigsaw._widen_plan`): a width on which every plan ends at or after
-  the bound to beat (its weight reload plus the longest predicted request alone at batch
-  1 with no KV: the group holding it also pays its re-prefill, and a step never gets
-  faster with more sequences or KV) prices no plan.
-
-Checked: the hash of every decide round's decisions over this benchmark's whole 64 / 8 run
-(5,367 rounds, `093689c681dcc28c`) and of its 3,023 predictor answers are those of the
-build before; jigsaw's makespans (seed 0) on the bundled (a) and (e) are bit-identical;
-`tests/test_predict_fast_paths.py` and `tests/test_snapshot_fast_paths.py` check the
-kept values against fresh reads (a stale summary or view fails them). Tried and not
-kept: copies of the stacked tables (each refit about 100 us slower), length counts by
-bincount, single-replica reads through the batched read (88 against 55 us). One
-invocation's figures move by 10-30% with the shared machine's load from run to run: the
-medians of alternated repeats under the tables are the comparison; the previous build is
-0628d20.
+This build keeps each pipeline's step estimates on its static share across rounds
+(`Jigsaw._on_share_s`, by cost model, spec, share and length summary): every round
+projected every pipeline's finish from fresh ones (`critical_spread` and `predicted_pace`
+read them), and they change only when a trajectory ends. Checked: the hash of every
+decide round's decisions over the whole 64 / 8 run (5,187 rounds, `96382fc906e6bb7f`) and
+over the first 6,000 rounds at 1024 / 32 (`3148a94afa82a58f`) are those of the build
+before (45c59fe); `tests/test_jigsaw_share_estimates.py` compares the kept estimates
+with fresh ones every round of a run. One invocation's figures move by 10-30% with the
+shared machine's load from run to run (more at 1024 / 32, whose runs take 2 minutes
+each): the medians of alternated repeats under the tables are the comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -384,30 +356,28 @@ medians of alternated repeats under the tables are the comparison; the previous 
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,367
-rounds, 290.6 simulated s), 16,000 rounds at 1024 / 32 (3.7 s: the first rollout tails)
-and its whole run follow where they were rendered with this block (`--also`), and
-the medians of alternated whole runs of the previous build and of this one's state build
-and predictor (without the widening's width filter) where given (`--repeats`): both
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,187
+rounds, 290 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
+tails) follow where they were rendered with this block (`--also`), and the medians of
+alternated runs of the build before and of this one where given (`--repeats`): both
 builds make the same decisions, so their runs are the same rounds.
 {notes}
-What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision p99
-is 2.3 ms on this build at a load about 1 (the policy's own 0.74 ms; 2.75 ms, the median of
-five alternated runs of its state build and predictor without the widening's filter at a
-load 2.3-3.0, against 3.0 ms before), over the first 400 rounds 3.7-4.1 ms. A slow round is still nearly all state build: 3-4 predictor calls of about 140 us
-each even on an idle core (some 250 numpy calls whatever the batch: fewer would need other
-arithmetic, which changes predictions), the replicas of fewer than 64 requests read again
-whenever their request set changes (every round for the search agents: about 55 us a
-replica), and the staleness checks, aggregates and batch assembly (about 0.9 ms); even a
-free state build would leave the policy's own p99 near 0.75 ms, in rounds where the tail
-widening prices its plans. At 1024 / 32 the target holds on this build at a load about 1
-(one run each, their tables above): over 16,000 rounds decision p99 6.95 ms (the previous
-build 7.1 ms, the median of alternated runs at a load about 2) and over the whole run
-(82,168 rounds, 131.7 simulated s; this build's policy makes other decisions there than the
-previous one's 81,074 rounds) 7.3 ms, every tenth within 8.8 ms (the previous build: 8.2
-ms, every tenth within 9.9 ms). Under a load of 4-6 the previous build's whole runs gave
-9.6 and 12.3 ms: the first step's rollout tails gather about 30 pipelines every round and
-the views of all 1,024 replicas cost 2-3 ms a round.
+What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision
+p99 is 3.7-4.0 ms (the policy's own 1.1-1.2 ms), over the first 400 rounds 5.7-6.8 ms. A
+slow round is nearly all state build: the predicted drains of the tails the consolidation
+prices gather 7 pipelines, each with 3-4 predictor calls of 140-500 us (some 250 numpy
+calls whatever the batch) and the replicas whose request sets changed read again. At 1024
+/ 32 the target holds over the first 400 rounds (4.6-5.3 ms) but not over the first
+rollout's tails: over 16,000 rounds the decision p99 is 10.9-12.6 ms in five runs of this
+build and the one before (the last tenth 13.6-14.6 ms), where the block of 56fb059
+reported 6.95 ms; that build, run again on this machine the same day, gives 10.1 ms (last
+tenth 12.3 ms; its policy p99 3.7 ms against 5.0 ms now: profiled over the same 400
+late rounds, `_price_move`'s own time doubled since, with the tail pricing at the KV a
+merge would grow to). Meeting either target needs a state build that does not re-gather every
+pipeline with a tail every round (a gather's rows kept per replica are already
+incremental; what is left is the per-replica and per-pipeline Python work of 1,000 views
+and 30 gathers a round) or a consolidation that re-prices a pipeline only when its tails'
+requests or predictions changed, which changes decisions.
 """
 
 
