@@ -66,10 +66,11 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
     assert 10 < moves < 290  # both answers are exercised
 
 
-def _round(replicas, t, done=60, samples=64, turns=1.0):
+def _round(replicas, t, done=60, samples=64, turns=1.0, changed=True):
     step = SimpleNamespace(samples=samples, gen_done=done)  # a StepView's progress
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
-                        lengths=SimpleNamespace(turns=turns))  # mean turns of its finished trajectories
+                        lengths=SimpleNamespace(turns=turns),  # mean turns of its finished trajectories
+                        requests_changed=changed)
     state = SimpleNamespace(cost=COST, t=t, order=(p,))
     return SimpleNamespace(state=state, gone=set(), free=set(), spread=None)  # spread: no pipeline critical_spread serves
 
@@ -120,3 +121,18 @@ def test_a_tail_too_short_to_pay_for_any_move_reads_only_its_own_drain():
     long_tail, a, b = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 40, 40_000.0, 3500.0), _replica(3, 60, 6e4, 900.0)
     policy._consolidate_tails(_round([long_tail, a, b], 5.0), out)
     assert out[:1] == [RetireReplica(1)] and a._source.reads == 1 and b._source.reads == 1
+
+
+def test_reprice_on_change_prices_only_pipelines_whose_requests_changed_since_read():
+    """``reprice_on_change``: a pipeline whose engines report the request counts they did
+    when its requests were last read, and no finished trajectory since, is not priced
+    again (no drain read); once they change it is. Off (the default), it is priced."""
+    tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
+    out = []
+    Jigsaw(idle_spread=False, reprice_on_change=True)._consolidate_tails(_round([tail, other], 5.0, changed=False), out)
+    assert out == [] and tail._source.reads == 0 and other._source.reads == 0
+    Jigsaw(idle_spread=False, reprice_on_change=True)._consolidate_tails(_round([tail, other], 5.0), out)
+    assert out == [RetireReplica(1), Migrate(1, 2)]
+    out.clear()
+    Jigsaw(idle_spread=False)._consolidate_tails(_round([tail, other], 5.0, changed=False), out)
+    assert out == [RetireReplica(1), Migrate(1, 2)]

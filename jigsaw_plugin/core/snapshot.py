@@ -703,6 +703,7 @@ class _PipelineCache:
         self.changed_groups: list = []  # group keys with a request finished since last asked
         self.rows_total = 0  # rows held at the last gather
         self.lengths: tuple | None = None  # (observed lengths, their count, the summary made of them)
+        self.counts: tuple | None = None  # its engines' (replica, running, queued) and its history count when last gathered
 
 
 def note_finished(caches: dict, pipeline: str, request_id, replica: int | None = None) -> None:
@@ -727,10 +728,12 @@ class _PipelineRequests:
         self._ex, self._p, self._t, self._cache, self._refresh = ex, p, t, cache, refresh
         self._rows: dict[int, _ReplicaRows] | None = None
         self._obs: dict[int, ReplicaObs] = {}
+        self._counts: tuple | None = None
 
-    def observed(self, obs: dict) -> None:
-        """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``)."""
-        self._obs = obs
+    def observed(self, obs: dict, counts: tuple | None = None) -> None:
+        """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``) and
+        what they say of its requests (``_pipeline_view``), kept by a gather."""
+        self._obs, self._counts = obs, counts
 
     def _step_s(self) -> dict[int, float]:
         """Replica -> its decode step time (what the predictions are scored in), read only
@@ -777,6 +780,7 @@ class _PipelineRequests:
         if not refresh.exact:
             _adopt_moved(cache.rows, rows)
         cache.rows = self._rows = rows
+        cache.counts = self._counts
         parts = [r for r in rows.values() if len(r.ids)]
         cache.rows_total = sum(len(r.ids) for r in parts)
         if parts:
@@ -1005,7 +1009,11 @@ def _step_view(s) -> StepView:
 def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> PipelineView:
     reqs = _requests_of(ex, p, t, refresh, caches)
     obs = {rep.id: rep.observe(t) for rep in p.replicas}
-    reqs.observed(obs)
+    # what its engines report of their requests, and its finished trajectories: the same
+    # as when its requests were last read, or not (``PipelineView.requests_changed``)
+    counts = (tuple((i, o.running, o.queued) for i, o in obs.items()), p.history.count)
+    reqs.observed(obs, counts)
+    changed = counts != caches[p.name][2].counts
     build, name = ReplicaView.build, p.name
     replicas = [build(rep.id, name, rep.devices, o.running, o.queued, o.kv_tokens, o.kv_capacity, o.max_seqs,
                       rep.retiring, o.step_s, o.stall_s, _ReplicaSource(reqs, rep.id))
@@ -1023,7 +1031,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
-        early_stage=p.early,
+        early_stage=p.early, requests_changed=changed,
     )
 
 

@@ -100,7 +100,27 @@ def get_policy(name: str, **options) -> Policy:
     if unknown:
         raise SpecError(f"{name} option {unknown[0]}", options[unknown[0]],
                         "config fields " + ", ".join(allowed) if allowed else f"none ({name} takes no options)")
+    if config:
+        _check_option_types(name, config, options)
     return factory(**options)
+
+
+def _check_option_types(name: str, config, options: dict) -> None:
+    """Each option of the kind its field's default is (a switch true or false, a count an
+    integer, a figure a number): ``--policy-opt migration=maybe`` is refused, not read as on."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for key, value in options.items():
+        default = defaults.get(key, dataclasses.MISSING)
+        if isinstance(default, bool):
+            ok, allowed = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, allowed = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, allowed = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            continue
+        if not ok:
+            raise SpecError(f"{name} option {key}", value, allowed)
 
 
 def _load_builtins() -> None:

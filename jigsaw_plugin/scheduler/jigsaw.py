@@ -174,6 +174,12 @@ class JigsawConfig:
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
     colocate: bool = False  # move a tail onto another pipeline's tail replica's devices where it pays (docs/colocation.md)
+    # the tail consolidation prices a pipeline's tails only where its engines' request
+    # counts changed or a trajectory of it finished since its requests were last read
+    # (``requests_changed``), not while its tails merely decode on: a pricing that found no
+    # move is not redone (decision latency at 1024 GPUs / 32 pipelines; off until the
+    # benchmarks are re-run with it)
+    reprice_on_change: bool = False
     # forward passes (log-prob, reference, values) over a step's finished trajectories on
     # devices its rollout no longer needs, while the tail still generates: the stage's own
     # pass then reads only the rest (docs/simulator.md, "Early forward passes")
@@ -832,6 +838,8 @@ class Jigsaw(Policy):
         cfg = self.config
         extra: dict[int, int] = {}
         for p in state.order:
+            if cfg.reprice_on_change and not p.requests_changed:
+                continue  # its tails as they were when last priced, a little further on
             live = [r for r in p.replicas if not r.retiring and r.load and r.id not in rnd.gone]
             if len(live) < 2:
                 continue

@@ -287,6 +287,10 @@ class PipelineView:
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
     early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
+    # its engines' request counts (running, queued; replicas come and go) or its finished
+    # trajectories changed since its requests were last read (a policy's first read of a
+    # prediction or request view of it gathers them); True until they are first read
+    requests_changed: bool = True
 
     @classmethod
     def build(cls, **values) -> "PipelineView":
