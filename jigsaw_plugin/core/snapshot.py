@@ -728,12 +728,19 @@ class _PipelineRequests:
         self._ex, self._p, self._t, self._cache, self._refresh = ex, p, t, cache, refresh
         self._rows: dict[int, _ReplicaRows] | None = None
         self._obs: dict[int, ReplicaObs] = {}
-        self._counts: tuple | None = None
 
-    def observed(self, obs: dict, counts: tuple | None = None) -> None:
-        """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``) and
-        what they say of its requests (``_pipeline_view``), kept by a gather."""
-        self._obs, self._counts = obs, counts
+    def observed(self, obs: dict) -> None:
+        """This round's reports of the pipeline's replicas (replica -> ``ReplicaObs``)."""
+        self._obs = obs
+
+    def _counts(self) -> tuple:
+        """What its engines report of its requests, and its finished trajectories."""
+        return tuple((i, o.running, o.queued) for i, o in self._obs.items()), self._p.history.count
+
+    def changed(self) -> bool:
+        """``PipelineView.requests_changed``: its counts now differ from those its requests
+        were last read at (a gather keeps them)."""
+        return self._counts() != self._cache.counts
 
     def _step_s(self) -> dict[int, float]:
         """Replica -> its decode step time (what the predictions are scored in), read only
@@ -780,7 +787,7 @@ class _PipelineRequests:
         if not refresh.exact:
             _adopt_moved(cache.rows, rows)
         cache.rows = self._rows = rows
-        cache.counts = self._counts
+        cache.counts = self._counts()
         parts = [r for r in rows.values() if len(r.ids)]
         cache.rows_total = sum(len(r.ids) for r in parts)
         if parts:
@@ -1009,11 +1016,7 @@ def _step_view(s) -> StepView:
 def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> PipelineView:
     reqs = _requests_of(ex, p, t, refresh, caches)
     obs = {rep.id: rep.observe(t) for rep in p.replicas}
-    # what its engines report of their requests, and its finished trajectories: the same
-    # as when its requests were last read, or not (``PipelineView.requests_changed``)
-    counts = (tuple((i, o.running, o.queued) for i, o in obs.items()), p.history.count)
-    reqs.observed(obs, counts)
-    changed = counts != caches[p.name][2].counts
+    reqs.observed(obs)
     build, name = ReplicaView.build, p.name
     replicas = [build(rep.id, name, rep.devices, o.running, o.queued, o.kv_tokens, o.kv_capacity, o.max_seqs,
                       rep.retiring, o.step_s, o.stall_s, _ReplicaSource(reqs, rep.id))
@@ -1031,7 +1034,7 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
-        early_stage=p.early, requests_changed=changed,
+        early_stage=p.early, _requests=reqs,
     )
 
 

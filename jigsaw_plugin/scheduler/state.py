@@ -287,10 +287,8 @@ class PipelineView:
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
     early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
-    # its engines' request counts (running, queued; replicas come and go) or its finished
-    # trajectories changed since its requests were last read (a policy's first read of a
-    # prediction or request view of it gathers them); True until they are first read
-    requests_changed: bool = True
+    # the executor's lazy source of ``requests_changed`` (``changed() -> bool``)
+    _requests: Any = field(repr=False, compare=False, default=None)
 
     @classmethod
     def build(cls, **values) -> "PipelineView":
@@ -302,6 +300,15 @@ class PipelineView:
         v = _new(cls)
         v.__dict__.update(values)
         return v
+
+    @property
+    def requests_changed(self) -> bool:
+        """Its engines' request counts (running, queued; replicas come and go) or its
+        finished trajectories changed since its requests were last read (a policy's first
+        read of a prediction or a request view of it reads them); True until first read, and
+        where the executor does not say. Computed when asked: most rounds no policy asks."""
+        src = self._requests
+        return True if src is None else src.changed()
 
     @property
     def total_steps(self) -> int:
