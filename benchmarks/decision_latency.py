@@ -41,6 +41,7 @@ per round (``BREAKDOWN``) and prints the split of the slowest 1% of rounds.
     python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick
     python benchmarks/decision_latency.py --cases 64x8 --rounds 0             # the whole run
     python benchmarks/decision_latency.py --breakdown --cases 64x8 --rounds 0 # where the time goes
+    python benchmarks/decision_latency.py --cases 1024x32 --rounds 16000 --policy-opt reprice_on_change=true
     python benchmarks/decision_latency.py --write        # every case; writes its block
     python benchmarks/decision_latency.py --render --before OLD.json   # re-render the saved results
     python benchmarks/decision_latency.py --render --also "whole run=RUN.json" --repeats B1,B2 A1,A2
@@ -131,7 +132,8 @@ def measure(job: tuple) -> dict:
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
 
-    gpus, pipelines, prompts, mode, rounds, cpu_budget_s = job
+    gpus, pipelines, prompts, mode, rounds, cpu_budget_s, *rest = job
+    options = rest[0] if rest else {}  # the jigsaw policy's options (--policy-opt)
     limit = int(2 * cpu_budget_s) + 30
     resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))  # the backstop: SIGXCPU past it
     budget = _Budget(rounds, cpu_budget_s)
@@ -139,7 +141,7 @@ def measure(job: tuple) -> dict:
     register(pm, budget, "decision-latency-budget")
     predictor = _PredictorTimer()
     register(pm, predictor, "decision-latency-predictor-timer")
-    sim = Simulation(load(workload(gpus, pipelines, prompts)), get_policy("jigsaw"), 0, pm=pm)
+    sim = Simulation(load(workload(gpus, pipelines, prompts)), get_policy("jigsaw", **options), 0, pm=pm)
     w = sim.world
     w.prediction_refresh = EXACT if mode == "from-scratch" else RefreshPolicy()
     # the round timers read this thread's CPU clock: once RLIMIT_CPU arms the process's CPU
@@ -378,10 +380,12 @@ pipeline with a tail every round (a gather's rows kept per replica are already
 incremental; what is left is the per-replica and per-pipeline Python work of 1,000 views
 and 30 gathers a round) or a consolidation that re-prices a pipeline only when its tails'
 requests changed, which changes decisions: built as `reprice_on_change` (off by default;
-docs/simulator.md): with it, back to back under a heavy load, 16,000 rounds at 1024 / 32
-gave a decision p99 of 7.5 and 11.1 ms against 21.1 ms without (the policy's own 1.4 and
-2.6 against 9.0 ms), at a cost of +0.8% makespan on (a), -0.4% on (b), (c)-(f) within
-0.1%; it waits for the policy benchmarks to be re-run with it on.
+docs/simulator.md; `--policy-opt reprice_on_change=true` measures it): with it, back to back
+with runs without it under the shared machine's changing load, 16,000 rounds at 1024 / 32
+gave a decision p99 of 7.5-11.1 ms in three runs against 17.6-21.1 ms without (the
+policy's own 1.4-2.6 against 7.0-9.0 ms), at +0.8% makespan on (a), -0.4% on (b), (c)-(f)
+within 0.1%, the mixes within 0.2%; it waits for the policy benchmarks to be re-run with
+it on.
 """
 
 
@@ -610,6 +614,28 @@ def breakdown_text(b: dict) -> str:
             + md_table(["function", "slowest 1%: us per round", "calls per round", "all rounds: us per round"], rows))
 
 
+def _policy_options(pairs: list) -> dict:
+    """``--policy-opt KEY=VALUE`` pairs as options (values read as JSON where they parse);
+    ``get_policy`` refuses an unknown field or a value of the wrong kind."""
+    opts = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            sys.exit(f"--policy-opt: {pair!r} is not KEY=VALUE; allowed: a jigsaw config field, '=', its value")
+        try:
+            opts[key] = json.loads(value)
+        except ValueError:
+            opts[key] = value
+    from jigsaw_plugin.errors import SpecError
+    from jigsaw_plugin.scheduler import get_policy
+
+    try:
+        get_policy("jigsaw", **opts)
+    except SpecError as e:
+        sys.exit(f"--policy-opt: {e}")
+    return opts
+
+
 def _parse_cases(text: str) -> list:
     known = {(g, n): pr for g, n, pr in CASES}
     out = []
@@ -649,6 +675,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", nargs=2, action="append", default=[], metavar=("BEFORE_JSONS", "AFTER_JSONS"),
                     help="with --render: comma-separated results files of alternated repeats of the earlier build "
                          "and of this one; their medians are shown under the tables (repeatable: one table each)")
+    ap.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="a jigsaw config field for the measured runs (repeatable), e.g. reprice_on_change=true")
     ap.add_argument("--also", action="append", default=[], metavar="LABEL=PATH",
                     help="with --render: another invocation's results file shown under the main table "
                          "(its command, table, targets and tenths), e.g. a whole run; repeatable")
@@ -692,7 +720,8 @@ def main(argv=None) -> None:
                  f"run) and --cpu-budget in (0, 3600] seconds")
     cases = _parse_cases(args.cases)
     load_before = _load_avg()
-    results = _run_jobs([(g, n, pr, m, args.rounds, args.cpu_budget) for g, n, pr in cases for m in modes])
+    options = _policy_options(args.policy_opt)
+    results = _run_jobs([(g, n, pr, m, args.rounds, args.cpu_budget, options) for g, n, pr in cases for m in modes])
     load_after = _load_avg()
     command = "python benchmarks/decision_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = section(results, command.strip(), load_before, load_after, notes)

@@ -130,3 +130,12 @@ def test_breakdown_times_each_function_of_the_slow_rounds():
     lines = text.splitlines()
     assert "the slowest 2 (1%): decision 800 us" in lines[0] and "3.0-4.0 s" in lines[0]
     assert "| f | 400 | 1.5 | 10 |" in text and "| g | 25 | 0.5 | 1 |" in text
+
+
+def test_policy_options_of_the_benchmark_are_checked_before_any_run():
+    assert dl._policy_options(["reprice_on_change=true", "tail_requests=16"]) == {
+        "reprice_on_change": True, "tail_requests": 16}
+    with pytest.raises(SystemExit, match="reprice_on_change: got 'maybe'; allowed: true or false"):
+        dl._policy_options(["reprice_on_change=maybe"])
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        dl._policy_options(["reprice_on_change"])
