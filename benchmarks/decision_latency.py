@@ -615,24 +615,16 @@ def breakdown_text(b: dict) -> str:
 
 
 def _policy_options(pairs: list) -> dict:
-    """``--policy-opt KEY=VALUE`` pairs as options (values read as JSON where they parse);
-    ``get_policy`` refuses an unknown field or a value of the wrong kind."""
-    opts = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            sys.exit(f"--policy-opt: {pair!r} is not KEY=VALUE; allowed: a jigsaw config field, '=', its value")
-        try:
-            opts[key] = json.loads(value)
-        except ValueError:
-            opts[key] = value
+    """``--policy-opt KEY=VALUE`` pairs as the jigsaw policy's options, checked by
+    ``get_policy`` (a field it has, a value of its kind) before any run."""
     from jigsaw_plugin.errors import SpecError
-    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.scheduler import get_policy, parse_options
 
     try:
+        opts = parse_options(pairs)
         get_policy("jigsaw", **opts)
     except SpecError as e:
-        sys.exit(f"--policy-opt: {e}")
+        sys.exit(f"decision_latency.py: {e}")
     return opts
 
 

@@ -30,19 +30,6 @@ examples:
 """
 
 
-def _policy_options(pairs: list[str]) -> dict:
-    opts = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SpecError("--policy-opt", pair, "KEY=VALUE, e.g. rollout_gpus=4")
-        try:
-            opts[key] = json.loads(value)
-        except json.JSONDecodeError:
-            opts[key] = value
-    return opts
-
-
 def _table(results: list[dict], reference: dict | None = None) -> str:
     """One row per result; with ``reference``, a throughput ratio column against it."""
     ref = f"{'vs ' + reference['policy']:>16}" if reference else ""
@@ -70,14 +57,14 @@ def cmd_sim(args) -> int:
     from jigsaw_plugin.bench.spans import MIGRATION_HOOKS, timeline_of
     from jigsaw_plugin.events import EventRecorder
     from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
-    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.scheduler import get_policy, parse_options
     from jigsaw_plugin.sim import Simulation
     from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.workload import load_workload
 
     args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
-    policy = get_policy(args.policy, **_policy_options(args.policy_opt))
+    policy = get_policy(args.policy, **parse_options(args.policy_opt))
     # the scheduler and cost model run as plugins of this manager, beside any plugin the
     # user installed through the entry-point group "jigsaw_plugin"; every hook goes
     # through it, as a host adapter's would
@@ -181,11 +168,12 @@ def cmd_bench(args) -> int:
     from jigsaw_plugin.bench.progress import progress_enabled
     from jigsaw_plugin.bench.rundir import bench_json
     from jigsaw_plugin.bench.bundled import resolve_workload
+    from jigsaw_plugin.scheduler import parse_options
     from jigsaw_plugin.workload import load_workload
 
     args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
-    baseline_options = _policy_options(args.baseline_opt)
+    baseline_options = parse_options(args.baseline_opt, "--baseline-opt")
     if args.backend == "ray":
         recorded = _run_real_ab(args, workload, args.workload, args.baseline, args.candidate, args.ablate,
                                 baseline_options)

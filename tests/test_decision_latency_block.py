@@ -137,5 +137,5 @@ def test_policy_options_of_the_benchmark_are_checked_before_any_run():
         "reprice_on_change": True, "tail_requests": 16}
     with pytest.raises(SystemExit, match="reprice_on_change: got 'maybe'; allowed: true or false"):
         dl._policy_options(["reprice_on_change=maybe"])
-    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+    with pytest.raises(SystemExit, match="--policy-opt: got .reprice_on_change.; allowed: KEY=VALUE"):
         dl._policy_options(["reprice_on_change"])

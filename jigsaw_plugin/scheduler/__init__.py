@@ -1,6 +1,6 @@
 """Pure scheduling policies (state in, decisions out) and their registry."""
 
-from jigsaw_plugin.scheduler.base import Policy, get_policy, policy_names, register_policy
+from jigsaw_plugin.scheduler.base import Policy, get_policy, parse_options, policy_names, register_policy
 from jigsaw_plugin.scheduler.decisions import (
     LaunchReplica,
     Migrate,
@@ -13,6 +13,7 @@ from jigsaw_plugin.scheduler.decisions import (
 __all__ = [
     "Policy",
     "get_policy",
+    "parse_options",
     "policy_names",
     "register_policy",
     "LaunchReplica",

@@ -11,12 +11,13 @@ between rounds it declares once, at ``setup``, as a frozen memo the executors ha
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["Policy", "PolicySetup", "register_policy", "get_policy", "policy_names"]
+__all__ = ["Policy", "PolicySetup", "register_policy", "get_policy", "parse_options", "policy_names"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,22 @@ def get_policy(name: str, **options) -> Policy:
     if config:
         _check_option_types(name, config, options)
     return factory(**options)
+
+
+def parse_options(pairs: list[str] | None, flag: str = "--policy-opt") -> dict:
+    """``KEY=VALUE`` pairs of a command line (``flag``) as policy options, each value read as
+    JSON where it parses (``true``, ``4``, ``0.5``), else kept as text; ``get_policy`` then
+    refuses an unknown field or a value of the wrong kind."""
+    opts = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(flag, pair, "KEY=VALUE, e.g. rollout_gpus=4")
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    return opts
 
 
 def _check_option_types(name: str, config, options: dict) -> None:

@@ -384,7 +384,7 @@ class Jigsaw(Policy):
         # tokens): a ready stage's widths are read every round it waits
         self._widths_s: dict[tuple, list] = {}
         # a step's (generation, training) seconds on a share, by what prices them (the cost
-        # model, the pipeline's spec, the share, its length summary): every round projects
+        # model, the pipeline, the share, its length summary): every round projects
         # every pipeline's finish from them, and they change only when a trajectory ends
         self._share_s: dict[tuple, tuple] = {}
 
@@ -572,15 +572,15 @@ class Jigsaw(Policy):
     def _on_share_s(self, state, p, share: int) -> tuple[float, float]:
         """(``gen_estimate_s``, ``train_estimate_s``) of one step of ``p`` on ``share``
         devices at its observed lengths, each computed once for what it reads."""
-        key = (id(state.cost), id(p.spec), share, p.lengths)
+        key = (state.cost, p.name, share, p.lengths)  # a run's pipeline name stands for its spec
         got = self._share_s.get(key)
-        if got is None or got[0] is not state.cost or got[1] is not p.spec:  # (ids of live objects only)
+        if got is None:
             if len(self._share_s) >= _SHARE_ESTIMATES_KEPT:
                 self._share_s.clear()
             stats = observed_stats(p)
-            got = self._share_s[key] = (state.cost, p.spec, gen_estimate_s(p, state.cost, share, stats),
+            got = self._share_s[key] = (gen_estimate_s(p, state.cost, share, stats),
                                         train_estimate_s(p, state.cost, share, stats))
-        return got[2], got[3]
+        return got
 
     def _critical_s(self, rnd) -> float:
         """The job set's projected completion: the furthest of its pipelines'."""
