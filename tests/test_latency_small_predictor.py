@@ -80,6 +80,12 @@ def test_siblings_in_one_group_and_a_history_without_groups(monkeypatch):
             assert _same(p.predict(batch, h), _vectorised(p, batch, h, monkeypatch))
 
 
+def test_shared_constants_agree():
+    from jigsaw_plugin.predict import history_predictor
+
+    assert small._TAIL_SHRINK == history_predictor._TAIL_SHRINK
+
+
 def test_what_the_small_path_leaves_to_the_vectorised_one():
     assert not small.small_path_applies(small.SMALL_BATCH + 1, 8, True, True, False, True)
     assert not small.small_path_applies(0, 8, True, True, False, True)

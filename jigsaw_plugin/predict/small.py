@@ -35,17 +35,18 @@ import numpy as np
 from jigsaw_plugin.predict.model import EmpiricalTable, LengthModel
 from jigsaw_plugin.predict.normal import _ERFC_COEF, _LOG2, _SQRT2
 
-__all__ = ["SMALL_BATCH", "predict_small"]
+__all__ = ["SMALL_BATCH", "predict_small", "small_path_applies"]
 
-#: Largest batch answered here: measured on the 64 / 8 benchmark's captured batches, the
-#: scalar path is faster up to about 16 requests and slower past 24 (its cost grows by
-#: ~10 us a request, the vectorised path's by well under 1 us).
+#: Largest batch answered here: on the 64 / 8 benchmark's captured batches (the vectorised
+#: path and this one alternated in one process) this one costs about 60 us plus 12 us a
+#: request, the vectorised one about 200 us whatever the size up to a few dozen: even at
+#: 10-12 requests, and this path's advantage grows as the batch shrinks.
 SMALL_BATCH = 12
 
 _INV_SQRT2 = 1.0 / _SQRT2  # the constants exactly as normal.py computes them
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _INF = math.inf
-_TAIL_SHRINK = 16.0  # history_predictor._TAIL_SHRINK (imported there from here would cycle)
+_TAIL_SHRINK = 16.0  # history_predictor._TAIL_SHRINK (importing it would cycle; a test checks both)
 _PW_BLOCK = 128  # numpy's pairwise-summation block; longer rows are not summed here
 
 _exp, _log, _expm1, _log1p = np.exp, np.log, np.expm1, np.log1p
