@@ -44,7 +44,6 @@ from jigsaw_plugin.predict.history import LengthHistory
 from jigsaw_plugin.predict.lognormal import FUSE_MAX_ELEMENTS, expected_remaining
 from jigsaw_plugin.predict.model import EmpiricalTable, LengthModel, fit_model
 from jigsaw_plugin.predict.normal import inv_mills
-from jigsaw_plugin.predict.small import predict_small, small_path_applies
 
 __all__ = ["PredictorFeatures", "HistoryPredictor", "clip_to_budget"]
 
@@ -122,14 +121,6 @@ class HistoryPredictor:
         if len(batch) == 0:
             return np.zeros(0)
         model = self.model(history)
-        f = self.features
-        if small_path_applies(len(batch), history.turn_bins, f.condition_on_generated, f.siblings,
-                              batch.prompt_keys is not None, f.earlier_epochs):
-            # a few requests (a rollout tail): the same answer in Python floats, without
-            # the vectorised path's fixed cost of some 250 numpy calls (small.py)
-            return predict_small(batch.step.tolist(), batch.group.tolist(), batch.turn.tolist(),
-                                 batch.generated.tolist(), batch.max_tokens.tolist(), history, model,
-                                 f.em_iterations)
         tb = np.minimum(batch.turn, history.turn_bins - 1)
         mu = model.mu[tb]
         sd = model.sigma[tb]
