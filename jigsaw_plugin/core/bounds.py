@@ -41,7 +41,8 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES
 
-__all__ = ["Bounds", "compute_bounds", "gap_breakdown", "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S"]
+__all__ = ["Bounds", "compute_bounds", "gap_breakdown", "rollout_split", "idle_gaps", "idle_gap_label",
+           "IDLE_GAP_EDGES_S"]
 
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
@@ -58,6 +59,7 @@ class Bounds:
     makespan_lower_bound_s: float
     ideal_rollout_device_s: float = 0.0  # the decode + prefill part of ideal_device_s
     ideal_training_device_s: float = 0.0  # the training-pass part
+    ideal_prefill_device_s: float = 0.0  # the prefill part of ideal_rollout_device_s
 
     def as_dict(self) -> dict:
         return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
@@ -185,6 +187,7 @@ def compute_bounds(ex) -> Bounds:
     per_byte = _read_s_per_byte(ex)
     ideal = 0.0
     rollout_ideal = 0.0
+    prefill_ideal = 0.0
     critical = 0.0
     for p in ex.order:
         m = p.model
@@ -211,6 +214,7 @@ def compute_bounds(ex) -> Bounds:
                 decode = 0.0
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
+            prefill_ideal += fresh * prefill_per_token
             train = 0.0
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
@@ -231,7 +235,7 @@ def compute_bounds(ex) -> Bounds:
             rollout_ideal += decode
         critical = max(critical, chain)
     work = ideal / gpus
-    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal)
+    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal, prefill_ideal)
 
 
 def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
@@ -253,8 +257,38 @@ def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
         "weight_sync_device_s": held["weight_sync"],
     }
     gap = total - bounds.ideal_device_s
-    return {**parts, "gap_device_s": gap,
-            "fractions": {k.removesuffix("_device_s"): (v / gap if gap > 0 else 0.0) for k, v in parts.items()}}
+    out = {**parts, "gap_device_s": gap,
+           "fractions": {k.removesuffix("_device_s"): (v / gap if gap > 0 else 0.0) for k, v in parts.items()}}
+    split = rollout_split(ex, bounds, held["rollout"])
+    if split is not None:
+        out["rollout"] = split
+    return out
+
+
+def rollout_split(ex, bounds: Bounds, held_s: float) -> dict | None:
+    """The rollout replicas' device-seconds by what they did, where the executor records it
+    (``rollout_time``: the simulator; a live executor's engines do not report each step's
+    batch): decode steps bound by their HBM reads (too few sequences to use the devices'
+    compute: tails and thin batches), decode steps bound by their FLOPs, prefill (re-prefill
+    after a move included), and the rest of the time the replicas were held (weight loads,
+    waits on tool calls and admission, a co-located guest's share). With the ideal decode
+    and prefill beside them; by replica width as well. None where not recorded."""
+    record = getattr(ex, "rollout_time", None)
+    if record is None:
+        return None
+    mem = sum(v[0] for v in record.values())
+    comp = sum(v[1] for v in record.values())
+    prefill = sum(v[2] for v in record.values())
+    return {
+        "decode_memory_bound_device_s": mem,
+        "decode_compute_bound_device_s": comp,
+        "ideal_decode_device_s": bounds.ideal_rollout_device_s - bounds.ideal_prefill_device_s,
+        "prefill_device_s": prefill,
+        "ideal_prefill_device_s": bounds.ideal_prefill_device_s,
+        "other_device_s": held_s - mem - comp - prefill,
+        "by_width": {str(tp): {"decode_memory_bound_device_s": v[0], "decode_compute_bound_device_s": v[1],
+                               "prefill_device_s": v[2]} for tp, v in sorted(record.items())},
+    }
 
 
 def idle_gaps(ex, makespan: float) -> dict:

@@ -143,6 +143,22 @@ class CostModel:
         comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
         return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, padded)
 
+    def decode_memory_bound(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> bool:
+        """Whether a decode step of ``batch`` sequences is bound by its HBM reads (weights and
+        KV) rather than its FLOPs (``decode_step_s``'s two terms; ``tp`` divides both): the
+        batch is too small to use the devices' compute, or its contexts too long, so its
+        devices spend the step reading more than computing."""
+        weights, per_kv, per_seq = self.decode_roofline(model)
+        return weights + kv_tokens * per_kv >= per_seq * cuda_graph_batch(batch, self.f.cuda_graph_max_batch)
+
+    def decode_roofline(self, model: ModelProfile) -> tuple[float, float, float]:
+        """``decode_memory_bound``'s terms in seconds at one device's bandwidth: the weights'
+        read, one KV token's read, and one (padded) sequence's FLOPs at the bandwidth's
+        exchange rate; for callers that classify every step (the simulator's replicas)."""
+        read = self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
+        return (model.weight_bytes / read, model.kv_bytes_per_token / read,
+                2.0 * model.params / (self.hw.flops * self.f.decode_mfu))
+
     def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
         """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices."""
         if tp <= 1:

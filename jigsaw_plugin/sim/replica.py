@@ -20,6 +20,7 @@ import numpy as np
 
 from jigsaw_plugin.core.snapshot import ReplicaObs, RequestColumns
 from jigsaw_plugin.costmodel import CostModel, ModelProfile
+from jigsaw_plugin.costmodel.predictor import cuda_graph_batch
 from jigsaw_plugin.costmodel.colocation import colocated_step_s
 from jigsaw_plugin.ids import RequestId
 
@@ -120,9 +121,21 @@ class Replica:
         self.predicted_work = 0.0  # predicted tokens of the requests routed here (skew-aware routing)
         self.switch_s = 0.0
         self.start_t = ready_t
+        # seconds (per device) spent decoding in each regime and prefilling, since launch:
+        # the executor's record of where a rollout's device time goes (``World.rollout_time``)
+        self.decode_memory_bound_s = 0.0
+        self.decode_compute_bound_s = 0.0
+        self.prefill_s = 0.0
+        self._memory_bound = False  # the regime of the step ``step_s`` prices
+        self._roofline = cost.decode_roofline(model)  # CostModel.decode_memory_bound's terms
+        self._graph_max = cost.f.cuda_graph_max_batch
         # the replica of another pipeline sharing these devices (co-location), or None: while
         # both have sequences admitted, each step is priced with the other's GPU work added
         self.partner: Replica | None = None
+
+    def time_split(self) -> tuple[float, float, float]:
+        """(memory-bound decode, compute-bound decode, prefill) seconds per device so far."""
+        return self.decode_memory_bound_s, self.decode_compute_bound_s, self.prefill_s
 
     def resize_cache(self, other_bytes: float) -> None:
         """Re-size the KV cache with ``other_bytes`` per device taken by others (a co-located
@@ -246,6 +259,10 @@ class Replica:
             self.busy_s += t - busy_from
         if self.n > 0 and t > start and self.step_s > 0:
             self.p += (t - start) / self.step_s
+            if self._memory_bound:
+                self.decode_memory_bound_s += t - start
+            else:
+                self.decode_compute_bound_s += t - start
         self.t_sync = t
 
     def _top(self):
@@ -269,7 +286,11 @@ class Replica:
             if room < steps:
                 steps = max(room, 1.0)
         steps = min(steps, SEGMENT_STEPS)
-        self.step_s = self._decode_s(self.n, kv + self.n * steps / 2)
+        kv_mid = kv + self.n * steps / 2
+        self.step_s = self._decode_s(self.n, kv_mid)
+        # CostModel.decode_memory_bound, inlined: it runs at every event of every replica
+        weights, per_kv, per_seq = self._roofline
+        self._memory_bound = weights + kv_mid * per_kv >= per_seq * cuda_graph_batch(self.n, self._graph_max)
         if self.partner is not None and self.partner.n > 0:
             self.step_s = colocated_step_s(self.step_s, self.partner.alone_step_s(),
                                            self.cost.f.decode_step_overhead_s)
@@ -303,7 +324,9 @@ class Replica:
             self.n += 1
             self._base += need - self.p
         if prefill > 0:
-            self.busy_until = max(self.busy_until, t) + self._prefill_s(prefill)
+            took = self._prefill_s(prefill)
+            self.prefill_s += took
+            self.busy_until = max(self.busy_until, t) + took
 
     def _remove(self, r: Request) -> None:
         self.n -= 1

@@ -60,9 +60,13 @@ class World(ExecutorCore):
         self._push = push
         self.micro_batches = micro_batches  # micro-batch sub-stages per training stage
         self._stage_runs: dict[str, _StageRun] = {}
-        # replica id -> (since, its busy_s then) for the replica holding its devices' record:
-        # a co-located guest has none until its host closes (docs/colocation.md)
+        # replica id -> (since, its busy_s then, its time_split then) for the replica holding
+        # its devices' record: a co-located guest has none until its host closes
+        # (docs/colocation.md)
         self._booked: dict[int, tuple] = {}
+        # replica width -> device-seconds of [memory-bound decode, compute-bound decode,
+        # prefill] on the replicas holding the devices' record (result: ``rollout_time``)
+        self.rollout_time: dict[int, list] = {}
         self.colocations: list[dict] = []  # one record per co-located pair launched
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
@@ -178,7 +182,7 @@ class World(ExecutorCore):
         if host is not None:
             self._pair(host, rep, split)
         else:
-            self._booked[rep_id] = (self.t, 0.0)
+            self._booked[rep_id] = (self.t, 0.0, (0.0, 0.0, 0.0))
         rep.busy_until = self.t + switch
         rep.switch_s = switch
         rep.start_t = self.t
@@ -291,7 +295,7 @@ class World(ExecutorCore):
                 rec["end_t"] = self.t
         if rep.id in self._booked:  # the device record passes to the partner from now on
             self._booked.pop(rep.id)
-            self._booked[partner.id] = (self.t, partner.busy_s)
+            self._booked[partner.id] = (self.t, partner.busy_s, partner.time_split())
             task = DeviceTask("replica", partner.pipeline, replica=partner.id)
             for x in partner.devices:
                 self.task[x] = task
@@ -330,9 +334,12 @@ class World(ExecutorCore):
         rep.tick_epoch += 1
         booked = self._booked.get(rep.id)
         if booked is not None:  # it holds the device record: its time counts once per device
-            since, busy0 = booked
+            since, busy0, split0 = booked
             first = since == rep.start_t
             self.busy_s += (rep.busy_s - busy0 + (rep.switch_s if first else 0.0)) * rep.tp
+            into = self.rollout_time.setdefault(rep.tp, [0.0, 0.0, 0.0])
+            for i, (now, then) in enumerate(zip(rep.time_split(), split0)):
+                into[i] += (now - then) * rep.tp
             self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, since, self.t))
         if rep.partner is not None:
             self._unpair(rep)  # the devices stay booked by the partner

@@ -1,0 +1,77 @@
+"""Where a rollout's device-seconds go (``gap_breakdown["rollout"]``): decode steps bound by
+their HBM reads (too few sequences for the devices' compute), decode steps bound by their
+FLOPs, prefill, and the rest of the time the replicas were held; and the cost model's
+``decode_memory_bound`` that tells the two decode regimes apart."""
+
+import pytest
+
+from jigsaw_plugin.costmodel import CostModel, model_profile
+from jigsaw_plugin.costmodel.profiles import hardware_profile
+from jigsaw_plugin.scheduler import get_policy
+from jigsaw_plugin.sim.engine import Simulation
+from sim_helpers import small_workload
+
+
+def _h100() -> CostModel:
+    return CostModel.for_nodes(hardware_profile("h100"), 8)
+
+
+def test_a_decode_step_is_memory_bound_below_its_batch_knee_and_with_long_contexts():
+    cost, m = _h100(), model_profile("qwen2.5-7b")
+    bound = [cost.decode_memory_bound(m, 1, b, 0.0) for b in range(1, cost.f.max_num_seqs + 1)]
+    knee = bound.index(False)
+    # one knee: every batch below it reads more than it computes, every batch above computes
+    assert knee > 1 and not any(bound[knee:]) and all(bound[:knee])
+    # where the step is memory-bound, its price is the memory term (plus the fixed step cost)
+    mem = m.weight_bytes / (cost.hw.hbm_bytes_per_s * cost.f.decode_bw_eff)
+    assert cost.decode_step_s(m, 1, 1, 0.0) == pytest.approx(cost.f.decode_step_overhead_s + mem)
+    # the regime is the larger of decode_step_s's two terms, over batches and contexts
+    read = cost.hw.hbm_bytes_per_s * cost.f.decode_bw_eff
+    for b in (1, 3, 8, 40, 96, 200, 512, 1024):
+        for kv in (0.0, 1e4, 1e5, 1e6, 4e6):
+            mem_s = (m.weight_bytes + kv * m.kv_bytes_per_token) / read
+            priced = cost.decode_step_s(m, 1, b, kv) - cost.f.decode_step_overhead_s
+            assert cost.decode_memory_bound(m, 1, b, kv) == (priced == pytest.approx(mem_s, rel=1e-12)), (b, kv)
+    # a long context's KV reads make a batch past the knee memory-bound again
+    assert not cost.decode_memory_bound(m, 1, 256, 0.0)
+    assert cost.decode_memory_bound(m, 1, 256, 256 * 4096.0)
+
+
+def _split(wl, policy: str, **opts) -> dict:
+    r = Simulation(wl, get_policy(policy, **opts), seed=0).run()
+    return r["gap_breakdown"]
+
+
+def test_a_lone_request_decodes_memory_bound_only():
+    wl = small_workload(gpus=1, pipelines=1, prompts=1, samples=1, steps=1, agentic=(False,),
+                        algorithms=("grpo",), modes=("sync",), median=500)
+    got = _split(wl, "verl-sync")["rollout"]
+    assert got["decode_memory_bound_device_s"] > 0.0
+    assert got["decode_compute_bound_device_s"] == 0.0
+    assert got["by_width"]["1"]["decode_memory_bound_device_s"] == pytest.approx(got["decode_memory_bound_device_s"])
+
+
+def test_a_full_batch_decodes_mostly_compute_bound():
+    # responses capped at 400 tokens: a short tail, most tokens decoded at large batches
+    wl = small_workload(gpus=1, pipelines=1, prompts=256, samples=4, steps=1, agentic=(False,),
+                        algorithms=("grpo",), modes=("sync",), median=200, max_len=400)
+    got = _split(wl, "verl-sync")["rollout"]
+    assert got["decode_compute_bound_device_s"] > max(0.0, got["decode_memory_bound_device_s"])
+    # a batch decoding at its largest batch runs near its ideal
+    assert got["decode_compute_bound_device_s"] < 2.0 * got["ideal_decode_device_s"]
+
+
+@pytest.mark.parametrize("policy,opts", [("verl-sync", {}), ("jigsaw", {}), ("jigsaw", {"colocate": True})])
+def test_the_split_accounts_for_no_more_than_the_replicas_held(policy, opts):
+    # jigsaw migrates (re-prefill), widens tails (other widths) and, with colocate, pairs
+    # replicas on one device (only the replica holding the devices' record counts)
+    wl = small_workload(gpus=8, pipelines=2, prompts=16, samples=4, steps=2, median=600)
+    gap = _split(wl, policy, **opts)
+    got = gap["rollout"]
+    recorded = got["decode_memory_bound_device_s"] + got["decode_compute_bound_device_s"] + got["prefill_device_s"]
+    assert recorded > 0.0 and got["other_device_s"] >= -1e-6
+    widths = got["by_width"].values()
+    for key in ("decode_memory_bound_device_s", "decode_compute_bound_device_s", "prefill_device_s"):
+        assert sum(w[key] for w in widths) == pytest.approx(got[key])
+    # the ideal is split, not added to
+    assert got["ideal_decode_device_s"] > 0.0 and got["ideal_prefill_device_s"] > 0.0
