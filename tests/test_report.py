@@ -252,6 +252,25 @@ def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_
     assert (run / "throughput.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_report_and_summary_show_where_the_gap_went_not_a_raw_dict(bench_dir):
+    from jigsaw_plugin.bench.ab import format_ab
+
+    result = json.loads((bench_dir / "result.json").read_text())
+    report = (bench_dir / "report.md").read_text()
+    b, c = result["baseline"]["gap_breakdown"], result["candidate"]["gap_breakdown"]
+    assert "gap_breakdown" not in report and "{'" not in report  # the table, not the dict
+    row = next(line for line in report.splitlines() if line.startswith("| devices with no task |"))
+    assert f"| {b['idle_device_s']:,.0f} ({b['fractions']['idle']:.0%}) |" in row
+    assert f"| {c['idle_device_s']:,.0f} ({c['fractions']['idle']:.0%}) |" in row
+    # the simulator records the rollout's split on both sides: its rows are there
+    key = "decode_memory_bound_device_s"
+    row = next(line for line in report.splitlines() if line.startswith("| - held decoding, memory-bound"))
+    assert f"| {b['rollout'][key]:,.0f} | {c['rollout'][key]:,.0f} |" in row
+    text = format_ab(result)
+    assert f"memory-bound decode s {b['rollout'][key]:>14.0f}{c['rollout'][key]:>14.0f}" in text
+    assert f"  idle                {b['idle_device_s']:>14.0f}{c['idle_device_s']:>14.0f}" in text
+
+
 def test_the_readme_lists_every_mechanism_ablate_accepts():
     # the README's `jigsaw bench ... [--ablate a|b|...]` line is where users find the switches
     import re

@@ -154,6 +154,23 @@ def gap_recovered(base: dict, cand: dict) -> float | None:
     return (base["makespan_s"] - cand["makespan_s"]) / (base["makespan_s"] - lb)
 
 
+def _breakdown_rows(b: dict, c: dict) -> list[str]:
+    """Where each run's device-seconds above the ideal went (``gap_breakdown``), and the
+    rollout's memory-bound decode where the executor recorded it."""
+    gb, gc = b.get("gap_breakdown"), c.get("gap_breakdown")
+    if not gb or not gc:
+        return []
+    rows = ["device-s above the ideal:"]
+    for label, key in (("idle", "idle_device_s"), ("rollout", "rollout_above_ideal_device_s"),
+                       ("training", "training_above_ideal_device_s"), ("weight sync", "weight_sync_device_s")):
+        rows.append(f"  {label:<20}{gb[key]:>14.0f}{gc[key]:>14.0f}")
+    if "rollout" in gb and "rollout" in gc:
+        key = "decode_memory_bound_device_s"
+        # held, not above the ideal: decode steps too thin (or too long-context) to compute
+        rows.append(f"{'memory-bound decode s':<22}{gb['rollout'][key]:>14.0f}{gc['rollout'][key]:>14.0f}")
+    return rows
+
+
 def format_ab(ab: dict) -> str:
     b, c = ab["baseline"], ab["candidate"]
     lines = [
@@ -167,6 +184,7 @@ def format_ab(ab: dict) -> str:
         *([f"{'cost (' + b['cost']['unit'] + ')':<22}{b['cost']['total']:>14.3f}{c['cost']['total']:>14.3f}",
            f"{'samples per cost':<22}{b['cost']['samples_per_cost']:>14.1f}{c['cost']['samples_per_cost']:>14.1f}"]
           if b.get("cost") and c.get("cost") else []),
+        *_breakdown_rows(b, c),
         "mean step s per pipeline:",
     ]
     for name, bp in b["pipelines"].items():

@@ -87,12 +87,52 @@ def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
 
 
 def _gap_lines(bench: dict) -> list[str]:
-    """``gap_recovered`` (and the other gap fields), when the result carries them."""
+    """``gap_recovered`` (and the other scalar gap fields), when the result carries them;
+    the breakdowns are a table of their own (``_breakdown_lines``)."""
     lines = []
     for where, data in (("", bench), ("candidate ", bench["candidate"])):
         for key, value in data.items():
-            if key.startswith("gap_"):
+            if key.startswith("gap_") and not isinstance(value, dict):
                 lines.append(f"- {where}{key}: **{_fmt(value, 3)}**")
+    return lines
+
+
+# (label, key in gap_breakdown or in its "rollout" split, whether it is a part of the gap)
+_BREAKDOWN_ROWS = (
+    ("devices with no task", "idle_device_s", True),
+    ("rollout replicas above the ideal decode and prefill", "rollout_above_ideal_device_s", True),
+    ("- held decoding, memory-bound steps (thin batches, long contexts)", "decode_memory_bound_device_s", False),
+    ("- held decoding, compute-bound steps", "decode_compute_bound_device_s", False),
+    ("- the ideal decode", "ideal_decode_device_s", False),
+    ("- held prefilling (re-prefill after moves included)", "prefill_device_s", False),
+    ("- the ideal prefill", "ideal_prefill_device_s", False),
+    ("- held otherwise (weight loads; waiting on tools, admission or the step's last response)",
+     "other_device_s", False),
+    ("training passes above their compute and fixed cost", "training_above_ideal_device_s", True),
+    ("weight syncs", "weight_sync_device_s", True),
+    ("the gap: pool device-s less the ideal", "gap_device_s", False),
+)
+
+
+def _breakdown_lines(b: dict, c: dict) -> list[str]:
+    """Where each run's device-seconds above the ideal went (``gap_breakdown``): device-s
+    and, for the four parts, their share of that run's gap; the rollout's split where the
+    executor recorded it (``gap_breakdown.rollout``)."""
+    gb, gc = b.get("gap_breakdown"), c.get("gap_breakdown")
+    if not gb or not gc:
+        return []
+    lines = ["", "## Where the device-seconds above the ideal went", "",
+             "Each run's pool device-seconds less the ideal device-seconds of its work "
+             "(docs/simulator.md, \"Bounds and effective utilisation\"), in four parts; the rows under the "
+             "rollout's part are what its replicas were held for, beside the ideal.", "",
+             f"| | {_name(b)} device-s | {_name(c)} device-s |", "|---|---|---|"]
+    for label, key, part in _BREAKDOWN_ROWS:
+        vals = [g.get(key, (g.get("rollout") or {}).get(key)) for g in (gb, gc)]
+        if all(v is None for v in vals):
+            continue
+        cells = [(_fmt(v, 0) + (f" ({v / g['gap_device_s']:.0%})" if part and g.get("gap_device_s") else ""))
+                 if v is not None else "-" for v, g in zip(vals, (gb, gc))]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
     return lines
 
 
@@ -148,6 +188,7 @@ def report_markdown(saved: SavedRun, figures: list[str], traces: dict[str, str])
             f"{_fmt(pc.get('samples_per_s'))} | {pb.get('migrations', 0)} / {pc.get('migrations', 0)} | "
             f"{pb.get('context_switches', 0)} / {pc.get('context_switches', 0)} | "
             f"{pb.get('max_staleness', 0)} / {pc.get('max_staleness', 0)} |")
+    lines += _breakdown_lines(b, c)
     lines += _real_run_lines(bench)
     lines += ["", "## Figures", ""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
