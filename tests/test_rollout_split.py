@@ -1,6 +1,6 @@
 """Where a rollout's device-seconds go (``gap_breakdown["rollout"]``): decode steps bound by
 their HBM reads (too few sequences for the devices' compute), decode steps bound by their
-FLOPs, prefill, and the rest of the time the replicas were held; and the cost model's
+FLOPs, prefill, time held with no request, and the rest; and the cost model's
 ``decode_memory_bound`` that tells the two decode regimes apart."""
 
 import pytest
@@ -51,6 +51,18 @@ def test_a_lone_request_decodes_memory_bound_only():
     assert got["by_width"]["1"]["decode_memory_bound_device_s"] == pytest.approx(got["decode_memory_bound_device_s"])
 
 
+def test_a_replica_waiting_on_tool_calls_is_held_empty():
+    # agentic trajectories between turns leave their replica with no request: the time it
+    # is held so is "empty", not decode; a single-turn pipeline whose last replica holds its
+    # last response is never empty
+    agent = small_workload(gpus=1, pipelines=1, prompts=2, samples=2, steps=1, agentic=(True,),
+                           algorithms=("grpo",), modes=("sync",), median=50)
+    single = small_workload(gpus=1, pipelines=1, prompts=1, samples=1, steps=1, agentic=(False,),
+                            algorithms=("grpo",), modes=("sync",), median=500)
+    assert _split(agent, "verl-sync")["rollout"]["empty_device_s"] > 0.5
+    assert _split(single, "verl-sync")["rollout"]["empty_device_s"] == pytest.approx(0.0, abs=1e-9)
+
+
 def test_a_full_batch_decodes_mostly_compute_bound():
     # responses capped at 400 tokens: a short tail, most tokens decoded at large batches
     wl = small_workload(gpus=1, pipelines=1, prompts=256, samples=4, steps=1, agentic=(False,),
@@ -68,10 +80,12 @@ def test_the_split_accounts_for_no_more_than_the_replicas_held(policy, opts):
     wl = small_workload(gpus=8, pipelines=2, prompts=16, samples=4, steps=2, median=600)
     gap = _split(wl, policy, **opts)
     got = gap["rollout"]
-    recorded = got["decode_memory_bound_device_s"] + got["decode_compute_bound_device_s"] + got["prefill_device_s"]
+    recorded = (got["decode_memory_bound_device_s"] + got["decode_compute_bound_device_s"] + got["prefill_device_s"]
+                + got["empty_device_s"])
     assert recorded > 0.0 and got["other_device_s"] >= -1e-6
     widths = got["by_width"].values()
-    for key in ("decode_memory_bound_device_s", "decode_compute_bound_device_s", "prefill_device_s"):
+    for key in ("decode_memory_bound_device_s", "decode_compute_bound_device_s", "prefill_device_s",
+                "empty_device_s"):
         assert sum(w[key] for w in widths) == pytest.approx(got[key])
     # the ideal is split, not added to
     assert got["ideal_decode_device_s"] > 0.0 and got["ideal_prefill_device_s"] > 0.0

@@ -270,24 +270,24 @@ def rollout_split(ex, bounds: Bounds, held_s: float) -> dict | None:
     (``rollout_time``: the simulator; a live executor's engines do not report each step's
     batch): decode steps bound by their HBM reads (too few sequences to use the devices'
     compute: tails and thin batches), decode steps bound by their FLOPs, prefill (re-prefill
-    after a move included), and the rest of the time the replicas were held (weight loads,
-    waits on tool calls and admission, a co-located guest's share). With the ideal decode
+    after a move included), time held with no request at all (its trajectories in tool
+    calls, or the step's last responses decoding elsewhere), and the rest (weight loads,
+    requests waiting behind a prefill, a co-located guest's share). With the ideal decode
     and prefill beside them; by replica width as well. None where not recorded."""
     record = getattr(ex, "rollout_time", None)
     if record is None:
         return None
-    mem = sum(v[0] for v in record.values())
-    comp = sum(v[1] for v in record.values())
-    prefill = sum(v[2] for v in record.values())
+    mem, comp, prefill, empty = (sum(v[i] for v in record.values()) for i in range(4))
     return {
         "decode_memory_bound_device_s": mem,
         "decode_compute_bound_device_s": comp,
         "ideal_decode_device_s": bounds.ideal_rollout_device_s - bounds.ideal_prefill_device_s,
         "prefill_device_s": prefill,
         "ideal_prefill_device_s": bounds.ideal_prefill_device_s,
-        "other_device_s": held_s - mem - comp - prefill,
+        "empty_device_s": empty,
+        "other_device_s": held_s - mem - comp - prefill - empty,
         "by_width": {str(tp): {"decode_memory_bound_device_s": v[0], "decode_compute_bound_device_s": v[1],
-                               "prefill_device_s": v[2]} for tp, v in sorted(record.items())},
+                               "prefill_device_s": v[2], "empty_device_s": v[3]} for tp, v in sorted(record.items())},
     }
 
 

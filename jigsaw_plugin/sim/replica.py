@@ -126,6 +126,8 @@ class Replica:
         self.decode_memory_bound_s = 0.0
         self.decode_compute_bound_s = 0.0
         self.prefill_s = 0.0
+        self.empty_s = 0.0  # held with no request: its trajectories in tool calls, or the step ending elsewhere
+        self._prefill_until = ready_t  # when the last prefill admitted ends
         self._memory_bound = False  # the regime of the step ``step_s`` prices
         self._roofline = cost.decode_roofline(model)  # CostModel.decode_memory_bound's terms
         self._graph_max = cost.f.cuda_graph_max_batch
@@ -133,9 +135,12 @@ class Replica:
         # both have sequences admitted, each step is priced with the other's GPU work added
         self.partner: Replica | None = None
 
-    def time_split(self) -> tuple[float, float, float]:
-        """(memory-bound decode, compute-bound decode, prefill) seconds per device so far."""
-        return self.decode_memory_bound_s, self.decode_compute_bound_s, self.prefill_s
+    def time_split(self) -> tuple[float, float, float, float]:
+        """(memory-bound decode, compute-bound decode, prefill, empty) seconds per device up to
+        ``t_sync``: a prefill still running then (its requests moved away, the replica closed)
+        counts only its part so far."""
+        ahead = max(0.0, self._prefill_until - max(self.t_sync, self.start_t + self.switch_s))
+        return (self.decode_memory_bound_s, self.decode_compute_bound_s, self.prefill_s - ahead, self.empty_s)
 
     def resize_cache(self, other_bytes: float) -> None:
         """Re-size the KV cache with ``other_bytes`` per device taken by others (a co-located
@@ -257,6 +262,9 @@ class Replica:
         busy_from = max(self.t_sync, self.start_t + self.switch_s)
         if (self.n > 0 or self.queue) and t > busy_from:
             self.busy_s += t - busy_from
+        elif not self.n and not self.queue and t > max(busy_from, self.busy_until):
+            # not while a prefill it already counted (of requests moved away since) runs on
+            self.empty_s += t - max(busy_from, self.busy_until)
         if self.n > 0 and t > start and self.step_s > 0:
             self.p += (t - start) / self.step_s
             if self._memory_bound:
@@ -326,7 +334,7 @@ class Replica:
         if prefill > 0:
             took = self._prefill_s(prefill)
             self.prefill_s += took
-            self.busy_until = max(self.busy_until, t) + took
+            self.busy_until = self._prefill_until = max(self.busy_until, t) + took
 
     def _remove(self, r: Request) -> None:
         self.n -= 1
