@@ -152,9 +152,10 @@ class CostModel:
         return weights + kv_tokens * per_kv >= per_seq * cuda_graph_batch(batch, self.f.cuda_graph_max_batch)
 
     def decode_roofline(self, model: ModelProfile) -> tuple[float, float, float]:
-        """``decode_memory_bound``'s terms in seconds at one device's bandwidth: the weights'
-        read, one KV token's read, and one (padded) sequence's FLOPs at the bandwidth's
-        exchange rate; for callers that classify every step (the simulator's replicas)."""
+        """``decode_memory_bound``'s terms: the seconds one device takes to read the weights,
+        to read one token's KV, and to run one (padded) sequence's FLOPs (a replica of ``tp``
+        devices divides all three by ``tp``); for callers that classify every step (the
+        simulator's replicas)."""
         read = self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
         return (model.weight_bytes / read, model.kv_bytes_per_token / read,
                 2.0 * model.params / (self.hw.flops * self.f.decode_mfu))
