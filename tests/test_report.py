@@ -267,7 +267,7 @@ def test_report_and_summary_show_where_the_gap_went_not_a_raw_dict(bench_dir):
     row = next(line for line in report.splitlines() if line.startswith("| - held decoding, memory-bound"))
     assert f"| {b['rollout'][key]:,.0f} | {c['rollout'][key]:,.0f} |" in row
     text = format_ab(result)
-    assert f"memory-bound decode s {b['rollout'][key]:>14.0f}{c['rollout'][key]:>14.0f}" in text
+    assert f"mem-bound decode dev-s{b['rollout'][key]:>14.0f}{c['rollout'][key]:>14.0f}" in text
     assert f"  idle                {b['idle_device_s']:>14.0f}{c['idle_device_s']:>14.0f}" in text
 
 

@@ -167,7 +167,7 @@ def _breakdown_rows(b: dict, c: dict) -> list[str]:
     if "rollout" in gb and "rollout" in gc:
         key = "decode_memory_bound_device_s"
         # held, not above the ideal: decode steps too thin (or too long-context) to compute
-        rows.append(f"{'memory-bound decode s':<22}{gb['rollout'][key]:>14.0f}{gc['rollout'][key]:>14.0f}")
+        rows.append(f"{'mem-bound decode dev-s':<22}{gb['rollout'][key]:>14.0f}{gc['rollout'][key]:>14.0f}")
     return rows
 
 
