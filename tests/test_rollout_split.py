@@ -89,3 +89,16 @@ def test_the_split_accounts_for_no_more_than_the_replicas_held(policy, opts):
         assert sum(w[key] for w in widths) == pytest.approx(got[key])
     # the ideal is split, not added to
     assert got["ideal_decode_device_s"] > 0.0 and got["ideal_prefill_device_s"] > 0.0
+
+
+def test_an_executor_that_records_no_rollout_time_reports_no_split():
+    # a live executor's engines do not report each step's batch: its result has no split,
+    # rather than one made up
+    from types import SimpleNamespace
+
+    from jigsaw_plugin.core.bounds import Bounds, rollout_split
+
+    bounds = Bounds(10.0, 1.0, 1.0, 1.0, 4.0, 6.0, 1.0)
+    assert rollout_split(SimpleNamespace(), bounds, 5.0) is None
+    got = rollout_split(SimpleNamespace(rollout_time={1: [1.0, 2.0, 0.5, 0.25]}), bounds, 5.0)
+    assert got["ideal_decode_device_s"] == 3.0 and got["other_device_s"] == pytest.approx(1.25)
