@@ -1,7 +1,7 @@
 """Where the rollout's device-seconds go on the bundled workloads (a)-(f), verl-sync and
 jigsaw: decode steps bound by their HBM reads (too few sequences for the devices' compute:
 tails and thin batches), decode steps bound by their FLOPs, prefill (re-prefill after a move
-included) and the rest of the time replicas were held, beside the ideal decode and prefill
+included), time held with no request and the rest, beside the ideal decode and prefill
 (``result["gap_breakdown"]["rollout"]``, ``core/bounds.rollout_split``). Writes the
 ``rollout-split`` block of docs/benchmarks.md and benchmarks/results/rollout_split.json.
 

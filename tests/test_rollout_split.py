@@ -18,7 +18,7 @@ def _h100() -> CostModel:
 
 def test_a_decode_step_is_memory_bound_below_its_batch_knee_and_with_long_contexts():
     cost, m = _h100(), model_profile("qwen2.5-7b")
-    bound = [cost.decode_memory_bound(m, 1, b, 0.0) for b in range(1, cost.f.max_num_seqs + 1)]
+    bound = [cost.decode_memory_bound(m, b, 0.0) for b in range(1, cost.f.max_num_seqs + 1)]
     knee = bound.index(False)
     # one knee: every batch below it reads more than it computes, every batch above computes
     assert knee > 1 and not any(bound[knee:]) and all(bound[:knee])
@@ -31,10 +31,10 @@ def test_a_decode_step_is_memory_bound_below_its_batch_knee_and_with_long_contex
         for kv in (0.0, 1e4, 1e5, 1e6, 4e6):
             mem_s = (m.weight_bytes + kv * m.kv_bytes_per_token) / read
             priced = cost.decode_step_s(m, 1, b, kv) - cost.f.decode_step_overhead_s
-            assert cost.decode_memory_bound(m, 1, b, kv) == (priced == pytest.approx(mem_s, rel=1e-12)), (b, kv)
+            assert cost.decode_memory_bound(m, b, kv) == (priced == pytest.approx(mem_s, rel=1e-12)), (b, kv)
     # a long context's KV reads make a batch past the knee memory-bound again
-    assert not cost.decode_memory_bound(m, 1, 256, 0.0)
-    assert cost.decode_memory_bound(m, 1, 256, 256 * 4096.0)
+    assert not cost.decode_memory_bound(m, 256, 0.0)
+    assert cost.decode_memory_bound(m, 256, 256 * 4096.0)
 
 
 def _split(wl, policy: str, **opts) -> dict:

@@ -143,9 +143,10 @@ class CostModel:
         comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
         return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, padded)
 
-    def decode_memory_bound(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> bool:
+    def decode_memory_bound(self, model: ModelProfile, batch: int, kv_tokens: float) -> bool:
         """Whether a decode step of ``batch`` sequences is bound by its HBM reads (weights and
-        KV) rather than its FLOPs (``decode_step_s``'s two terms; ``tp`` divides both): the
+        KV) rather than its FLOPs (``decode_step_s``'s two terms; a replica's width divides
+        both, so it does not decide): the
         batch is too small to use the devices' compute, or its contexts too long, so its
         devices spend the step reading more than computing."""
         weights, per_kv, per_seq = self.decode_roofline(model)
