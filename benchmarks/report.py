@@ -209,6 +209,9 @@ from the most loaded, when the drain saved pays for the weight load and re-prefi
 projected finish is now plus its predicted completion); "no fastest_width" lets a ready
 stage take every free device it may (on: no more than its fastest width, where a wider
 gang's parameter all-gathers, over the node NICs past one node, would make it end later);
+"no reprice_on_change" prices every pipeline's rollout tails for consolidation every round
+(on: only a pipeline whose engines' request counts or finished trajectories changed since
+its requests were last read; what it buys is decision latency, its block below);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware

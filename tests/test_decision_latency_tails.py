@@ -126,7 +126,7 @@ def test_a_tail_too_short_to_pay_for_any_move_reads_only_its_own_drain():
 def test_reprice_on_change_prices_only_pipelines_whose_requests_changed_since_read():
     """``reprice_on_change``: a pipeline whose engines report the request counts they did
     when its requests were last read, and no finished trajectory since, is not priced
-    again (no drain read); once they change it is. Off (the default), it is priced."""
+    again (no drain read); once they change it is (on: the default). Off, it is priced."""
     tail, other = _replica(1, 4, 8_000.0, 3000.0), _replica(2, 20, 40_000.0, 3500.0)
     out = []
     Jigsaw(idle_spread=False, reprice_on_change=True)._consolidate_tails(_round([tail, other], 5.0, changed=False), out)
@@ -134,5 +134,5 @@ def test_reprice_on_change_prices_only_pipelines_whose_requests_changed_since_re
     Jigsaw(idle_spread=False, reprice_on_change=True)._consolidate_tails(_round([tail, other], 5.0), out)
     assert out == [RetireReplica(1), Migrate(1, 2)]
     out.clear()
-    Jigsaw(idle_spread=False)._consolidate_tails(_round([tail, other], 5.0, changed=False), out)
+    Jigsaw(idle_spread=False, reprice_on_change=False)._consolidate_tails(_round([tail, other], 5.0, changed=False), out)
     assert out == [RetireReplica(1), Migrate(1, 2)]

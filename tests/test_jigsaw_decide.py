@@ -250,6 +250,20 @@ def test_an_owner_with_a_ready_stage_reclaims_its_lent_devices_at_the_boundary()
     assert not [d for d in out if isinstance(d, ResizeStage)]
 
 
+def test_devices_a_reclaim_takes_from_a_pending_growth_are_free_in_the_same_round():
+    # p0's stage was to grow onto p1's devices 4 and 5 at its next boundary (a ResizeStage
+    # not applied yet: the executor holds them for it); p1's batch is ready: the reclaim
+    # takes them back before the stage ever ran on them, so the executor frees them at once
+    # and p1's gang of this round may start on them with its other home devices
+    p0 = _update_actor_running((0, 1, 2, 3), resize_to=(0, 1, 2, 3, 4, 5))
+    p1 = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(6)}
+    out = get_policy("jigsaw", loans=True).decide(state([p0, p1], busy=busy))
+    assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3)) in out
+    gang = [d for d in out if isinstance(d, RunStage) and d.pipeline == "p1"]
+    assert gang and set(gang[0].devices) == {4, 5, 6, 7}
+
+
 def test_a_paused_stage_resumes_on_its_home_devices():
     p0 = _update_actor_running(())
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})

@@ -177,9 +177,11 @@ class JigsawConfig:
     # the tail consolidation prices a pipeline's tails only where its engines' request
     # counts changed or a trajectory of it finished since its requests were last read
     # (``requests_changed``), not while its tails merely decode on: a pricing that found no
-    # move is not redone (decision latency at 1024 GPUs / 32 pipelines; off until the
-    # benchmarks are re-run with it)
-    reprice_on_change: bool = False
+    # move is not redone. Why: at 1024 GPUs / 32 pipelines the first rollout's tails were
+    # re-priced every round, 550 tails and 30 gathers a round, and the decision p99 went past
+    # 10 ms; measured neutral on the makespans (with the reclaim fix of stop 35: +0.09%
+    # geometric mean over (a)-(f) at seeds 0-2; docs/simulator.md)
+    reprice_on_change: bool = True
     # forward passes (log-prob, reference, values) over a step's finished trajectories on
     # devices its rollout no longer needs, while the tail still generates: the stage's own
     # pass then reads only the rest (docs/simulator.md, "Early forward passes")
@@ -746,6 +748,9 @@ class Jigsaw(Policy):
                 new = ()  # what is left cannot hold its state: it pauses until devices free up
             if new != base:
                 rnd.resize(out, qv, new)
+                # devices a pending resize claimed but the stage never ran on are released at
+                # once (both executors): this round's gangs may take them
+                rnd.free.update(d for d in base if d not in new and d not in qv.running_stage.devices)
         if self.config.migration:
             for rid in sorted(replicas):
                 self._evict_replica(rnd, state.replicas.get(rid), out)
