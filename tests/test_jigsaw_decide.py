@@ -262,6 +262,8 @@ def test_devices_a_reclaim_takes_from_a_pending_growth_are_free_in_the_same_roun
     assert ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3)) in out
     gang = [d for d in out if isinstance(d, RunStage) and d.pipeline == "p1"]
     assert gang and set(gang[0].devices) == {4, 5, 6, 7}
+    # applied in order: the shrink (which releases 4 and 5) before the gang that takes them
+    assert out.index(ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3))) < out.index(gang[0])
 
 
 def test_a_paused_stage_resumes_on_its_home_devices():
