@@ -103,6 +103,47 @@ def _decision_p99() -> dict | None:
     return got if {(64, 8), (1024, 32)} <= set(got) else None
 
 
+# the decision-latency block's longer runs (its ``--also`` files): the whole run at 64 / 8,
+# 16,000 rounds at 1024 / 32 (into the first rollout's tails, where the slow rounds are)
+LONG_LATENCY_RUNS = {(64, 8): ("whole run", "decision_latency_whole_64x8.json"),
+                     (1024, 32): ("16,000 rounds, into the first rollout's tails", "decision_latency_16k_1024x32.json")}
+
+
+def _decision_p99_long() -> dict:
+    """{(gpus, pipelines): (what the run covers, its decision p99 us)} of the block's longer
+    runs, where saved."""
+    import json
+
+    got = {}
+    for case, (label, name) in LONG_LATENCY_RUNS.items():
+        path = ROOT / "benchmarks" / "results" / name
+        if path.exists():
+            rows = json.loads(path.read_text()).get("results", [])
+            p99 = [r["decision_p99_us"] for r in rows
+                   if r.get("mode") == "incremental" and (r["gpus"], r["pipelines"]) == case]
+            if p99:
+                got[case] = (label, p99[0])
+    return got
+
+
+def _latency_rows(first: dict, long: dict) -> str:
+    """The targets table's decision-latency rows: the first 400 rounds and, where saved, the
+    block's longer run of each case; met only where every measured figure is."""
+    out = ""
+    for (g, n), target in (((64, 8), 1000), ((1024, 32), 10000)):
+        figures = [("first 400 rounds", first[(g, n)])] + ([long[(g, n)]] if (g, n) in long else [])
+        measured = "; ".join(f"{label}: {us:.0f} us" for label, us in figures)
+        if first[(g, n)] >= target:
+            met = "no"
+        elif (g, n) not in long:
+            met = "in the first 400 rounds (no longer run saved)"
+        else:
+            met = "yes" if long[(g, n)][1] < target else "in the first 400 rounds only"
+        out += (f"| decision p99 < {target // 1000} ms at {g} GPUs / {n} pipelines | decision-latency benchmark "
+                f"(its block) | {measured} | {met} |\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """``--only policies``: re-run the policy tables alone (the other sections are kept);
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
@@ -172,9 +213,7 @@ the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync
         f"| no pipeline's mean step > 1.25x its mean step alone on its static share | ({k}) | "
         f"largest ratio {summary[k]['max_step_ratio']:.2f} | {'yes' if summary[k]['max_step_ratio'] <= 1.25 else 'no'} |\n"
         for k in ("a", "b", "c", "d")
-    ) + (f"""| decision p99 < 1 ms at 64 GPUs / 8 pipelines | decision-latency benchmark, first 400 rounds (whole runs: its block) | {lat_summary[(64, 8)]:.0f} us | {'yes' if lat_summary[(64, 8)] < 1000 else 'no'} |
-| decision p99 < 10 ms at 1024 GPUs / 32 pipelines | decision-latency benchmark, first 400 rounds (before the tails; 16,000 rounds, into the first rollout's tails: its block) | {lat_summary[(1024, 32)]:.0f} us | {'in those rounds only (not into the tails: its block)' if lat_summary[(1024, 32)] < 10000 else 'no'} |
-""" if lat_summary else
+    ) + (_latency_rows(lat_summary, _decision_p99_long()) if lat_summary else
         f"| decision p99 < 1 ms at 64 GPUs / 8 pipelines | (b), this run | {summary['b']['p99_us']:.0f} us "
         f"(p50 {summary['b']['p50_us']:.0f} us) | {'yes' if summary['b']['p99_us'] < 1000 else 'no'} |\n") + """
 Every jigsaw figure above is measured with the default length predictor: the policy sees

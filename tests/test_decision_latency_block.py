@@ -139,3 +139,19 @@ def test_policy_options_of_the_benchmark_are_checked_before_any_run():
         dl._policy_options(["reprice_on_change=maybe"])
     with pytest.raises(SystemExit, match="--policy-opt: got .reprice_on_change.; allowed: KEY=VALUE"):
         dl._policy_options(["reprice_on_change"])
+
+
+def test_the_targets_table_calls_a_latency_target_met_only_where_every_saved_run_meets_it():
+    """benchmarks/report.py's targets rows: the first 400 rounds and the block's longer run
+    (whole run at 64 / 8, 16,000 rounds at 1024 / 32) must both be under the target; a
+    case with no longer run saved is not called met."""
+    import report
+
+    first = {(64, 8): 900.0, (1024, 32): 4600.0}
+    long = {(64, 8): ("whole run", 3200.0), (1024, 32): ("16,000 rounds", 6500.0)}
+    rows = report._latency_rows(first, long).splitlines()
+    assert rows[0].endswith("| first 400 rounds: 900 us; whole run: 3200 us | in the first 400 rounds only |")
+    assert rows[1].endswith("| first 400 rounds: 4600 us; 16,000 rounds: 6500 us | yes |")
+    rows = report._latency_rows({(64, 8): 5600.0, (1024, 32): 4600.0}, {}).splitlines()
+    assert rows[0].endswith("| no |")
+    assert rows[1].endswith("| in the first 400 rounds (no longer run saved) |")
