@@ -148,8 +148,10 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
 
 def _round(replicas):
     step = SimpleNamespace(samples=64, gen_done=60)
+    # requests_changed: its engines' counts changed since last read, so the consolidation
+    # prices it (``reprice_on_change``, on by default)
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
-                        lengths=SimpleNamespace(turns=1.0))
+                        lengths=SimpleNamespace(turns=1.0), requests_changed=True)
     # spread=None: no pipeline critical_spread serves (its cap on merges is not in play)
     return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set(), spread=None), p
 
