@@ -323,38 +323,33 @@ state build and of the policy, the slowest 1% of a case's rounds; timers include
 1 us a timed call), on this build:
 
 * 64 / 8, the first 400 rounds (`--breakdown --cases 64x8 --rounds 400 --cpu-budget 40`):
-  the slowest rounds (6.6 ms on average) are rounds in which the tail consolidation
-  (`Jigsaw._consolidate_tails`) reads the predicted drains of 7 pipelines at once (this
-  benchmark's pipelines are copies of two and reach their rollout tails together). Each
-  first read gathers its pipeline's rows: 5.7 ms of the round, of which 4 predictor calls
-  2.0 ms, the replicas whose requests changed read again 1.7 ms (their requests' fields
-  from the simulator's replicas 1.0 ms), and staleness checks, aggregates, finished rows
-  and the predictor's batch the rest. Outside the gathers: the views of the 64 replicas
-  (0.3 ms every round).
+  the slowest rounds (6.4 ms on average) are rounds in which the tail consolidation
+  (`Jigsaw._consolidate_tails`) reads the predicted drains of 5 pipelines whose engines'
+  request counts changed since they were last read (this benchmark's pipelines are copies
+  of two and reach their rollout tails together). Each first read gathers its pipeline's
+  rows: 5.6 ms of the round, of which 4.2 predictor calls 2.0 ms, the replicas whose
+  requests changed read again 1.8 ms (their requests' fields from the simulator's replicas
+  0.9 ms), and staleness checks, aggregates, finished rows and the predictor's batch the
+  rest. Outside the gathers: the views of the 64 replicas (0.3 ms every round).
+* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`; 5,620
+  rounds): the slowest 1% take 4.6 ms on average: 4.8 gathers 3.8 ms, of which 3.1
+  predictor calls 1.5 ms and replicas read again 1.2 ms.
 * 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
-  400`; the first rollout's tails, from about 2.8 simulated seconds): the slowest rounds
-  (19.4 ms on average with about 2,500 timed calls) price 554 tails a round (12.5 ms):
-  814 drain reads 8.8 ms, of which 29 gathers 6.8 ms (every pipeline has tails to price,
-  and a gather advances all 32 of its replicas' rows: 1.3 ms; its staleness checks 1.0
-  ms; 1.7 predictor calls 0.8 ms); the views of all 1,024 replicas 4.1 ms, every round:
-  the state build is most of a slow round.
+  400`; the first rollout's tails, from about 2.8 simulated seconds): the slowest 1% take
+  7.4 ms on average (19.4 ms on the build before): the consolidation 4.1 ms, pricing 71
+  tails (554 before) with 98 drain reads and 3.3 gathers (29 before; 2.1 predictor calls
+  1.2 ms), and the views of all 1,024 replicas 2.8 ms, every round.
 
-This build keeps each pipeline's step estimates on its static share across rounds
-(`Jigsaw._on_share_s`, by cost model, spec, share and length summary): every round
-projected every pipeline's finish from fresh ones (`critical_spread` and `predicted_pace`
-read them), and they change only when a trajectory ends. Checked: the hash of every
-decide round's decisions over the whole 64 / 8 run (5,187 rounds, `96382fc906e6bb7f`) and
-over the first 6,000 rounds at 1024 / 32 (`3148a94afa82a58f`) are those of the build
-before (45c59fe); `tests/test_jigsaw_share_estimates.py` compares the kept estimates
-with fresh ones every round of a run. Since these tables were measured, a length-model
-refit counts its per-token lengths from a histogram (`Empirical.of`) instead of two
-binary searches of `max_tokens + 1` points (2.5x faster at 20,480): the same decisions
-(hashes `96382fc906e6bb7f` at 64 / 8, `08c42049feb68da0` on workload (a)) and, over the
-whole 64 / 8 run, a decision p99 of 3,841 us against 3,914 us (state p99 3,250 against
-3,342 us; medians of three runs of each build, alternated): within the noise. One
-invocation's figures move by 10-30% with the
-shared machine's load from run to run (more at 1024 / 32, whose runs take 2 minutes
-each): the medians of alternated repeats under the tables are the comparison.
+What this build changes (stop 35): the tail consolidation prices a pipeline's tails only
+where its engines' request counts or its finished trajectories changed since its requests
+were last read (`reprice_on_change`, now on by default; docs/simulator.md); every round
+re-priced every pipeline with a tail, nearly always to turn the same tails away. It changes
+decisions (the predictions a pipeline's gathers refresh are read at other times): over
+(a)-(f) at seeds 0-2 the makespans move +0.09% (geometric mean, with the same stop's
+reclaim fix), and the policy tables above are of this build. One invocation's figures
+move by 10-30% with the shared machine's load from run to run (more at 1024 / 32, whose
+runs take 2 minutes each): the medians of alternated repeats under the tables are the
+comparison.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -364,34 +359,27 @@ each): the medians of alternated repeats under the tables are the comparison.
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,187
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,620
 rounds, 290 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
-tails) follow where they were rendered with this block (`--also`), and the medians of
-alternated runs of the build before and of this one where given (`--repeats`): both
-builds make the same decisions, so their runs are the same rounds.
+tails) follow where they were rendered with this block (`--also`; benchmarks/results/
+decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
+table reads too), and the medians of alternated runs of the build before and of this one
+where given (`--repeats`). This build makes other decisions than the one before
+(`reprice_on_change`), so their runs are not quite the same rounds (5,620 against 5,187
+over the whole 64 / 8 run).
 {notes}
 What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision
-p99 is 3.7-4.0 ms (the policy's own 1.1-1.2 ms), over the first 400 rounds 5.7-6.8 ms. A
-slow round is nearly all state build: the predicted drains of the tails the consolidation
-prices gather 7 pipelines, each with 3-4 predictor calls of 140-500 us (some 250 numpy
-calls whatever the batch) and the replicas whose request sets changed read again. At 1024
-/ 32 the target holds over the first 400 rounds (4.6-5.3 ms) but not over the first
-rollout's tails: over 16,000 rounds the decision p99 is 10.9-12.6 ms in five runs of this
-build and the one before (the last tenth 13.6-14.6 ms), where the block of 56fb059
-reported 6.95 ms; that build, run again on this machine the same day, gives 10.1 ms (last
-tenth 12.3 ms; its policy p99 3.7 ms against 5.0 ms now: profiled over the same 400
-late rounds, `_price_move`'s own time doubled since, with the tail pricing at the KV a
-merge would grow to). Meeting either target needs a state build that does not re-gather every
-pipeline with a tail every round (a gather's rows kept per replica are already
-incremental; what is left is the per-replica and per-pipeline Python work of 1,000 views
-and 30 gathers a round) or a consolidation that re-prices a pipeline only when its tails'
-requests changed, which changes decisions: built as `reprice_on_change` (off by default;
-docs/simulator.md; `--policy-opt reprice_on_change=true` measures it): with it, back to back
-with runs without it under the shared machine's changing load, 16,000 rounds at 1024 / 32
-gave a decision p99 of 7.5-11.1 ms in three runs against 17.6-21.1 ms without (the
-policy's own 1.4-2.6 against 7.0-9.0 ms), at +0.8% makespan on (a), -0.4% on (b), (c)-(f)
-within 0.1%, the mixes within 0.2%; it waits for the policy benchmarks to be re-run with
-it on.
+p99 is 3.1-3.3 ms (the policy's own 0.9 ms), over the first 400 rounds about 5 ms. A
+slow round is nearly all state build: the consolidation's first reads of the pipelines
+whose requests changed gather them, each with about one predictor call of 300-500 us
+(some 250 numpy calls whatever the batch) and its changed replicas read again. Meeting it
+needs predictions that are not made in the round that first reads them (refreshed as
+requests finish, between rounds) or a predictor call an order of magnitude cheaper on a
+few groups; neither is built. At 1024 / 32 the target is met over the first 400 rounds
+and over 16,000 rounds into the first rollout's tails (the medians above: 6.5 ms; the
+build before gave 10.0 and 10.9 ms in its two runs beside them, 10.9-12.6 ms in five runs
+of stop 33): what is left of a slow round is the views of 1,024 replicas (2.8 ms every
+round) and the few gathers a change brings.
 """
 
 

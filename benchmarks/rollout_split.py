@@ -68,7 +68,7 @@ def render(data: dict) -> str:
         "rest is the policy's trade: a thin tail re-sharded onto wider replicas (the tp4 and tp8 entries) "
         "ends the step on the critical path sooner at about twice the device-seconds a token "
         "(docs/simulator.md, `migration`); decoding them narrower saves device-seconds that no other "
-        "pipeline could use at that moment (`max_widen` 1: (a) 2060 s against 1984 s). On (e) long "
+        "pipeline could use at that moment (`max_widen` 1, on the build of stop 33: (a) 2060 s against 1984 s). On (e) long "
         "contexts make even full batches memory-bound (the KV reads the ideal counts). Held empty: verl-sync "
         "keeps every replica of a step until its last response (41% of its gap on (f)); jigsaw retires "
         "drained replicas, but keeps an agentic pipeline's last one for the next turns of trajectories in "
