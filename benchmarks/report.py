@@ -90,16 +90,22 @@ def _old_section(title: str) -> str:
     return body.rstrip("\n")
 
 
-def _decision_p99() -> dict | None:
-    """{(gpus, pipelines): decision p99 us} of the incremental state build, from
-    benchmarks/results/decision_latency.json (``benchmarks/decision_latency.py``), if saved."""
+def _p99_by_case(name: str) -> dict:
+    """{(gpus, pipelines): decision p99 us} of the incremental state build in the
+    decision-latency results file ``name`` (benchmarks/results/), empty if not saved."""
     import json
 
-    path = ROOT / "benchmarks" / "results" / "decision_latency.json"
+    path = ROOT / "benchmarks" / "results" / name
     if not path.exists():
-        return None
+        return {}
     rows = json.loads(path.read_text()).get("results", [])
-    got = {(r["gpus"], r["pipelines"]): r["decision_p99_us"] for r in rows if r.get("mode") == "incremental"}
+    return {(r["gpus"], r["pipelines"]): r["decision_p99_us"] for r in rows if r.get("mode") == "incremental"}
+
+
+def _decision_p99() -> dict | None:
+    """{(gpus, pipelines): decision p99 us} of benchmarks/results/decision_latency.json
+    (``benchmarks/decision_latency.py``), if saved with both target cases."""
+    got = _p99_by_case("decision_latency.json")
     return got if {(64, 8), (1024, 32)} <= set(got) else None
 
 
@@ -112,17 +118,11 @@ LONG_LATENCY_RUNS = {(64, 8): ("whole run", "decision_latency_whole_64x8.json"),
 def _decision_p99_long() -> dict:
     """{(gpus, pipelines): (what the run covers, its decision p99 us)} of the block's longer
     runs, where saved."""
-    import json
-
     got = {}
     for case, (label, name) in LONG_LATENCY_RUNS.items():
-        path = ROOT / "benchmarks" / "results" / name
-        if path.exists():
-            rows = json.loads(path.read_text()).get("results", [])
-            p99 = [r["decision_p99_us"] for r in rows
-                   if r.get("mode") == "incremental" and (r["gpus"], r["pipelines"]) == case]
-            if p99:
-                got[case] = (label, p99[0])
+        p99 = _p99_by_case(name).get(case)
+        if p99 is not None:
+            got[case] = (label, p99)
     return got
 
 
