@@ -1,6 +1,7 @@
 """Which training-side stages each RL algorithm runs after generation, in verl's order."""
 
-__all__ = ["STAGES_BY_ALGORITHM", "FORWARD_STAGES", "UPDATE_STAGES", "HOST_STAGES", "early_stages"]
+__all__ = ["STAGES_BY_ALGORITHM", "FORWARD_STAGES", "UPDATE_STAGES", "HOST_STAGES", "ALONGSIDE", "early_stages",
+           "may_run_alongside"]
 
 # weight_sync closes every step
 STAGES_BY_ALGORITHM = {
@@ -12,6 +13,13 @@ STAGES_BY_ALGORITHM = {
 FORWARD_STAGES = ("old_log_prob", "ref", "values")
 UPDATE_STAGES = ("update_critic", "update_actor")
 HOST_STAGES = ("adv",)
+#: A stage that may run alongside the stage after it, on a gang of its own: the critic's
+#: update reads the values and returns the advantage step wrote, the actor's update the
+#: advantages, and neither reads the other's weights. OpenRLHF runs the two fits at once
+#: (``PPOTrainer.ppo_train`` launches the critic's ``fit`` and gathers it after the
+#: actor's); verl runs them one after the other (``RayPPOTrainer.fit``), so only an
+#: executor that declares it (``SchedulerState.concurrent_updates``) takes such a stage.
+ALONGSIDE = {"update_critic": "update_actor"}
 
 
 def early_stages(stages) -> tuple[str, ...]:
@@ -24,3 +32,10 @@ def early_stages(stages) -> tuple[str, ...]:
             break
         out.append(stage)
     return tuple(out)
+
+
+def may_run_alongside(stage: str, stages, index: int) -> bool:
+    """Whether ``stage``, at ``index`` of ``stages``, may run alongside the stage after it
+    (``ALONGSIDE``): that one must be its partner."""
+    partner = ALONGSIDE.get(stage)
+    return partner is not None and index + 1 < len(stages) and stages[index + 1] == partner

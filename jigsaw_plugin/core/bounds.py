@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, may_run_alongside
 
 __all__ = ["Bounds", "compute_bounds", "gap_breakdown", "rollout_split", "idle_gaps", "idle_gap_label",
            "IDLE_GAP_EDGES_S"]
@@ -132,7 +132,8 @@ def _step_fixed_s(ex, p, last: bool) -> float:
     rollout (none after the last step). Each at its least over the pool's device classes
     and over the sync's link options."""
     costs = _class_costs(ex)
-    fixed = 0.0
+    # a stage run alongside the next pays its fixed cost while its partner pays its own
+    fixed = -min(c.f.train_stage_overhead_s for c in costs) * len(_alongside(ex, p))
     for stage in p.stages:
         if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
             fixed += min(c.f.train_stage_overhead_s for c in costs)
@@ -142,6 +143,14 @@ def _step_fixed_s(ex, p, last: bool) -> float:
             fixed += min(c.weight_sync_s(p.model, colocated, cross) for c in costs
                          for colocated in (True, False) for cross in (True, False))
     return fixed
+
+
+def _alongside(ex, p) -> list:
+    """Indices of ``p``'s stages that may run alongside the next on executor ``ex``
+    (``RunStage.alongside``: the critic's update beside the actor's)."""
+    if not getattr(ex, "supports_concurrent_updates", False):
+        return []
+    return [i for i, stage in enumerate(p.stages) if may_run_alongside(stage, p.stages, i)]
 
 
 def _pass_device_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
@@ -215,12 +224,17 @@ def compute_bounds(ex) -> Bounds:
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
-            train = 0.0
+            passes = {}  # the chain's passes: stage -> least seconds
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
                     if stage in UPDATE_STAGES or p.spec.mode != "sync":
-                        train += _pass_s(costs, m, stage, s.tokens, gpus)
+                        passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
+            # a pass run alongside the next overlaps it: the pair costs the longer of the two
+            # (each on its fastest gang: the two gangs are at most the pool between them, so
+            # neither is faster than its own fastest)
+            train = sum(passes.values()) - sum(min(passes[p.stages[i]], passes[p.stages[i + 1]])
+                                               for i in _alongside(ex, p))
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token

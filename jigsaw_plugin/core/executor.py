@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import time
 
-from jigsaw_plugin.algorithms import UPDATE_STAGES
+from jigsaw_plugin.algorithms import ALONGSIDE, UPDATE_STAGES, may_run_alongside
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
@@ -45,6 +45,9 @@ class ExecutorCore:
     # a LaunchReplica whose devices include those of the replicas it absorbs: they stop, and
     # their requests resume on the new, wider replica (re-shard in place; SchedulerState.reshard_in_place)
     supports_reshard_in_place = False
+    # a stage on a gang of its own beside the next one (RunStage.alongside: the critic's update
+    # beside the actor's; SchedulerState.concurrent_updates)
+    supports_concurrent_updates = False
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
@@ -383,6 +386,8 @@ class ExecutorCore:
         p = self.pipelines[d.pipeline]
         if d.early:
             return self._check_early_pass(d, p)
+        if d.alongside:
+            return self._check_alongside(d, p)
         if d.step != p.train_next or p.next_stage != d.stage:
             raise PolicyViolation(
                 f"{p.name}: RunStage {d.stage} of step {d.step}; next is {p.next_stage} of step {p.train_next}"
@@ -407,6 +412,38 @@ class ExecutorCore:
                        devices=devices, bytes=int(p.model.weight_bytes), t=self.t)
         return p, s, devices
 
+    def _check_alongside(self, d: RunStage, p: PipelineRun) -> tuple[PipelineRun, StepRun, tuple]:
+        """Validate a stage run alongside the next one (``RunStage.alongside``), claim its
+        devices, emit its start; the pipeline's next stage is then its partner."""
+        if not self.supports_concurrent_updates:
+            raise PolicyViolation(
+                f"{type(self).__name__} cannot run a stage alongside the next (capability 'concurrent_updates'): "
+                f"RunStage.alongside is for executors whose state says concurrent_updates=True (the simulator)")
+        if d.step != p.train_next or p.next_stage != d.stage or p.alongside is not None:
+            raise PolicyViolation(f"{p.name}: RunStage {d.stage} of step {d.step} alongside; next is "
+                                  f"{p.next_stage} of step {p.train_next}")
+        if not may_run_alongside(d.stage, p.stages, p.stage_next):
+            raise PolicyViolation(f"{p.name}: {d.stage} cannot run alongside the stage after it; allowed: "
+                                  + ", ".join(f"{a} beside {b}" for a, b in ALONGSIDE.items()))
+        devices = tuple(d.devices)
+        if not devices:
+            raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
+        self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
+        s = p.steps[d.step]
+        p.alongside = d.stage
+        p.stage_next += 1
+        self.dirty = True
+        self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
+                   samples=s.n, tokens=s.tokens, t=self.t)
+        return p, s, devices
+
+    def alongside_end_t(self, p: PipelineRun) -> float | None:
+        """Predicted end of the stage ``p`` runs alongside its sequence (None if none)."""
+        s = p.steps.get(p.train_next)
+        if p.alongside is None or s is None or p.alongside not in s.stage_t:
+            return None
+        return s.stage_t[p.alongside][1]
+
     def _check_early_pass(self, d: RunStage, p: PipelineRun) -> tuple[PipelineRun, StepRun, tuple]:
         """Validate an early pass (``RunStage.early``), claim its devices, emit its start."""
         if not self.supports_early_passes:
@@ -422,7 +459,7 @@ class ExecutorCore:
             raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step}: only the step to train next "
                                   f"({p.train_next}), or the one after when only its weight sync is left, "
                                   f"while its batch is still being generated")
-        if p.stage_running:
+        if p.stage_running or p.alongside is not None:
             raise PolicyViolation(f"{p.name}: early {d.stage} of step {d.step} while a stage runs")
         if d.stage not in p.early_stages():
             raise PolicyViolation(f"{p.name}: early {d.stage}: only {', '.join(p.early_stages()) or 'no stage'} "
@@ -483,6 +520,12 @@ class ExecutorCore:
         s.stage_t[stage] = (start, self.t)
         s.stages_done.add(stage)
         p.stage_history.setdefault(stage, []).append(self.t - start)
+        if p.alongside == stage and step == p.train_next:  # its partner holds the sequence
+            p.alongside = None
+            self.dirty = True
+            self._emit("jigsaw_stage_end", pipeline=p.name, step=step, stage=stage,
+                       devices=devices, samples=s.n, tokens=s.tokens, t=self.t)
+            return
         p.stage_running = False
         p.stage_next += 1
         self._emit("jigsaw_stage_end", pipeline=p.name, step=step, stage=stage,

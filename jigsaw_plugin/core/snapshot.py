@@ -1034,7 +1034,8 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         stage_history_s={k: tuple(v) for k, v in p.stage_history.items()},
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
-        early_stage=p.early, _requests=reqs,
+        early_stage=p.early, alongside_stage=p.alongside,
+        alongside_end_t=ex.alongside_end_t(p) if p.alongside is not None else None, _requests=reqs,
     )
 
 
@@ -1052,5 +1053,5 @@ def build_state(ex, memo=None, refresh: RefreshPolicy | None = None, caches: dic
         cost=ex.cost, max_num_seqs=ex.cost.f.max_num_seqs, memo=memo,
         classes=ex.device_classes.views() if getattr(ex, "device_classes", None) is not None else (),
         early_passes=ex.supports_early_passes, colocation=ex.supports_colocation,
-        reshard_in_place=ex.supports_reshard_in_place,
+        reshard_in_place=ex.supports_reshard_in_place, concurrent_updates=ex.supports_concurrent_updates,
     )

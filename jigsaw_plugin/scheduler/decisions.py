@@ -105,6 +105,11 @@ class RunStage:
     stage's own pass later reads only what no early pass covered), reading at most
     ``tokens`` of them (0: all). Only for executors whose state says ``early_passes``
     (docs/simulator.md, "Early forward passes").
+
+    ``alongside``: run the stage on its own gang while the pipeline's next stage runs on
+    another (``algorithms.ALONGSIDE``: the critic's update beside the actor's, as OpenRLHF
+    runs them); the stages after the pair wait for both. Only for executors whose state
+    says ``concurrent_updates``.
     """
 
     pipeline: str
@@ -114,6 +119,13 @@ class RunStage:
     colocated: bool = True
     early: bool = False
     tokens: int = 0
+    alongside: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.alongside, bool):
+            raise SpecError("RunStage.alongside", self.alongside, "true or false")
+        if self.alongside and self.early:
+            raise SpecError("RunStage.alongside", self.alongside, "false for an early pass (RunStage.early)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -182,6 +182,14 @@ class JigsawConfig:
     # 10 ms; measured neutral on the makespans (with the reclaim fix of stop 35: +0.09%
     # geometric mean over (a)-(f) at seeds 0-2; docs/simulator.md)
     reprice_on_change: bool = True
+    # a PPO step's critic update runs on a gang of its own beside the actor's (as OpenRLHF
+    # runs the two fits), the ready devices split between them where both end sooner than
+    # the two one after the other; only on executors that can (``concurrent_updates``)
+    concurrent_updates: bool = True
+    # ... when the later of the two ends at least this fraction sooner than the two in turn:
+    # a pass that scales with its devices gains nothing from the split, and the gang run
+    # alongside keeps its width (it cannot grow onto devices that free up meanwhile)
+    alongside_gain: float = 0.1
     # forward passes (log-prob, reference, values) over a step's finished trajectories on
     # devices its rollout no longer needs, while the tail still generates: the stage's own
     # pass then reads only the rest (docs/simulator.md, "Early forward passes")
@@ -252,6 +260,17 @@ def _tail_s(cost, model, tp: int, n: int, context: float, left: float) -> float:
     """Projected time for ``n`` requests holding ``context`` KV tokens on a replica of width
     ``tp`` to decode the longest one's ``left`` tokens (the KV grows by half of that on average)."""
     return left * cost.decode_step_s(model, tp, n, context + n * left / 2)
+
+
+def _prefix_fastest(times: list) -> list:
+    """For each ``g`` (index ``g - 1``): the least of ``times[:g]`` (a pass's time on 1, 2,
+    ... devices) and the width that gives it, the narrowest on ties."""
+    out, best = [], (_INF, 1)
+    for w, t in enumerate(times, 1):
+        if t < best[0] - 1e-12:
+            best = (t, w)
+        out.append(best)
+    return out
 
 
 def _balanced_groups(replicas: list, k: int) -> list:
@@ -425,6 +444,8 @@ class Jigsaw(Policy):
                 self._widen_tails(rnd, out)
         for kind, p in self._demands(rnd, out):
             if kind == "stage":
+                if self._updates_alongside(rnd, p, out):
+                    continue
                 devs = self._gang(rnd, p)
                 if devs:
                     out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
@@ -620,6 +641,9 @@ class Jigsaw(Policy):
                 return max(drain, o.lengths.tool_s * max(1.0, (o.lengths.turns - 1) / 2))
             return drain
         o = state.pipelines[task.pipeline]
+        if task.stage is not None and task.stage == o.alongside_stage:
+            end = o.alongside_end_t
+            return max(0.0, end - state.t) if end is not None else 0.0
         rs = o.running_stage
         if rs is not None and rs.resize_to is not None and d not in rs.resize_to:
             return max(0.0, rs.boundary_t - state.t)  # being handed back at the next boundary
@@ -650,9 +674,9 @@ class Jigsaw(Policy):
             got = _INF
         elif self._wants_home_now(rnd, o) or o.next_stage:
             got = 0.0
-        elif o.stage_running:
-            end = o.running_stage_end_t
-            got = max(0.0, end - state.t) if end is not None else 0.0
+        elif o.stage_running or o.alongside_stage is not None:
+            ends = [e for e in (o.running_stage_end_t, o.alongside_end_t) if e is not None]
+            got = max(0.0, min(ends) - state.t) if ends else 0.0
         elif o.generating:
             got = max((r.predicted_drain_s() for r in o.replicas), default=0.0)
         else:
@@ -1148,7 +1172,8 @@ class Jigsaw(Policy):
         state, cfg = rnd.state, self.config
         for p in state.order:
             s = p.steps.get(p.train_next)
-            if (p.done or p.stage_running or not rnd.free or s is None or s.rewarded >= s.samples
+            if (p.done or p.stage_running or p.alongside_stage is not None or not rnd.free or s is None
+                    or s.rewarded >= s.samples
                     or s.gen_done < cfg.early_from * s.samples):
                 continue
             stage = self._early_stage(p, s)
@@ -1276,7 +1301,9 @@ class Jigsaw(Policy):
                 return stage
         return None
 
-    def _gang(self, rnd, p) -> tuple:
+    def _gang(self, rnd, p, unnarrowed: bool = False) -> tuple:
+        """The devices ``p``'s next stage starts on now, () to wait; ``unnarrowed``: every
+        device the look-ahead would start it with, before the width rules narrow it."""
         state, free = rnd.state, rnd.free
         stage = p.next_stage
         home = rnd.home[p.name][1]
@@ -1326,6 +1353,8 @@ class Jigsaw(Policy):
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
+        if unnarrowed:
+            return tuple(self._affinity(rnd, p, now, "train"))
         narrow = self._no_slower_gang(rnd, p, stage, now)
         if narrow:
             return narrow
@@ -1334,6 +1363,39 @@ class Jigsaw(Policy):
             if narrow:
                 return narrow
         return tuple(self._affinity(rnd, p, now, "train"))
+
+    def _updates_alongside(self, rnd, p, out) -> bool:
+        """``concurrent_updates``: start ``p``'s next stage (the critic's update) on a gang
+        of its own and its partner (the actor's) beside it, the devices the look-ahead would
+        start the first with split so that the later of the two ends soonest (each at its
+        fastest width within its part), when that beats the two one after the other on all
+        of them by ``alongside_gain``. True if it did."""
+        state, cfg = rnd.state, self.config
+        stage = p.next_stage
+        if not (cfg.concurrent_updates and state.concurrent_updates and cfg.resize and cfg.lookahead
+                and may_run_alongside(stage, p.stages, p.stage_next)):
+            return False
+        pool = self._gang(rnd, p, unnarrowed=True)
+        n = len(pool)
+        if n < 2:
+            return False
+        partner = p.stages[p.stage_next + 1]
+        first = _prefix_fastest(self._stage_times(rnd, p, stage, n)[:n])
+        second = _prefix_fastest(self._stage_times(rnd, p, partner, n)[:n])
+        # (end, width of the first, width of the second) for each split k | n - k
+        end, w1, w2 = min((max(first[k - 1][0], second[n - k - 1][0]), first[k - 1][1], second[n - k - 1][1])
+                          for k in range(1, n))
+        if end == _INF or end > (first[n - 1][0] + second[n - 1][0]) * (1 - cfg.alongside_gain):
+            return False
+        gpn = max(1, state.gpus_per_node)
+        a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or pool[:w1]
+        rest = [d for d in pool if d not in a]
+        b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or tuple(rest[:w2])
+        out.append(RunStage(p.name, p.train_next, stage, tuple(a), colocated=False, alongside=True))
+        out.append(RunStage(p.name, p.train_next, partner, tuple(b), colocated=False))
+        rnd.free.difference_update(a)
+        rnd.free.difference_update(b)
+        return True
 
     def _no_slower_gang(self, rnd, p, stage, devices: list) -> tuple:
         """``fastest_width``: the narrowest gang of the fastest width below ``len(devices)``

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
+from jigsaw_plugin.algorithms import ALONGSIDE
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 
@@ -287,6 +288,8 @@ class PipelineView:
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
     early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
+    alongside_stage: str | None = None  # the stage running alongside the sequence (RunStage.alongside)
+    alongside_end_t: float | None = None  # its predicted end
     # the executor's lazy source of ``requests_changed`` (``changed() -> bool``)
     _requests: Any = field(repr=False, compare=False, default=None)
 
@@ -322,7 +325,10 @@ class PipelineView:
         s = self.steps.get(self.train_next)
         if s is None or s.rewarded < s.samples:
             return None
-        return self.stages[self.stage_next]
+        stage = self.stages[self.stage_next]
+        if self.alongside_stage is not None and stage != ALONGSIDE[self.alongside_stage]:
+            return None  # the stages after the pair wait for the one running alongside
+        return stage
 
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + self.pending
@@ -388,6 +394,7 @@ class SchedulerState:
     colocation: bool = False  # the executor can run two pipelines' rollout replicas on one device group
     early_passes: bool = False  # the executor can run forward passes over finished trajectories early
     reshard_in_place: bool = False  # a LaunchReplica may take the devices of the replicas it absorbs
+    concurrent_updates: bool = False  # a stage may run alongside the next (RunStage.alongside)
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

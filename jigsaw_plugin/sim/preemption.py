@@ -135,9 +135,11 @@ class Preemptions:
                 self.restarted_stages += 1
                 self.count[k] += 1
                 self.downtime[k].append((w.t, back_t))
-            else:  # a weight sync / host stage, or a pending resize: preempt it when it ends
+            else:  # a weight sync, a stage run alongside, or a pending resize: preempt it when it ends
                 p = w.pipelines.get(task.pipeline)
-                end = w.running_stage_end_t(p) if p is not None else None
+                end = None
+                if p is not None:
+                    end = w.alongside_end_t(p) if task.stage == p.alongside else w.running_stage_end_t(p)
                 when = end if end is not None and end > w.t else w.t + _RETRY_S
                 self.world.push_event(Preempt(when, d, k, ev.poisson))
                 return

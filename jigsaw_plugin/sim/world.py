@@ -44,6 +44,7 @@ class World(ExecutorCore):
     supports_early_passes = True  # forward passes over finished trajectories while the rest generate
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
     supports_reshard_in_place = True  # a widened tail may take its own replicas' devices
+    supports_concurrent_updates = True  # the critic's update on a gang of its own beside the actor's
 
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,
                  preemption_recovery: str = "migrate", **kw):
@@ -392,6 +393,14 @@ class World(ExecutorCore):
 
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
+        if d.alongside:  # on its own gang, whole (the micro-batched run is the sequence's stage)
+            switch = self._switch_s(p, devices, "train")
+            dur = switch + self.price_stage(p, s, d.stage, devices, d.colocated)
+            s.stage_t[d.stage] = (self.t, self.t + dur)
+            self.busy_s += dur * len(devices)
+            self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, self.t, self.t + dur))
+            self._push(StageDone(self.t + dur, p.name, d.step, d.stage, devices))
+            return
         if d.stage in HOST_STAGES or d.stage == "weight_sync":
             dur = self.price_stage(p, s, d.stage, devices, d.colocated)
             s.stage_t[d.stage] = (self.t, self.t + dur)
