@@ -250,6 +250,8 @@ def _sub(sub, name: str, help_text: str, example: str, common) -> argparse.Argum
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jigsaw_plugin.bench.ab import ABLATIONS, OFF_BY_DEFAULT  # the help lists them
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=0, help="more messages (debug)")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress, warnings and errors only")
@@ -284,8 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default="sim", help="sim (simulator, default) or ray (real engines and trainers)")
     b.add_argument("--repeats", type=int, default=3, help="ray backend: side-by-side runs per policy (median)")
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
-                   help="flip one jigsaw mechanism from its default: switch off migration, resize, lookahead, "
-                        "multiplex, borrow, early_passes, lend_to_critical, reshard_in_place or async_reserve; switch on loans, priority, balance or colocate")
+                   help="flip one jigsaw mechanism from its default: switch off " + ", ".join(ABLATIONS)
+                        + "; switch on " + ", ".join(OFF_BY_DEFAULT))
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--predictor", default="history", choices=("history", "oracle"),
                    help="the candidate's remaining-length predictor (oracle: an ablation reading true lengths)")

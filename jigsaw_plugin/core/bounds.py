@@ -24,7 +24,9 @@ the record, never the policy's input), priced by the run's cost model:
   early, over the trajectories that finished before the longest: ``RunStage.early``); for
   an asynchronous one, the first step's longest trajectory plus every step's training
   passes, each on its fastest gang (one pass at a time per pipeline, early ones
-  included). Each step adds the seconds no device count shortens: every training-side
+  included). Where the executor runs a stage alongside the next (``RunStage.alongside``:
+  a PPO step's critic update beside the actor's), the pair counts as the longer of the
+  two, and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
   stage's fixed cost, the advantage computation, and the weight sync before the next step
   (``_step_fixed_s``).
 - ``makespan_lower_bound_s``: the larger of the two.
