@@ -124,6 +124,7 @@ def test_capability_checks_name_what_cannot_be_done():
     assert refusal(caps, RunStage("a", 0, "update_actor", (0, 1))) is None
     assert "fixed at 2" in refusal(caps, RunStage("a", 0, "update_actor", (0,)))
     assert "cannot resize" in refusal(caps, ResizeStage("a", 0, "update_actor", (0,)))
+    assert "cannot run alongside" in refusal(caps, RunStage("a", 0, "update_critic", (0, 1), alongside=True))
     assert "cannot migrate" in refusal(caps, Migrate(0, 1))
     assert "spread=True" in refusal(caps, LaunchReplica("a", (1,), spread=True))
     assert "cannot add" in refusal(caps, LaunchReplica("a", (1,)), live_replicas=1)

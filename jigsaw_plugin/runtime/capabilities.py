@@ -89,6 +89,9 @@ def refusal(caps: HostCapabilities, decision, live_replicas: int = 0, rollout_gr
     ``rollout_granted``: its host already runs its rollout on the servers it was granted."""
     if isinstance(decision, RunStage):
         n = len(decision.devices)
+        if decision.alongside:
+            return (f"{caps.framework} runs its training stages in its own order: {decision.stage} cannot run "
+                    f"alongside the next (RunStage.alongside; the simulator's executor only)")
         if n and caps.stage_grants == "none":
             return f"{caps.framework} takes no stage grants (stage_grants=none)"
         if n and not caps.training_resizable and decision.stage != "weight_sync" and n != caps.training_width:
