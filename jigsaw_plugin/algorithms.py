@@ -13,13 +13,15 @@ STAGES_BY_ALGORITHM = {
 FORWARD_STAGES = ("old_log_prob", "ref", "values")
 UPDATE_STAGES = ("update_critic", "update_actor")
 HOST_STAGES = ("adv",)
-#: A stage that may run alongside the stage after it, on a gang of its own: the critic's
-#: update reads the values and returns the advantage step wrote, the actor's update the
-#: advantages, and neither reads the other's weights. OpenRLHF runs the two fits at once
-#: (``PPOTrainer.ppo_train`` launches the critic's ``fit`` and gathers it after the
-#: actor's); verl runs them one after the other (``RayPPOTrainer.fit``), so only an
-#: executor that declares it (``SchedulerState.concurrent_updates``) takes such a stage.
-ALONGSIDE = {"update_critic": "update_actor"}
+#: A stage that may run alongside the stage after it, on a gang of its own, neither reading
+#: what the other writes: the actor's log-prob pass and the reference model's pass both
+#: read the generated batch; the critic's update reads the values and returns the
+#: advantage step wrote, the actor's update the advantages. OpenRLHF runs both pairs at
+#: once (``make_experience`` dispatches the actor, critic and reference passes together;
+#: ``PPOTrainer.ppo_train`` launches the critic's ``fit``, runs the actor's, then gathers
+#: the critic's); verl runs each in turn (``RayPPOTrainer.fit``), so only an executor that
+#: declares it (``SchedulerState.concurrent_stages``) takes such a stage.
+ALONGSIDE = {"old_log_prob": "ref", "update_critic": "update_actor"}
 
 
 def early_stages(stages) -> tuple[str, ...]:

@@ -25,8 +25,9 @@ the record, never the policy's input), priced by the run's cost model:
   an asynchronous one, the first step's longest trajectory plus every step's training
   passes, each on its fastest gang (one pass at a time per pipeline, early ones
   included). Where the executor runs a stage alongside the next (``RunStage.alongside``:
-  a PPO step's critic update beside the actor's), the pair counts as the longer of the
-  two, and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
+  the log-prob pass beside the reference pass, a PPO step's critic update beside the
+  actor's), the pair counts as the longer of the two where its passes are on the chain,
+  and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
   stage's fixed cost, the advantage computation, and the weight sync before the next step
   (``_step_fixed_s``).
 - ``makespan_lower_bound_s``: the larger of the two.
@@ -149,8 +150,8 @@ def _step_fixed_s(ex, p, last: bool) -> float:
 
 def _alongside(ex, p) -> list:
     """Indices of ``p``'s stages that may run alongside the next on executor ``ex``
-    (``RunStage.alongside``: the critic's update beside the actor's)."""
-    if not getattr(ex, "supports_concurrent_updates", False):
+    (``RunStage.alongside``, ``algorithms.ALONGSIDE``)."""
+    if not getattr(ex, "supports_concurrent_stages", False):
         return []
     return [i for i, stage in enumerate(p.stages) if may_run_alongside(stage, p.stages, i)]
 
@@ -236,7 +237,7 @@ def compute_bounds(ex) -> Bounds:
             # (each on its fastest gang: the two gangs are at most the pool between them, so
             # neither is faster than its own fastest)
             train = sum(passes.values()) - sum(min(passes[p.stages[i]], passes[p.stages[i + 1]])
-                                               for i in _alongside(ex, p))
+                                               for i in _alongside(ex, p) if p.stages[i] in passes)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token

@@ -45,9 +45,10 @@ class ExecutorCore:
     # a LaunchReplica whose devices include those of the replicas it absorbs: they stop, and
     # their requests resume on the new, wider replica (re-shard in place; SchedulerState.reshard_in_place)
     supports_reshard_in_place = False
-    # a stage on a gang of its own beside the next one (RunStage.alongside: the critic's update
-    # beside the actor's; SchedulerState.concurrent_updates)
-    supports_concurrent_updates = False
+    # a stage on a gang of its own beside the next one (RunStage.alongside, algorithms.ALONGSIDE:
+    # the log-prob pass beside the reference pass, the critic's update beside the actor's;
+    # SchedulerState.concurrent_stages)
+    supports_concurrent_stages = False
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
@@ -415,10 +416,10 @@ class ExecutorCore:
     def _check_alongside(self, d: RunStage, p: PipelineRun) -> tuple[PipelineRun, StepRun, tuple]:
         """Validate a stage run alongside the next one (``RunStage.alongside``), claim its
         devices, emit its start; the pipeline's next stage is then its partner."""
-        if not self.supports_concurrent_updates:
+        if not self.supports_concurrent_stages:
             raise PolicyViolation(
-                f"{type(self).__name__} cannot run a stage alongside the next (capability 'concurrent_updates'): "
-                f"RunStage.alongside is for executors whose state says concurrent_updates=True (the simulator)")
+                f"{type(self).__name__} cannot run a stage alongside the next (capability 'concurrent_stages'): "
+                f"RunStage.alongside is for executors whose state says concurrent_stages=True (the simulator)")
         if d.step != p.train_next or p.next_stage != d.stage or p.alongside is not None:
             raise PolicyViolation(f"{p.name}: RunStage {d.stage} of step {d.step} alongside; next is "
                                   f"{p.next_stage} of step {p.train_next}")
@@ -430,11 +431,13 @@ class ExecutorCore:
             raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
         self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
         s = p.steps[d.step]
+        if d.stage in s.covered:  # the rest of what early passes read
+            s.pass_tokens[d.stage] = s.tokens - s.covered[d.stage]
         p.alongside = d.stage
         p.stage_next += 1
         self.dirty = True
         self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
-                   samples=s.n, tokens=s.tokens, t=self.t)
+                   samples=s.n, tokens=s.pass_tokens.get(d.stage, s.tokens), t=self.t)
         return p, s, devices
 
     def alongside_end_t(self, p: PipelineRun) -> float | None:

@@ -1053,5 +1053,5 @@ def build_state(ex, memo=None, refresh: RefreshPolicy | None = None, caches: dic
         cost=ex.cost, max_num_seqs=ex.cost.f.max_num_seqs, memo=memo,
         classes=ex.device_classes.views() if getattr(ex, "device_classes", None) is not None else (),
         early_passes=ex.supports_early_passes, colocation=ex.supports_colocation,
-        reshard_in_place=ex.supports_reshard_in_place, concurrent_updates=ex.supports_concurrent_updates,
+        reshard_in_place=ex.supports_reshard_in_place, concurrent_stages=ex.supports_concurrent_stages,
     )

@@ -107,9 +107,10 @@ class RunStage:
     (docs/simulator.md, "Early forward passes").
 
     ``alongside``: run the stage on its own gang while the pipeline's next stage runs on
-    another (``algorithms.ALONGSIDE``: the critic's update beside the actor's, as OpenRLHF
-    runs them); the stages after the pair wait for both. Only for executors whose state
-    says ``concurrent_updates``.
+    another (``algorithms.ALONGSIDE``: the log-prob pass beside the reference pass, the
+    critic's update beside the actor's, as OpenRLHF runs them); the stages after the pair
+    wait for both. Only for executors whose state
+    says ``concurrent_stages``.
     """
 
     pipeline: str

@@ -45,7 +45,10 @@ runs much slower than on its static share; every device its owner is not using i
   token that keep the learner fed within the staleness bound, training on the trainer's
   site (scheduler/activation.py);
 - look-ahead: a ready stage weighs ``width`` candidate plans (start now and grow at
-  micro-batch boundaries as home devices free, or wait for the i-th) by projected end.
+  micro-batch boundaries as home devices free, or wait for the i-th) by projected end;
+- stages side by side (``concurrent_stages``): the log-prob pass beside the reference
+  pass, a PPO step's critic update beside the actor's, each on a gang of its own, where
+  splitting the devices ends the pair ``alongside_gain`` sooner than running it in turn.
 """
 
 from __future__ import annotations
@@ -182,10 +185,11 @@ class JigsawConfig:
     # 10 ms; measured neutral on the makespans (with the reclaim fix of stop 35: +0.09%
     # geometric mean over (a)-(f) at seeds 0-2; docs/simulator.md)
     reprice_on_change: bool = True
-    # a PPO step's critic update runs on a gang of its own beside the actor's (as OpenRLHF
-    # runs the two fits), the ready devices split between them where both end sooner than
-    # the two one after the other; only on executors that can (``concurrent_updates``)
-    concurrent_updates: bool = True
+    # the actor's log-prob pass beside the reference pass, and a PPO step's critic update
+    # beside the actor's, each on a gang of its own (as OpenRLHF runs them), the ready
+    # devices split between the two where both end sooner than one after the other; only
+    # on executors that can (``concurrent_stages``; algorithms.ALONGSIDE)
+    concurrent_stages: bool = True
     # ... when the later of the two ends at least this fraction sooner than the two in turn:
     # a pass that scales with its devices gains nothing from the split, and the gang run
     # alongside keeps its width (it cannot grow onto devices that free up meanwhile)
@@ -444,7 +448,7 @@ class Jigsaw(Policy):
                 self._widen_tails(rnd, out)
         for kind, p in self._demands(rnd, out):
             if kind == "stage":
-                if self._updates_alongside(rnd, p, out):
+                if self._run_alongside(rnd, p, out):
                     continue
                 devs = self._gang(rnd, p)
                 if devs:
@@ -1364,15 +1368,16 @@ class Jigsaw(Policy):
                 return narrow
         return tuple(self._affinity(rnd, p, now, "train"))
 
-    def _updates_alongside(self, rnd, p, out) -> bool:
-        """``concurrent_updates``: start ``p``'s next stage (the critic's update) on a gang
-        of its own and its partner (the actor's) beside it, the devices the look-ahead would
+    def _run_alongside(self, rnd, p, out) -> bool:
+        """``concurrent_stages``: start ``p``'s next stage (the log-prob pass, the critic's
+        update) on a gang of its own and its partner (the reference pass, the actor's
+        update; ``algorithms.ALONGSIDE``) beside it, the devices the look-ahead would
         start the first with split so that the later of the two ends soonest (each at its
         fastest width within its part), when that beats the two one after the other on all
         of them by ``alongside_gain``. True if it did."""
         state, cfg = rnd.state, self.config
         stage = p.next_stage
-        if not (cfg.concurrent_updates and state.concurrent_updates and cfg.resize and cfg.lookahead
+        if not (cfg.concurrent_stages and state.concurrent_stages and cfg.resize and cfg.lookahead
                 and may_run_alongside(stage, p.stages, p.stage_next)):
             return False
         pool = self._gang(rnd, p, unnarrowed=True)

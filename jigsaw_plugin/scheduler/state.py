@@ -394,7 +394,7 @@ class SchedulerState:
     colocation: bool = False  # the executor can run two pipelines' rollout replicas on one device group
     early_passes: bool = False  # the executor can run forward passes over finished trajectories early
     reshard_in_place: bool = False  # a LaunchReplica may take the devices of the replicas it absorbs
-    concurrent_updates: bool = False  # a stage may run alongside the next (RunStage.alongside)
+    concurrent_stages: bool = False  # a stage may run alongside the next (RunStage.alongside)
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

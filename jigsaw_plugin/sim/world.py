@@ -44,7 +44,7 @@ class World(ExecutorCore):
     supports_early_passes = True  # forward passes over finished trajectories while the rest generate
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
     supports_reshard_in_place = True  # a widened tail may take its own replicas' devices
-    supports_concurrent_updates = True  # the critic's update on a gang of its own beside the actor's
+    supports_concurrent_stages = True  # a stage on a gang of its own beside the next (algorithms.ALONGSIDE)
 
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,
                  preemption_recovery: str = "migrate", **kw):

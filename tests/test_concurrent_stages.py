@@ -1,6 +1,7 @@
-"""A PPO step's critic update beside the actor's (``RunStage(alongside=True)``): the
-executor's bookkeeping and checks, the jigsaw policy's split on a hand-built state, and the
-bound that stays below every policy (docs/simulator.md, ``concurrent_updates``)."""
+"""Stages side by side (``RunStage(alongside=True)``, ``algorithms.ALONGSIDE``): the
+log-prob pass beside the reference pass, a PPO step's critic update beside the actor's.
+The executor's bookkeeping and checks, the jigsaw policy's split on a hand-built state, and
+the bound that stays below every policy (docs/simulator.md, ``concurrent_stages``)."""
 
 import dataclasses
 
@@ -12,7 +13,7 @@ from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler import RunStage, get_policy
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.sim.engine import Simulation
-from sim_helpers import device_overlaps, small_workload
+from sim_helpers import HookLog, device_overlaps, small_workload
 from test_jigsaw_decide import pipeline, state, step
 
 PPO = STAGES_BY_ALGORITHM["ppo"]
@@ -37,8 +38,11 @@ def _spans(sim, pipeline_name):
     return out
 
 
-def test_only_the_critic_update_runs_alongside_and_only_before_the_actors():
+def test_only_the_pairs_of_alongside_run_side_by_side():
     assert may_run_alongside("update_critic", PPO, PPO.index("update_critic"))
+    assert may_run_alongside("old_log_prob", PPO, PPO.index("old_log_prob"))
+    assert not may_run_alongside("ref", PPO, PPO.index("ref"))
+    assert not may_run_alongside("old_log_prob", STAGES_BY_ALGORITHM["dapo"], 0)  # DAPO has no reference pass
     assert not may_run_alongside("update_actor", PPO, PPO.index("update_actor"))
     assert not may_run_alongside("update_critic", ("update_critic", "weight_sync"), 0)
     with pytest.raises(SpecError, match="RunStage.alongside"):
@@ -62,10 +66,10 @@ def test_the_critic_and_actor_updates_overlap_on_disjoint_gangs_and_the_sync_wai
     assert result["pipelines"]["p0"]["steps"] == 3 and result["pipelines"]["p0"]["samples"] == 3 * 16 * 4
 
 
-def test_concurrent_updates_shorten_a_ppo_step_and_off_they_run_in_order():
+def test_concurrent_stages_shorten_a_ppo_step_and_off_they_run_in_order():
     on = Simulation(_ppo_workload(), get_policy("jigsaw"))
     r_on = on.run()
-    off = Simulation(_ppo_workload(), get_policy("jigsaw", concurrent_updates=False))
+    off = Simulation(_ppo_workload(), get_policy("jigsaw", concurrent_stages=False))
     r_off = off.run()
     spans = _spans(off, "p0")
     for k in range(3):
@@ -74,6 +78,26 @@ def test_concurrent_updates_shorten_a_ppo_step_and_off_they_run_in_order():
     # the bound holds for both (it allows the two updates at once on this executor)
     for r in (r_on, r_off):
         assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"]
+
+
+def test_the_log_prob_and_reference_passes_overlap_and_each_reads_every_token_once():
+    # a 32B GRPO pipeline on two nodes: an early log-prob pass over the first finished
+    # trajectories, then the two passes side by side over the rest
+    wl = small_workload(gpus=16, pipelines=1, prompts=32, samples=8, steps=2, agentic=(False,),
+                        algorithms=("grpo",), models=("qwen2.5-32b",), median=600)
+    log = HookLog()
+    sim = Simulation(wl, get_policy("jigsaw"), hooks=log)
+    result = sim.run()
+    assert not device_overlaps(sim.world.trace)
+    starts = log.by("jigsaw_stage_start")
+    together = {kw["step"] for kw in starts if kw["stage"] == "ref"} & {
+        kw["step"] for kw in starts if kw["stage"] == "old_log_prob"
+        and any(o["stage"] == "ref" and o["t"] == kw["t"] and o["step"] == kw["step"] for o in starts)}
+    assert together  # some step ran them at once
+    for k, s in sim.world.pipelines["p0"].steps.items():
+        for stage in ("old_log_prob", "ref"):
+            assert sum(kw["tokens"] for kw in starts if kw["step"] == k and kw["stage"] == stage) == s.tokens
+    assert result["makespan_s"] >= result["bounds"]["makespan_lower_bound_s"]
 
 
 def test_verl_sync_keeps_verls_order():
@@ -89,7 +113,7 @@ class _SendsAlongside(Jigsaw):
     ``alongside`` itself (for the executor's checks)."""
 
     def __init__(self, stage="update_critic"):
-        super().__init__(concurrent_updates=False)
+        super().__init__(concurrent_stages=False)
         self.stage = stage
 
     def decide(self, s):
@@ -102,8 +126,8 @@ class _SendsAlongside(Jigsaw):
 
 def test_an_executor_without_the_capability_refuses_a_stage_alongside():
     sim = Simulation(_ppo_workload(), _SendsAlongside())
-    sim.world.supports_concurrent_updates = False
-    with pytest.raises(PolicyViolation, match="capability 'concurrent_updates'"):
+    sim.world.supports_concurrent_stages = False
+    with pytest.raises(PolicyViolation, match="capability 'concurrent_stages'"):
         sim.run()
 
 
@@ -120,7 +144,7 @@ def _ready_for_updates(concurrent=True):
     p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, samples=32, done=32, rewarded=32, tokens=32 * 900)})
     p0 = dataclasses.replace(p0, stages=PPO, stage_next=PPO.index("update_critic"))
     p1 = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
-    return dataclasses.replace(state([p0, p1]), concurrent_updates=concurrent)
+    return dataclasses.replace(state([p0, p1]), concurrent_stages=concurrent)
 
 
 def test_the_policy_splits_the_free_devices_between_the_two_updates():
@@ -134,7 +158,7 @@ def test_the_policy_splits_the_free_devices_between_the_two_updates():
 
 @pytest.mark.parametrize("concurrent, option", [(False, True), (True, False)])
 def test_without_the_capability_or_the_option_the_critic_update_runs_first_alone(concurrent, option):
-    out = [d for d in get_policy("jigsaw", concurrent_updates=option).decide(_ready_for_updates(concurrent))
+    out = [d for d in get_policy("jigsaw", concurrent_stages=option).decide(_ready_for_updates(concurrent))
            if isinstance(d, RunStage)]
     assert [d.stage for d in out] == ["update_critic"] and not out[0].alongside
 
