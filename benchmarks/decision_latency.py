@@ -320,7 +320,8 @@ cheaper without changing a decision is in docs/predictor.md ("What a round costs
 
 Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
 state build and of the policy, the slowest 1% of a case's rounds; timers included, about
-1 us a timed call), on this build:
+1 us a timed call), on the build of stop 35 (this one, stop 36, adds one look-ahead per
+round a pair's first stage is ready, `concurrent_stages`; not broken down again):
 
 * 64 / 8, the first 400 rounds (`--breakdown --cases 64x8 --rounds 400 --cpu-budget 40`):
   the slowest rounds (6.4 ms on average) are rounds in which the tail consolidation
@@ -340,16 +341,17 @@ state build and of the policy, the slowest 1% of a case's rounds; timers include
   tails (554 before) with 98 drain reads and 3.3 gathers (29 before; 2.1 predictor calls
   1.2 ms), and the views of all 1,024 replicas 2.8 ms, every round.
 
-What this build changes (stop 35): the tail consolidation prices a pipeline's tails only
-where its engines' request counts or its finished trajectories changed since its requests
-were last read (`reprice_on_change`, now on by default; docs/simulator.md); every round
-re-priced every pipeline with a tail, nearly always to turn the same tails away. It changes
-decisions (the predictions a pipeline's gathers refresh are read at other times): over
-(a)-(f) at seeds 0-2 the makespans move +0.09% (geometric mean, with the same stop's
-reclaim fix), and the policy tables above are of this build. One invocation's figures
-move by 10-30% with the shared machine's load from run to run (more at 1024 / 32, whose
-runs take 2 minutes each): the medians of alternated repeats under the tables are the
-comparison.
+What stop 35 changed: the tail consolidation prices a pipeline's tails only where its
+engines' request counts or its finished trajectories changed since its requests were last
+read (`reprice_on_change`, on by default; docs/simulator.md); every round re-priced every
+pipeline with a tail, nearly always to turn the same tails away. What stop 36 changes:
+`concurrent_stages` (docs/simulator.md) runs the log-prob and reference passes side by side
+where a split pays, so this benchmark's GRPO pipelines make other decisions, and a round in
+which a pair's first stage is ready runs the look-ahead once more to price the split. The
+tables below are of this build (stop 36); the medians of alternated repeats under them are
+stop 35's comparison (its build against fdd5703). One invocation's figures move by 10-30%
+with the shared machine's load from run to run (more at 1024 / 32, whose runs take 2
+minutes each).
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -363,9 +365,9 @@ run) and CPU budget allow: "simulated s" is how far into the run they reach (at 
 rounds, 290 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
-table reads too), and the medians of alternated runs of the build before and of this one
-where given (`--repeats`). This build makes other decisions than the one before
-(`reprice_on_change`), so their runs are not quite the same rounds (5,620 against 5,187
+table reads too), and the medians of alternated runs of stop 35's build and of fdd5703
+where given (`--repeats`; that build made other decisions than the one before it,
+`reprice_on_change`, so their runs are not quite the same rounds: 5,620 against 5,187
 over the whole 64 / 8 run).
 {notes}
 What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision

@@ -251,11 +251,11 @@ gang's parameter all-gathers, over the node NICs past one node, would make it en
 "no reprice_on_change" prices every pipeline's rollout tails for consolidation every round
 (on: only a pipeline whose engines' request counts or finished trajectories changed since
 its requests were last read; what it buys is decision latency, its block below);
-"no concurrent_updates" runs a PPO step's critic update before the actor's (on: beside it,
-on a gang of its own, where the later of the two ends at least 10% sooner than the two in
-turn: passes past their efficient width; on (a) and (b) the PPO agents' updates scale with
-their devices and never split, so the column measures the bounds' change alone; its
-effect is on the synthetic mixes, docs/simulator.md);
+"no concurrent_stages" runs the log-prob and reference passes, and a PPO step's critic
+and actor updates, one after the other (on: side by side on gangs of their own where the
+later of the two ends at least 10% sooner than the two in turn, as OpenRLHF runs them:
+passes past their efficient width gain; on (a)-(d) no pair gained that much, (f) seed 0
+1883.1 -> 1836.6 s; its effect on the synthetic mixes is in docs/simulator.md);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
