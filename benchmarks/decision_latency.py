@@ -348,10 +348,10 @@ pipeline with a tail, nearly always to turn the same tails away. What stop 36 ch
 `concurrent_stages` (docs/simulator.md) runs the log-prob and reference passes side by side
 where a split pays, so this benchmark's GRPO pipelines make other decisions, and a round in
 which a pair's first stage is ready runs the look-ahead once more to price the split. The
-tables below are of this build (stop 36); the medians of alternated repeats under them are
-stop 35's comparison (its build against fdd5703). One invocation's figures move by 10-30%
-with the shared machine's load from run to run (more at 1024 / 32, whose runs take 2
-minutes each).
+tables below are of this build (stop 36); the medians of alternated repeats under them
+compare it with stop 35's build (38f4596): the same within the machine's noise. One
+invocation's figures move by 10-30% with the shared machine's load from run to run (more
+at 1024 / 32, whose runs take a minute or two each).
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -365,22 +365,21 @@ run) and CPU budget allow: "simulated s" is how far into the run they reach (at 
 rounds, 290 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
-table reads too), and the medians of alternated runs of stop 35's build and of fdd5703
-where given (`--repeats`; that build made other decisions than the one before it,
-`reprice_on_change`, so their runs are not quite the same rounds: 5,620 against 5,187
-over the whole 64 / 8 run).
+table reads too), and the medians of alternated runs of stop 35's build (38f4596) and of
+this one where given (`--repeats`; both ran the same 5,620 rounds over the whole 64 / 8
+run: no pair of this benchmark's pipelines split).
 {notes}
 What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision
-p99 is 3.1-3.3 ms (the policy's own 0.9 ms), over the first 400 rounds about 5 ms. A
+p99 is 3.1-3.5 ms in runs of stops 35 and 36 (the policy's own 0.9 ms), over the first 400
+rounds about 5 ms. A
 slow round is nearly all state build: the consolidation's first reads of the pipelines
 whose requests changed gather them, each with about one predictor call of 300-500 us
 (some 250 numpy calls whatever the batch) and its changed replicas read again. Meeting it
 needs predictions that are not made in the round that first reads them (refreshed as
 requests finish, between rounds) or a predictor call an order of magnitude cheaper on a
 few groups; neither is built. At 1024 / 32 the target is met over the first 400 rounds
-and over 16,000 rounds into the first rollout's tails (the medians above: 6.5 ms; the
-build before gave 10.0 and 10.9 ms in its two runs beside them, 10.9-12.6 ms in five runs
-of stop 33): what is left of a slow round is the views of 1,024 replicas (2.8 ms every
+and over 16,000 rounds into the first rollout's tails (6.5-6.9 ms in the runs of stops 35
+and 36; the build before stop 35 gave 10.0-12.6 ms): what is left of a slow round is the views of 1,024 replicas (2.8 ms every
 round) and the few gathers a change brings.
 """
 
