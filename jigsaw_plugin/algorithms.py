@@ -1,7 +1,7 @@
 """Which training-side stages each RL algorithm runs after generation, in verl's order."""
 
 __all__ = ["STAGES_BY_ALGORITHM", "FORWARD_STAGES", "UPDATE_STAGES", "HOST_STAGES", "ALONGSIDE", "early_stages",
-           "may_run_alongside"]
+           "may_run_alongside", "waits_for_alongside"]
 
 # weight_sync closes every step
 STAGES_BY_ALGORITHM = {
@@ -41,3 +41,9 @@ def may_run_alongside(stage: str, stages, index: int) -> bool:
     (``ALONGSIDE``): that one must be its partner."""
     partner = ALONGSIDE.get(stage)
     return partner is not None and index + 1 < len(stages) and stages[index + 1] == partner
+
+
+def waits_for_alongside(stage: str, alongside: str | None) -> bool:
+    """Whether ``stage``, next in the sequence, waits for the stage running ``alongside``
+    it: every stage does but that one's partner."""
+    return alongside is not None and stage != ALONGSIDE[alongside]

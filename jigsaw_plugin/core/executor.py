@@ -523,14 +523,14 @@ class ExecutorCore:
         s.stage_t[stage] = (start, self.t)
         s.stages_done.add(stage)
         p.stage_history.setdefault(stage, []).append(self.t - start)
-        if p.alongside == stage and step == p.train_next:  # its partner holds the sequence
+        if p.alongside == stage and step == p.train_next:
+            # the sequence moved past it when it started (its partner holds it); no stage run
+            # alongside is an update of the actor or a sync, so what follows leaves it be
             p.alongside = None
             self.dirty = True
-            self._emit("jigsaw_stage_end", pipeline=p.name, step=step, stage=stage,
-                       devices=devices, samples=s.n, tokens=s.tokens, t=self.t)
-            return
-        p.stage_running = False
-        p.stage_next += 1
+        else:
+            p.stage_running = False
+            p.stage_next += 1
         self._emit("jigsaw_stage_end", pipeline=p.name, step=step, stage=stage,
                    devices=devices, samples=s.n, tokens=s.tokens, t=self.t)
         if stage == "update_actor":

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import ALONGSIDE, HOST_STAGES, STAGES_BY_ALGORITHM, early_stages  # noqa: F401  (re-exported)
+from jigsaw_plugin.algorithms import HOST_STAGES, STAGES_BY_ALGORITHM, early_stages, waits_for_alongside  # noqa: F401  (re-exported)
 
 __all__ = ["STAGES_BY_ALGORITHM", "StepRun", "PipelineRun", "ObservedLengths", "static_shares",
            "build_pipelines", "sample_tokens"]
@@ -55,8 +55,8 @@ class PipelineRun:
         self.stage_running = False
         self.early: str | None = None  # the stage whose early pass runs now (docs/simulator.md)
         self.early_step: int | None = None  # the step it reads (train_next, or the one after)
-        # the stage running alongside the stage sequence (``RunStage.alongside``: the critic's
-        # update beside the actor's); the step's later stages wait for it
+        # the stage running alongside the stage sequence (``RunStage.alongside``,
+        # ``algorithms.ALONGSIDE``); the step's stages after its partner wait for it
         self.alongside: str | None = None
         self.version = 0  # updates applied to the trainer's weights
         self.rollout_version = 0  # weights the rollout replicas hold
@@ -94,9 +94,7 @@ class PipelineRun:
         if self.done or self.stage_running or not self.batch_ready(self.train_next):
             return None
         stage = self.stages[self.stage_next]
-        if self.alongside is not None and stage != ALONGSIDE[self.alongside]:
-            return None  # the stages after the pair wait for the one running alongside
-        return stage
+        return None if waits_for_alongside(stage, self.alongside) else stage
 
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + len(self.pending)

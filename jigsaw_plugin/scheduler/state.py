@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
-from jigsaw_plugin.algorithms import ALONGSIDE
+from jigsaw_plugin.algorithms import waits_for_alongside
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 
@@ -326,9 +326,7 @@ class PipelineView:
         if s is None or s.rewarded < s.samples:
             return None
         stage = self.stages[self.stage_next]
-        if self.alongside_stage is not None and stage != ALONGSIDE[self.alongside_stage]:
-            return None  # the stages after the pair wait for the one running alongside
-        return stage
+        return None if waits_for_alongside(stage, self.alongside_stage) else stage
 
     def load(self) -> int:
         return sum(r.load for r in self.replicas) + self.pending

@@ -393,16 +393,11 @@ class World(ExecutorCore):
 
     def _run_stage(self, d: RunStage) -> None:
         p, s, devices = self._check_stage(d)
-        if d.alongside:  # on its own gang, whole (the micro-batched run is the sequence's stage)
-            switch = self._switch_s(p, devices, "train")
+        # priced whole: host stages, weight syncs, and a stage run alongside the sequence (on
+        # its own gang, its context switch included; the micro-batched run is the sequence's)
+        if d.alongside or d.stage in HOST_STAGES or d.stage == "weight_sync":
+            switch = self._switch_s(p, devices, "train") if d.alongside else 0.0
             dur = switch + self.price_stage(p, s, d.stage, devices, d.colocated)
-            s.stage_t[d.stage] = (self.t, self.t + dur)
-            self.busy_s += dur * len(devices)
-            self.trace.append((f"{p.name} {d.stage} s{d.step}", d.stage, devices, self.t, self.t + dur))
-            self._push(StageDone(self.t + dur, p.name, d.step, d.stage, devices))
-            return
-        if d.stage in HOST_STAGES or d.stage == "weight_sync":
-            dur = self.price_stage(p, s, d.stage, devices, d.colocated)
             s.stage_t[d.stage] = (self.t, self.t + dur)
             self.busy_s += dur * len(devices)
             if devices:
