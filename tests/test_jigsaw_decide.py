@@ -640,3 +640,36 @@ def test_a_training_gang_never_takes_fewer_devices_than_hold_its_state():
     busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in (0, 4)}
     out = get_policy("jigsaw", loans=True).decide(state([p0, p1], busy=busy))
     assert ResizeStage("p0", 0, "update_actor", ()) in out
+
+
+def _waiting_rollout(running: int, queued: int, generated: int):
+    """p0 decodes its step on one replica (device 0) at ``running`` sequences, ``generated``
+    tokens each, with ``queued`` more waiting for a batch slot; the rest of its home (1-3)
+    is free. p1 trains its step 0 on its own home."""
+    rep = dataclasses.replace(replica("p0", 1, (0,), [generated] * running, [3000.0] * running), queued=queued)
+    p0 = pipeline(0, range(4), [rep], generating=True, gen_next=1, steps={0: step(0, samples=running + queued)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, stage_next=3, stage_running=True, running_end=400.0,
+                  steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    return state([p0, p1], busy=_busy_with_replicas([p0]) | {d: DeviceTask("stage", "p1") for d in range(4, 8)})
+
+
+def _grown(out):
+    return [d for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0" and d.rebalance]
+
+
+def test_a_rollout_grows_by_the_replicas_its_waiting_requests_fill():
+    # a replica at its batch limit (256) with 300 more waiting: two new replicas admit
+    # them at the context the running ones hold (the third free device would start empty,
+    # be retired, and the rollout grow again the next round)
+    grown = _grown(get_policy("jigsaw").decide(_waiting_rollout(256, 300, generated=50)))
+    assert len(grown) == 2 and {x for d in grown for x in d.devices} <= {1, 2, 3}
+    # 600 waiting fill all three
+    assert len(_grown(get_policy("jigsaw").decide(_waiting_rollout(256, 600, generated=50)))) == 3
+
+
+def test_a_rollout_whose_kv_cache_holds_few_long_contexts_grows_onto_more_replicas():
+    # 40K tokens a running request: an engine admits far fewer of the 300 waiting than
+    # its batch limit, so the rollout takes every free device of its home
+    per = COST.kv_capacity_tokens(MODEL, 1) // (200 + 40000)
+    assert 3 * per < 300
+    assert len(_grown(get_policy("jigsaw").decide(_waiting_rollout(40, 300, generated=40000)))) == 3

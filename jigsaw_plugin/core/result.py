@@ -123,6 +123,15 @@ def cost_result(ex, makespan: float, samples: int) -> dict:
                 "assumes": ELASTIC_ASSUMES}}
 
 
+def _replica_launches(ex) -> dict:
+    """Rollout replicas the policy launched and closed, and how many of them were closed in
+    the instant they started, never decoding (a live executor would have woken an engine
+    and loaded its weights for nothing), from the executor's record of closed replicas."""
+    rows = [row for row in ex.trace if row[1] == "rollout"]
+    return {"replicas_closed": len(rows),
+            "replicas_closed_at_launch": sum(1 for row in rows if row[4] - row[3] <= 1e-9)}
+
+
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
     from jigsaw_plugin.core.bounds import compute_bounds, gap_breakdown, idle_gaps
@@ -158,6 +167,7 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
             "decisions": int(len(ex.decision_us)),
             "decision_p50_us": float(np.percentile(lat, 50)),
             "decision_p99_us": float(np.percentile(lat, 99)),
+            **_replica_launches(ex),
         },
         "sim": {"events": events, "migrations": ex.migrations},
         "cost": cost_result(ex, makespan, samples),
