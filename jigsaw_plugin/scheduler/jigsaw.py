@@ -1490,9 +1490,10 @@ class Jigsaw(Policy):
         ``LaunchReplica`` takes them: ``rebalance``): each admits as many as an engine's
         batch and KV cache hold at the context its running requests hold now, as the
         engine admits them. A replica launched beyond them starts empty and is retired the
-        next round (on a synthetic mix, s21, 4,802 of 5,066 replicas launched were: a
-        rollout waiting for 3,051 slots grew onto its whole home of 32 devices, and each
-        round 27 of its new replicas got none)."""
+        next round: on a synthetic mix (s21) a rollout waiting for 3,051 slots grew onto its
+        whole home of 32 devices and its first three new replicas admitted them all; 4,802
+        of the run's 5,066 replicas were closed so, 350 with this count (docs/simulator.md,
+        "Growing a rollout")."""
         live = [r for r in p.replicas if not r.retiring]
         waiting = p.pending + sum(r.queued for r in live)
         if not waiting:
