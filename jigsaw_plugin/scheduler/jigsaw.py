@@ -260,6 +260,12 @@ def finish_together(left: dict, total: int) -> dict:
     return {k: (busy[k][0] / (hi - busy[k][1]) if k in busy else 0.0) for k in left}
 
 
+def _batch_held(state, model, tp: int, context: float) -> int:
+    """Sequences one replica of width ``tp`` admits at ``context`` tokens each: its batch
+    limit (``max_num_seqs``) or what its KV cache holds, at least one."""
+    return max(1, min(state.max_num_seqs, int(state.cost.kv_capacity_tokens(model, tp) // context)))
+
+
 def _tail_s(cost, model, tp: int, n: int, context: float, left: float) -> float:
     """Projected time for ``n`` requests holding ``context`` KV tokens on a replica of width
     ``tp`` to decode the longest one's ``left`` tokens (the KV grows by half of that on average)."""
@@ -1472,8 +1478,7 @@ class Jigsaw(Policy):
         if not self.config.resize:
             return max(1, len(home) // tp)
         ctx = max(1.0, p.lengths.context_tokens)
-        cap = state.cost.kv_capacity_tokens(p.model, tp)
-        per = max(1, min(state.max_num_seqs, int(cap // ctx)))
+        per = _batch_held(state, p.model, tp, ctx)
         outstanding = p.load() if p.generating else p.spec.samples_per_step
         want = max(math.ceil(outstanding / per), len(home) // tp, 1)
         if self._borrows() and not p.generating:
@@ -1501,8 +1506,7 @@ class Jigsaw(Policy):
         state, tp = rnd.state, self._bulk_tp(rnd, p)
         running = sum(r.running for r in live)
         ctx = sum(r.kv_tokens for r in live) / running if running else p.lengths.context_tokens
-        per = max(1, min(state.max_num_seqs, int(state.cost.kv_capacity_tokens(p.model, tp) // max(1.0, ctx))))
-        return math.ceil(waiting / per)
+        return math.ceil(waiting / _batch_held(state, p.model, tp, max(1.0, ctx)))
 
     def _last_left(self, state, p) -> bool:
         """``p`` is the run's last unfinished pipeline, synchronous (an asynchronous one's
@@ -1654,7 +1658,7 @@ class Jigsaw(Policy):
         for w in m.tp_widths(min(state.gpus_per_node, max(base, m.kv_heads))):
             if w < base:
                 continue
-            b = max(1, min(state.max_num_seqs, int(cost.kv_capacity_tokens(m, w) // ctx), n))
+            b = min(_batch_held(state, m, w, ctx), n)
             per_token[w] = cost.decode_step_s(m, w, b, b * ctx) * w / b
         if not per_token:
             return base
