@@ -673,3 +673,21 @@ def test_a_rollout_whose_kv_cache_holds_few_long_contexts_grows_onto_more_replic
     per = COST.kv_capacity_tokens(MODEL, 1) // (200 + 40000)
     assert 3 * per < 300
     assert len(_grown(get_policy("jigsaw").decide(_waiting_rollout(40, 300, generated=40000)))) == 3
+
+
+def test_replicas_evicted_in_one_round_do_not_pile_onto_one_sibling():
+    # p0's rollout runs on its home (devices 0 and 1) and on two replicas borrowed from p1
+    # (devices 4 and 5), 100 requests each; p1's batch is ready and it reclaims its home.
+    # Each evicted replica's requests fit any home replica alone (200 of 256 sequences),
+    # but not both together: the engines' reports do not show the first move yet, so the
+    # second must count it and take the other home replica
+    def busy_replica(rid, device):
+        return replica("p0", rid, (device,), generated=[500] * 100, predicted=[2000] * 100)
+
+    reps = [busy_replica(1, 0), busy_replica(2, 1), busy_replica(3, 4), busy_replica(4, 5)]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=400)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+    moves = {d.src: d.dst for d in out if isinstance(d, Migrate)}
+    assert {RetireReplica(3), RetireReplica(4)} <= set(out)
+    assert set(moves) == {3, 4} and sorted(moves.values()) == [1, 2]

@@ -329,7 +329,8 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last", "projected")
+                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last", "projected",
+                 "moved_in")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -348,6 +349,9 @@ class _Round:
         self.spread = _UNSET  # (pipeline, batch) critical_spread serves, or None; computed on first use
         self.predicted_last = _UNSET  # the pipeline projected to finish clearly last (predicted_pace), or None
         self.projected: dict[str, float] = {}  # pipeline -> projected finish, no prediction read
+        # replica -> (requests, KV tokens) this round's moves send it: its engine's report
+        # does not show them yet, and two moves to one replica must both fit
+        self.moved_in: dict[int, tuple[int, float]] = {}
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -790,17 +794,22 @@ class Jigsaw(Policy):
                 self._evict_replica(rnd, state.replicas.get(rid), out)
 
     def _evict_replica(self, rnd, src, out) -> None:
-        """Move a borrowed replica's requests to a sibling with room, then retire it."""
+        """Move a borrowed replica's requests to a sibling with room, then retire it. The
+        room counts what this round's earlier moves send the sibling (``rnd.moved_in``):
+        the engines' reports do not show them yet."""
         if src is None or src.retiring or src.id in rnd.gone:
             return
         p = rnd.state.pipelines[src.pipeline]
         ctx = sum(r.kv_tokens for r in src.requests) if src.load else 0
+        moved = rnd.moved_in
         for dst in sorted((r for r in p.replicas if r is not src and not r.retiring and r.id not in rnd.gone),
-                          key=lambda r: r.load):
-            if dst.load + src.load <= dst.max_seqs and dst.kv_tokens + ctx <= 0.9 * dst.kv_capacity:
+                          key=lambda r: r.load + moved.get(r.id, (0, 0.0))[0]):
+            n_in, kv_in = moved.get(dst.id, (0, 0.0))
+            if dst.load + n_in + src.load <= dst.max_seqs and dst.kv_tokens + kv_in + ctx <= 0.9 * dst.kv_capacity:
                 out.append(RetireReplica(src.id))
                 if src.load:
                     out.append(Migrate(src.id, dst.id))
+                    moved[dst.id] = (n_in + src.load, kv_in + ctx)
                 rnd.gone.add(src.id)
                 return
 
@@ -875,7 +884,7 @@ class Jigsaw(Policy):
         if not self.config.multiplex and not any(p.next_stage for p in state.order):
             return  # freed devices would only be lent, and lending is off
         cfg = self.config
-        extra: dict[int, int] = {}
+        extra = rnd.moved_in  # replica -> (requests, KV tokens) moved to it this round
         for p in state.order:
             if cfg.reprice_on_change and not p.requests_changed:
                 continue  # its tails as they were when last priced, a little further on
@@ -910,7 +919,8 @@ class Jigsaw(Policy):
                 out.append(RetireReplica(src.id))
                 out.append(Migrate(src.id, dst.id))
                 rnd.gone.add(src.id)
-                extra[dst.id] = extra.get(dst.id, 0) + src.load
+                n_in, kv_in = extra.get(dst.id, (0, 0.0))
+                extra[dst.id] = (n_in + src.load, kv_in + src.kv_tokens)
                 ends.moved(src, dst, end)
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
@@ -937,6 +947,7 @@ class Jigsaw(Policy):
     def _price_move(self, state, p, src, live, ends: _Ends, extra, used, widths, crowd: int | None = None):
         """The sibling to move ``src``'s requests to and the move's projected end, or None.
         ``ends``: the pipeline's drains this round (moves made this round set theirs);
+        ``extra``: requests and KV tokens this round's moves send each replica;
         ``widths``: the tensor-parallel widths of ``live``.
 
         Every early exit below turns away only what the full pricing (each destination's
@@ -972,8 +983,9 @@ class Jigsaw(Policy):
         for dst in live:
             if dst is src or dst.id in used:
                 continue
-            n = dst.running + extra.get(dst.id, 0)
-            if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
+            n_in, kv_in = extra.get(dst.id, (0, 0.0))
+            n = dst.running + n_in
+            if n + k > dst.max_seqs or dst.kv_tokens + kv_in + ctx > 0.9 * dst.kv_capacity:
                 continue
             if crowd is not None and n + k >= crowd:
                 continue  # ``critical_spread`` would spread it again
@@ -1005,11 +1017,11 @@ class Jigsaw(Policy):
             if src_work is None:
                 src_work = src.predicted_work_tokens
             dst_work = dst.predicted_work_tokens
-            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + ctx + (src_work + dst_work) / 2)
+            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + kv_in + ctx + (src_work + dst_work) / 2)
             end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
-            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens + dst_work / 2)
+            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens + kv_in + dst_work / 2)
             move_dev_s = (prefill + (new - old) * dst_left) * w
             if src_dev_s < cfg.min_gain * move_dev_s:
                 continue
