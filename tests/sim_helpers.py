@@ -96,14 +96,15 @@ def full_tail_pricing(policy, cost, p, src, live, ends, extra, used, slack):
     for dst in live:
         if dst is src or dst.id in used:
             continue
-        n = dst.running + extra.get(dst.id, 0)
-        if n + k > dst.max_seqs or dst.kv_tokens + ctx > 0.9 * dst.kv_capacity:
+        n_in, kv_in = extra.get(dst.id, (0, 0.0))  # requests and KV this round's moves send it
+        n = dst.running + n_in
+        if n + k > dst.max_seqs or dst.kv_tokens + kv_in + ctx > 0.9 * dst.kv_capacity:
             continue
         prefill = cost.migration_s(p.model, dst.tp, ctx)
         # steps at the KV halfway through the predicted work of what each replica holds
         grown = (src.predicted_work_tokens + dst.predicted_work_tokens) / 2
-        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + ctx + grown)
-        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens + dst.predicted_work_tokens / 2)
+        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + kv_in + ctx + grown)
+        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens + kv_in + dst.predicted_work_tokens / 2)
         end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
         others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
         if max(end, others) > bound:

@@ -124,7 +124,7 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
     for _ in range(400):
         live = _case(rng, rng.randint(2, 12))
         drains = {r.id: r.predicted_drain_s() for r in live}
-        extra = {r.id: rng.randint(0, 20) for r in live if rng.random() < 0.3}
+        extra = {r.id: (rng.randint(0, 20), rng.uniform(0.0, 4000.0)) for r in live if rng.random() < 0.3}
         slack = rng.choice((0.0, 0.05, 0.25))
         widths = {r.tp for r in live}
         bound = max(drains.values()) * (1 + slack)
@@ -153,7 +153,8 @@ def _round(replicas):
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
                         lengths=SimpleNamespace(turns=1.0), requests_changed=True)
     # spread=None: no pipeline critical_spread serves (its cap on merges is not in play)
-    return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set(), spread=None), p
+    return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set(), spread=None,
+                           moved_in={}), p
 
 
 def _full_consolidation(policy, p, slack):
@@ -176,7 +177,8 @@ def _full_consolidation(policy, p, slack):
             continue
         dst, end = move
         out += [RetireReplica(src.id), Migrate(src.id, dst.id)]
-        extra[dst.id] = extra.get(dst.id, 0) + src.load
+        n_in, kv_in = extra.get(dst.id, (0, 0.0))
+        extra[dst.id] = (n_in + src.load, kv_in + src.kv_tokens)
         ends[dst.id], ends[src.id] = end, 0.0
         used.update((src.id, dst.id))
     return out

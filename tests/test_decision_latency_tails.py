@@ -53,7 +53,7 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
                          tp=rng.choice((1, 2, 4)), step_s=rng.uniform(0.01, 0.05)) for i in range(rng.randint(2, 8))]
         ends = {r.id: r.predicted_drain_s() for r in live}
         src = min(live, key=lambda r: r.load)
-        extra = {r.id: rng.randint(0, 20) for r in live if rng.random() < 0.3}
+        extra = {r.id: (rng.randint(0, 20), rng.uniform(0.0, 4000.0)) for r in live if rng.random() < 0.3}
         slack = rng.choice((0.05, 0.2, 1.0))
         # the drains read as the pricing needs them (the consolidation's way), or all given
         lazy = _Ends(slack, {} if rng.random() < 0.5 else dict(ends))
@@ -72,7 +72,8 @@ def _round(replicas, t, done=60, samples=64, turns=1.0, changed=True):
                         lengths=SimpleNamespace(turns=turns),  # mean turns of its finished trajectories
                         requests_changed=changed)
     state = SimpleNamespace(cost=COST, t=t, order=(p,))
-    return SimpleNamespace(state=state, gone=set(), free=set(), spread=None)  # spread: no pipeline critical_spread serves
+    return SimpleNamespace(state=state, gone=set(), free=set(), spread=None,  # spread: no pipeline critical_spread serves
+                           moved_in={})  # moves this round sent each replica: none yet
 
 
 def test_a_tail_that_pays_moves_and_no_request_view_is_read():
