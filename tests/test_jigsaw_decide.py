@@ -691,3 +691,28 @@ def test_replicas_evicted_in_one_round_do_not_pile_onto_one_sibling():
     moves = {d.src: d.dst for d in out if isinstance(d, Migrate)}
     assert {RetireReplica(3), RetireReplica(4)} <= set(out)
     assert set(moves) == {3, 4} and sorted(moves.values()) == [1, 2]
+
+
+def test_an_owner_waiting_on_its_rewards_lends_its_home_for_the_wait_it_has_seen():
+    # p1 generated its whole step 10 s ago and waits on a sandbox scoring it; its earlier
+    # steps waited at least 100 s for their last reward, so its free home (devices 4-7) is
+    # lendable for 90 s more: p0's starting rollout, wider than its one-device home,
+    # borrows it. Before any step's rewards were in (no history), or with the switch off,
+    # p1 wants its home at once
+    big = small_workload(gpus=8, pipelines=2, prompts=128, samples=8, algorithms=("grpo", "grpo"),
+                         agentic=(False, False)).pipelines[0]
+    p0 = pipeline(0, (0,), spec=big)
+    waiting = dataclasses.replace(step(0, samples=32, done=32, rewarded=20), gen_end_t=90.0)
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, steps={0: waiting}),
+                             stage_history_s={"reward": (100.0, 140.0)})
+
+    def borrowed(pipes, **options):
+        out = get_policy("jigsaw", migration=False, **options).decide(state(pipes, t=100.0))
+        return {d for x in out if isinstance(x, LaunchReplica) and x.pipeline == "p0" for d in x.devices} & {4, 5, 6, 7}
+
+    assert borrowed([p0, p1])
+    assert not borrowed([p0, p1], reward_wait=False)
+    assert not borrowed([p0, dataclasses.replace(p1, stage_history_s={})])
+    # the wait it has seen is over: it wants its home back
+    late = dataclasses.replace(p1, steps={0: dataclasses.replace(waiting, gen_end_t=-10.0)})
+    assert not borrowed([p0, late])

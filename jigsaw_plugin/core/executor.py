@@ -598,6 +598,8 @@ class ExecutorCore:
         s.n_rewarded += 1
         if s.n_rewarded == s.n:
             s.reward_end_t = self.t
+            if s.gen_end_t is not None:  # the step's wait on its rewards after its last trajectory
+                p.stage_history.setdefault("reward", []).append(self.t - s.gen_end_t)
             self.dirty = True
             self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="reward", devices=(),
                        samples=s.n, tokens=s.generated, t=self.t)

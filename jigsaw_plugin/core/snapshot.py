@@ -1010,6 +1010,7 @@ def _step_view(s) -> StepView:
         stage_end_t={k: b for k, (_, b) in s.stage_t.items() if b is not None and k in s.stages_done},
         min_version=s.min_version if s.min_version is not None else 0,
         finished_tokens=s.finished_tokens, covered=dict(s.covered) if s.covered else {},
+        gen_end_t=s.gen_end_t,
     )
 
 

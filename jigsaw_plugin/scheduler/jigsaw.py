@@ -126,6 +126,11 @@ class JigsawConfig:
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
     lend_to_critical: bool = True
+    # an owner whose step has generated every trajectory and waits on their rewards (a
+    # sandbox running each one's tests) lends its home for as long as its earlier steps
+    # waited at least (observed: the shortest such wait, less the time waited so far);
+    # off, and before any step's rewards are in, it wants its home at once (docs/simulator.md)
+    reward_wait: bool = True
     # makespan-aware shares: each round, the pool is re-apportioned among the unfinished
     # pipelines so that they are projected to finish together (their remaining work that
     # spreads over devices, plus each step's longest response that does not), never below
@@ -693,10 +698,25 @@ class Jigsaw(Policy):
             got = max(0.0, min(ends) - state.t) if ends else 0.0
         elif o.generating:
             got = max((r.predicted_drain_s() for r in o.replicas), default=0.0)
+        elif self.config.reward_wait:
+            got = self._reward_wait_s(o, state.t)
         else:
             got = 0.0
         rnd.need[owner] = got
         return got
+
+    @staticmethod
+    def _reward_wait_s(o, t: float) -> float:
+        """``reward_wait``: how long ``o``, whose step has generated every trajectory and
+        waits on their rewards, leaves its home unused: the shortest wait from a step's last
+        generated trajectory to its last reward that its earlier steps saw, less the time it
+        has waited so far. 0 (it wants its home now) before any step's rewards were in,
+        or when nothing waits on rewards."""
+        s = o.steps.get(o.train_next)
+        waits = o.stage_history_s.get("reward")
+        if s is None or not waits or s.gen_end_t is None or s.gen_done < s.samples or s.rewarded >= s.samples:
+            return 0.0
+        return max(0.0, min(waits) - (t - s.gen_end_t))
 
     def _paused(self, rnd, p) -> bool:
         rs = p.running_stage

@@ -243,6 +243,7 @@ class StepView:
     # and per forward stage the tokens its early passes have read
     finished_tokens: int = 0
     covered: Mapping[str, int] = field(default_factory=dict)
+    gen_end_t: float | None = None  # when its last trajectory's generation ended (None: not yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +285,9 @@ class PipelineView:
     steps: Mapping[int, StepView]
     history: Any  # predict.LengthHistory (read-only here): finished lengths of earlier work
     lengths: LengthSummary
-    stage_history_s: Mapping[str, tuple[float, ...]]  # measured durations of finished stages
+    # measured durations of finished stages, and under "reward" each step's wait from its
+    # last trajectory's generation to its last reward (a sandbox running tests, a reward model)
+    stage_history_s: Mapping[str, tuple[float, ...]]
     running_stage_end_t: float | None  # predicted end of the stage running now
     running_stage: RunningStageView | None = None  # its micro-batch progress, where observable
     early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
