@@ -255,7 +255,7 @@ its requests were last read; what it buys is decision latency, its block below);
 and actor updates, one after the other (on: side by side on gangs of their own where the
 later of the two ends at least 10% sooner than the two in turn, as OpenRLHF runs them:
 passes past their efficient width gain; on (a)-(d) no pair gained that much, (f) seed 0
-1883.1 -> 1836.6 s; its effect on the synthetic mixes is in docs/simulator.md);
+1883.1 -> 1836.6 s on the build of stop 36; its effect on the synthetic mixes is in docs/simulator.md);
 "no reward_wait" has a pipeline waiting on its sandboxed rewards want its home at once (on:
 it lends it for the shortest such wait its earlier steps saw; (a)-(d) have no sandboxed
 reward; its effect on the synthetic mixes is in docs/simulator.md);
