@@ -5,6 +5,7 @@ plugin would, so a plugin registered with ``tryfirst=True`` can override either.
 from __future__ import annotations
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.costmodel.predictor import node_counts
 from jigsaw_plugin.hookspecs import hookimpl
 
 __all__ = ["SchedulerPlugin", "CostModelPlugin"]
@@ -40,10 +41,10 @@ class CostModelPlugin:
             return None
         n = max(1, len(devices))
         tokens = float(sizes.get("tokens", 0))
-        if kind in FORWARD_STAGES:
-            return self.cost.forward_s(model, n, tokens)
-        if kind in UPDATE_STAGES:
-            return self.cost.train_s(model, n, tokens)
+        if kind in FORWARD_STAGES or kind in UPDATE_STAGES:
+            # the layouts the gang's placement allows (hybrid sharding needs node-local groups)
+            price = self.cost.forward_s if kind in FORWARD_STAGES else self.cost.train_s
+            return price(model, n, tokens, nodes=node_counts(devices, self.cost.f.gpus_per_node))
         if kind in ("prefill", "migration"):
             return self.cost.prefill_s(model, n, tokens)
         if kind == "weight_sync":

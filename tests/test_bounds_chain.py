@@ -2,22 +2,26 @@
 (every width tried: a pass's time is not monotone in it), and each pass's fixed cost
 counted in the ideal device-seconds on the fewest devices that hold its state."""
 
+import dataclasses
+
 import pytest
 
 from jigsaw_plugin.core.bounds import _pass_device_s, _pass_s, _stage_fixed_device_s, compute_bounds
-from jigsaw_plugin.costmodel import CostModel, model_profile
+from jigsaw_plugin.costmodel import CostModel, EfficiencyFactors, model_profile
 from jigsaw_plugin.costmodel.profiles import hardware_profile
 from jigsaw_plugin.scheduler import get_policy
 from jigsaw_plugin.sim.engine import Simulation
 from sim_helpers import small_workload
 
 
-def _h100(gpn: int = 8) -> CostModel:
-    return CostModel.for_nodes(hardware_profile("h100"), gpn)
+def _h100(gpn: int = 8, hybrid_shard: bool = True) -> CostModel:
+    return CostModel.for_nodes(hardware_profile("h100"), gpn,
+                               dataclasses.replace(EfficiencyFactors(), hybrid_shard=hybrid_shard))
 
 
 def test_an_update_on_the_chain_runs_at_its_fastest_width_not_spread_over_the_pool():
-    cost, m = _h100(), model_profile("qwen2.5-14b")
+    # sharded over the whole gang (no hybrid sharding), whose all-gathers cross the NICs
+    cost, m = _h100(hybrid_shard=False), model_profile("qwen2.5-14b")
     tokens, gpus = 2.0e6, 32
     ov = cost.f.train_stage_overhead_s
     times = {w: cost.train_s(m, w, tokens) - ov for w in range(cost.min_gang(m, update=True), gpus + 1)}

@@ -62,6 +62,8 @@ def test_training_compute_scales_with_devices_and_recompute_costs_more():
 
 def test_wide_gangs_pay_collectives_and_micro_batch_costs(h100):
     m = model_profile("qwen2.5-7b")
+    # sharded over the whole gang (no hybrid sharding): what crosses the NICs is priced
+    h100 = CostModel(h100.hw, dataclasses.replace(h100.f, hybrid_shard=False))
     f = h100.f
     # the weights' all-gathers cross the node NICs once a gang is wider than a node
     assert h100.gang_collective_s(m, 16, 3) > 5 * h100.gang_collective_s(m, 8, 3)
@@ -76,6 +78,47 @@ def test_wide_gangs_pay_collectives_and_micro_batch_costs(h100):
     # a micro-batch is compute or collectives, whichever is longer (FSDP prefetch)
     small = h100.micro_batch_s(m, 128, 10, backward=True)
     assert small == pytest.approx(h100.gang_collective_s(m, 128, 3) + f.micro_batch_overhead_s)
+
+
+def test_hybrid_sharding_keeps_a_wide_gangs_all_gathers_inside_its_nodes(h100):
+    m = model_profile("qwen2.5-32b")
+    full = CostModel(h100.hw, dataclasses.replace(h100.f, hybrid_shard=False))
+    tokens = 3e6
+    # groups must hold the training state (8 devices for a 32B update) and fit a node
+    assert h100.min_gang(m, update=True) == 8
+    assert h100.shard_sizes(m, 32, update=True) == (32, 8)
+    assert h100.shard_sizes(m, 20, update=True) == (20,)  # 20 does not split into groups of 8
+    assert h100.shard_sizes(m, 32, update=True, nodes=(8, 8, 4, 4, 4, 4)) == (32,)
+    assert 1 in h100.shard_sizes(m, 32, update=False)  # a forward pass: the weights fit one device
+    # four nodes in groups of 8: the update scales on where sharding over all 32 is bound by
+    # the NICs (it is no faster than on 20)
+    assert full.train_s(m, 32, tokens) >= 0.99 * full.train_s(m, 20, tokens)
+    assert h100.train_s(m, 32, tokens) < 0.7 * full.train_s(m, 32, tokens)
+    assert h100.train_s(m, 32, tokens, nodes=(8, 8, 8, 8)) == h100.train_s(m, 32, tokens)
+    assert h100.train_s(m, 32, tokens, nodes=(8, 8, 4, 4, 4, 4)) == full.train_s(m, 32, tokens)
+    # the gradient all-reduce across the groups crosses the NICs; a forward pass has none
+    inside = h100.gang_collective_s(m, 8, 3)
+    assert h100.hybrid_collective_s(m, 32, 8, 3, backward=True) > inside
+    assert h100.hybrid_collective_s(m, 32, 8, 1, backward=False) == h100.gang_collective_s(m, 8, 1)
+    # never slower than sharding over the whole gang, at any width
+    for g in range(8, 65):
+        assert h100.train_s(m, g, tokens) <= full.train_s(m, g, tokens) + 1e-9
+        assert h100.forward_s(m, g, tokens) <= full.forward_s(m, g, tokens) + 1e-9
+
+
+def test_the_cost_model_plugin_prices_a_gang_where_it_is_placed(h100):
+    from jigsaw_plugin.builtin import CostModelPlugin
+    from jigsaw_plugin.costmodel.predictor import node_counts
+
+    m = model_profile("qwen2.5-32b")
+    plugin = CostModelPlugin(h100, {"p": m})
+    sizes = {"tokens": 3e6}
+    packed = tuple(range(24))  # three whole nodes: groups of 8
+    scattered = tuple(d for n in range(6) for d in range(8 * n, 8 * n + 4))  # 4 on each of 6 nodes
+    assert node_counts(scattered, 8) == (4,) * 6
+    fast = plugin.jigsaw_predict_duration("update_actor", "p", sizes, packed)
+    slow = plugin.jigsaw_predict_duration("update_actor", "p", sizes, scattered)
+    assert fast == h100.train_s(m, 24, 3e6) < 0.85 * slow
 
 
 def test_cuda_graph_buckets_pad_the_batch():

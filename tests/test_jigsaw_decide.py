@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
+from jigsaw_plugin.costmodel import CostModel, EfficiencyFactors, hardware_profile, model_profile
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen, get_policy
 from jigsaw_plugin.scheduler.decisions import ResizeStage
@@ -483,10 +483,19 @@ def test_the_last_pipeline_spreads_its_rollout_over_the_devices_left_idle():
     assert launched(False) == 4
 
 
+def _full_shard(gpus_per_node: int) -> CostModel:
+    """H100 nodes of ``gpus_per_node`` whose gangs shard over all their devices (no hybrid
+    sharding): past a node a pass's all-gathers cross the NICs, the regime these width
+    rules are for (with hybrid sharding a forward pass whose weights fit one device runs
+    data parallel, with no collectives, and the widest gang is the fastest)."""
+    return CostModel.for_nodes(hardware_profile("h100"), gpus_per_node,
+                               dataclasses.replace(EfficiencyFactors(), hybrid_shard=False))
+
+
 def _ready_stage_gang(p1_done, **opts):
     """The gang p0's ready forward pass (32 trajectories of 900 tokens) gets on 8 free
     devices on nodes of 4, while p1 runs (``p1_done`` False) or after it finished."""
-    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    cost = _full_shard(4)
     p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
     p1 = dataclasses.replace(pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)}), done=p1_done)
     st = dataclasses.replace(state([p0, p1]), gpus_per_node=4, cost=cost)
@@ -499,7 +508,7 @@ def test_a_gang_takes_no_more_devices_than_its_fastest_width():
     # thousand tokens one node's 4 devices finish the pass sooner than all 8, so a ready
     # stage takes 4 on one node (fastest_width), while another pipeline runs as well as
     # for the run's last one; with the rule off it takes every free device
-    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    cost = _full_shard(4)
     assert cost.forward_s(MODEL, 4, 32 * 900) < cost.forward_s(MODEL, 8, 32 * 900)
     for p1_done in (False, True):
         got = _ready_stage_gang(p1_done, idle_spread=False)
@@ -510,7 +519,7 @@ def test_a_gang_takes_no_more_devices_than_its_fastest_width():
 def test_the_fastest_width_is_any_count_not_only_a_power_of_two():
     # on nodes of 6 the pass is fastest on one whole node: 6 devices beat 4 (fewer devices
     # computing) and 8 (the all-gathers cross the NICs); the gang takes those 6
-    cost = CostModel.for_nodes(hardware_profile("h100"), 6)
+    cost = _full_shard(6)
     times = {w: cost.forward_s(MODEL, w, 32 * 900) for w in range(1, 9)}
     assert min(times, key=times.get) == 6
     p0 = pipeline(0, range(8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
@@ -541,6 +550,39 @@ def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
     got = resumed()
     assert len(got) == 1 and len(got[0]) == 3 and len({d // 4 for d in got[0]}) == 1
     assert [len(g) for g in resumed(fastest_width=False)] == [8]
+
+
+def _wide_update_gang(cost):
+    """The gang a 32B update (3M tokens) starts on with 32 of its 40 home devices free on
+    nodes of 8: nodes 0-2 whole, 4 devices each of nodes 3 and 4 (the others decode another
+    pipeline's long responses)."""
+    m32 = model_profile("qwen2.5-32b")
+    p1 = pipeline(1, (), [replica("p1", 1, (28, 29, 30, 31), [100] * 4, [20000.0] * 4),
+                          replica("p1", 2, (36, 37, 38, 39), [100] * 4, [20000.0] * 4)],
+                  generating=True, gen_next=1, steps={0: step(0, samples=8)})
+    p0 = dataclasses.replace(pipeline(0, range(40), gen_next=1, stage_next=3,
+                                      steps={0: step(0, done=32, rewarded=32, tokens=3_000_000)}), model=m32)
+    busy = _busy_with_replicas([p1])
+    devices = tuple(DeviceView(d, d // 8, busy.get(d), (), "p0") for d in range(40))
+    home = {"p0": (p0.static_devices, p0.static_devices), "p1": ((), ())}
+    st = SchedulerState(t=100.0, gpus=40, gpus_per_node=8, devices=devices,
+                        free=frozenset(d for d in range(40) if d not in busy), order=(p0, p1), cost=cost,
+                        max_num_seqs=256, memo=JigsawMemo(home, {d: "p0" for d in range(40)}))
+    out = get_policy("jigsaw", migration=False).decide(st)
+    return [set(d.devices) for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+
+
+def test_a_wide_gang_takes_whole_nodes_where_hybrid_sharding_pays():
+    # all 32 free devices shard over the whole gang, across the NICs (nodes 3 and 4 hold 4
+    # each: no groups of 8, the fewest that hold a 32B's training state); the 24 of nodes
+    # 0-2 shard in a group per node and finish sooner, so the gang is those 24
+    cost = CostModel.for_nodes(hardware_profile("h100"), 8)
+    m32 = model_profile("qwen2.5-32b")
+    assert cost.train_s(m32, 24, 3e6, nodes=(8, 8, 8)) < cost.train_s(m32, 32, 3e6, nodes=(8, 8, 8, 4, 4))
+    assert _wide_update_gang(cost) == [set(range(24))]
+    # sharded over whole gangs only, it takes the narrowest gang of its fastest width
+    got = _wide_update_gang(_full_shard(8))
+    assert len(got) == 1 and len(got[0]) < 24
 
 
 def test_the_last_pipelines_gang_takes_the_width_priced_fastest():

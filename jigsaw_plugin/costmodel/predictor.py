@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
-__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors", "cuda_graph_batch"]
+__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors", "cuda_graph_batch", "node_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,10 @@ class EfficiencyFactors:
     micro_batch_tokens: int = 22528  # set: tokens per device per update micro-batch (verl max_token_len)
     forward_micro_batch_tokens: int = 45056  # set: the same for forward-only passes (twice as many)
     gpus_per_node: int = 8  # set: devices joined by NVLink; a wider gang crosses the node NICs
+    # set: a gang may shard its state within node-local groups and replicate across them
+    # (hybrid sharding: verl's ``fsdp_config.fsdp_size``, FSDP HYBRID_SHARD), where the
+    # groups hold the state and that is faster than sharding over the whole gang
+    hybrid_shard: bool = True
     # fitted: the fraction of the ideal speed-up each device beyond the first adds to a
     # training gang's compute (1: data parallel splits the tokens evenly; the collectives
     # are priced on their own). Below 1 where devices share what binds the compute
@@ -179,30 +183,53 @@ class CostModel:
         return self.prefill_s(model, tp, context_tokens)
 
     # ---- training side (a gang of ``devices``, FSDP) -------------------------------------
-    def forward_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
+    def forward_s(self, model: ModelProfile, devices: int, tokens: float,
+                  nodes: tuple[int, ...] | None = None) -> float:
         """log-prob, reference or values pass over ``tokens`` (data parallel over the gang);
-        infinite on fewer devices than hold the weights (``min_gang``)."""
+        infinite on fewer devices than hold the weights (``min_gang``). ``nodes``: the gang's
+        devices on each node it spans (None: placed as well as its width allows); the
+        pass runs in the fastest sharding layout they allow (``shard_sizes``)."""
         if tokens <= 0:
             return 0.0
         if devices < self.min_gang(model, update=False):
             return math.inf
         per_device = tokens / self.gang_speedup(devices)
         micro = max(1, math.ceil(per_device / self.f.forward_micro_batch_tokens))
-        each = self.micro_batch_s(model, devices, per_device / micro, backward=False)
+        each = min(self.micro_batch_s(model, devices, per_device / micro, backward=False, shard=s)
+                   for s in self.shard_sizes(model, devices, False, nodes))
         return self.f.train_stage_overhead_s + micro * each
 
-    def train_s(self, model: ModelProfile, devices: int, tokens: float) -> float:
+    def train_s(self, model: ModelProfile, devices: int, tokens: float,
+                nodes: tuple[int, ...] | None = None) -> float:
         """One update (every mini-batch of the step) over ``tokens``: at least one micro-batch
         per optimizer step, more where a mini-batch overflows a device's micro-batch budget;
-        infinite on fewer devices than hold the training state (``min_gang``)."""
+        infinite on fewer devices than hold the training state (``min_gang``). ``nodes`` as
+        in ``forward_s``."""
         if tokens <= 0:
             return 0.0
         if devices < self.min_gang(model, update=True):
             return math.inf
         per_device = tokens / self.gang_speedup(devices)
         micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
-        each = self.micro_batch_s(model, devices, per_device / micro, backward=True)
-        return self.f.train_stage_overhead_s + micro * each + self.f.ppo_mini_batches * self.host_step_s(model, devices)
+        return self.f.train_stage_overhead_s + min(
+            micro * self.micro_batch_s(model, devices, per_device / micro, backward=True, shard=s)
+            + self.f.ppo_mini_batches * self.host_step_s(model, s)
+            for s in self.shard_sizes(model, devices, True, nodes))
+
+    def shard_sizes(self, model: ModelProfile, devices: int, update: bool,
+                    nodes: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """Sizes of the groups a training-side pass on ``devices`` may shard its state over:
+        the whole gang (FSDP), and with ``hybrid_shard`` every smaller ``s`` that holds the
+        pass's state (``min_gang``) and fits a node, in groups of ``s`` devices each on one
+        node, replicated across the groups (HSDP). ``nodes``: the gang's devices on each
+        node it spans; ``s`` must divide every count. None: any ``s`` dividing the gang (as
+        it would be placed at best: what the bounds and the policy's widths assume)."""
+        if not self.f.hybrid_shard or devices <= 1:
+            return (devices,)
+        top = min(self.f.gpus_per_node, devices - 1)
+        counts = nodes if nodes is not None else (devices,)
+        return (devices,) + tuple(s for s in range(top, self.min_gang(model, update) - 1, -1)
+                                  if all(c % s == 0 for c in counts))
 
     def host_step_s(self, model: ModelProfile, devices: int) -> float:
         """One optimizer step of a pipeline whose optimizer lives on the host
@@ -260,10 +287,12 @@ class CostModel:
         return 1.0 + (max(1, devices) - 1) * self.f.gang_scaling
 
     def micro_batch_s(self, model: ModelProfile, devices: int, tokens_per_device: float,
-                      backward: bool) -> float:
+                      backward: bool, shard: int | None = None) -> float:
         """One FSDP micro-batch: compute, or the parameter all-gathers (and the gradient
         reduce-scatter of a backward pass) where those take longer, since FSDP prefetches
-        them behind compute; plus the micro-batch's fixed cost."""
+        them behind compute; plus the micro-batch's fixed cost. ``shard``: the state is
+        sharded over groups of that many devices (``shard_sizes``; None: the whole gang)."""
+        shard = devices if shard is None else shard
         if backward:
             flops = (8.0 if self.f.recompute else 6.0) * model.params * tokens_per_device
             compute = flops / (self.hw.flops * self.f.train_mfu)
@@ -271,8 +300,9 @@ class CostModel:
             compute = 2.0 * model.params * tokens_per_device / (self.hw.flops * self.f.forward_mfu)
         # forward: one all-gather of the weights; backward: another, and a reduce-scatter of grads
         passes = 3 if backward else 1
-        return (max(compute, self.gang_collective_s(model, devices, passes), self.host_stream_s(model, devices, backward))
-                + self.f.micro_batch_overhead_s)
+        links = (self.gang_collective_s(model, devices, passes) if shard >= devices
+                 else self.hybrid_collective_s(model, devices, shard, passes, backward))
+        return max(compute, links, self.host_stream_s(model, shard, backward)) + self.f.micro_batch_overhead_s
 
     def gang_collective_s(self, model: ModelProfile, devices: int, passes: int) -> float:
         """``passes`` ring all-gathers / reduce-scatters of the bf16 weights across a gang:
@@ -282,6 +312,20 @@ class CostModel:
         link = self.hw.link_gbps if devices <= self.f.gpus_per_node else self.hw.internode_gbps
         nbytes = passes * model.weight_bytes * (devices - 1) / devices
         return nbytes / (link * 1e9 * self.f.link_eff)
+
+    def hybrid_collective_s(self, model: ModelProfile, devices: int, shard: int, passes: int,
+                            backward: bool) -> float:
+        """A micro-batch's collectives under hybrid sharding: the ``passes`` within each
+        node-local group of ``shard`` (over NVLink), then, for a backward pass, a ring
+        all-reduce of each device's gradient shard across the ``devices / shard`` replicas
+        (over the node NICs once the gang spans nodes). One after the other on one stream."""
+        inside = self.gang_collective_s(model, shard, passes)
+        groups = devices // shard
+        if not backward or groups <= 1:
+            return inside
+        link = self.hw.link_gbps if devices <= self.f.gpus_per_node else self.hw.internode_gbps
+        nbytes = 2.0 * (groups - 1) / groups * model.weight_bytes / shard
+        return inside + nbytes / (link * 1e9 * self.f.link_eff)
 
     # ---- bytes over links -------------------------------------------------------------
     def weight_sync_s(self, model: ModelProfile, colocated: bool, cross_node: bool) -> float:
@@ -305,3 +349,13 @@ class CostModel:
         """
         nbytes = model.resident_train_bytes() if train_state else model.weight_bytes
         return nbytes / max(1, devices) / (self.hw.host_gbps * 1e9)
+
+
+def node_counts(devices, gpus_per_node: int) -> tuple[int, ...]:
+    """A gang's devices on each node it spans (device ``d`` is on node ``d // gpus_per_node``),
+    largest first: the ``nodes`` of ``CostModel.forward_s`` and ``train_s``."""
+    per: dict[int, int] = {}
+    for d in devices:
+        n = d // max(1, gpus_per_node)
+        per[n] = per.get(n, 0) + 1
+    return tuple(sorted(per.values(), reverse=True))

@@ -863,12 +863,17 @@ class Jigsaw(Policy):
             if not add:
                 continue
             left = rs.micro_batches_left - 1  # the one in progress keeps its width
-            now = left * self._stage_s(state, p, rs.stage, g0) / rs.micro_batches
+            now = left * self._layout_s(state, p, rs.stage, base) / rs.micro_batches
+            grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
+                                     keep=base)
+            add = [d for d in grown_set if d not in base]
+            if not add:
+                continue
             switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
-            grown = switch + left * self._stage_s(state, p, rs.stage, g0 + len(add)) / rs.micro_batches
+            grown = switch + left * self._layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
             if now - grown <= switch:
                 continue
-            rnd.resize(out, p, tuple(base) + tuple(self._affinity(rnd, p, add, "train")))
+            rnd.resize(out, p, grown_set)
             rnd.free.difference_update(add)
 
     def _resume_devices(self, rnd, p) -> tuple:
@@ -1199,6 +1204,75 @@ class Jigsaw(Policy):
         price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
         return price(p.model, g, self._pass_tokens(p, stage))
 
+    def _layout_s(self, state, p, stage, devices) -> float:
+        """The pass's time on exactly ``devices``: in the sharding layouts their nodes allow
+        (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``), where
+        ``_stage_s`` prices a width as it would be placed at best."""
+        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
+
+    @staticmethod
+    def _nodes(state, devices) -> tuple:
+        per: dict[int, int] = {}
+        for d in devices:
+            n = state.devices[d].node
+            per[n] = per.get(n, 0) + 1
+        return tuple(per.values())
+
+    def _packed(self, rnd, p, stage, devices, keep=()) -> tuple:
+        """Of ``devices`` (in the order given, best first), the gang that runs the pass
+        soonest, fewer devices on a tie: all of them, or for each hybrid shard size ``s``,
+        the multiples of ``s`` each node holds, in node-local groups (a gang that cannot form
+        them shards over all its devices, across the node NICs, which fewer devices in
+        groups can beat). ``keep``: devices the gang holds already and keeps (a growing
+        stage); a size whose groups would drop one of them is skipped."""
+        state = rnd.state
+        devices = tuple(devices)
+        if len(devices) <= 1 or not state.cost.f.hybrid_shard:
+            return devices
+        by_node: dict[int, list] = {}
+        for d in devices:
+            by_node.setdefault(state.devices[d].node, []).append(d)
+        held = set(keep)
+        best_t, best = self._layout_s(state, p, stage, devices), devices
+        top = min(max(1, state.gpus_per_node), len(devices) - 1)
+        for size in range(top, state.cost.stage_min_gang(p.model, stage) - 1, -1):
+            kept = set()
+            for ds in by_node.values():
+                kept.update(ds[:len(ds) // size * size])
+            if not kept or held - kept or len(kept) == len(devices):
+                continue
+            sub = tuple(d for d in devices if d in kept)
+            t = self._layout_s(state, p, stage, sub)
+            if t < best_t * (1 - 1e-9) or (t <= best_t * (1 + 1e-9) and len(sub) < len(best)):
+                best_t, best = t, sub
+        return best
+
+    def _take(self, rnd, p, stage, devices, g: int) -> tuple:
+        """``g`` of ``devices`` placed for the layout ``_stage_s`` assumes of that width: in
+        whole node-local groups of its hybrid shard size, the nodes with the most of
+        ``devices`` first; the first ``g`` where the whole gang shards (or no groups fit)."""
+        state = rnd.state
+        devices = list(devices)
+        cost = state.cost
+        update = stage not in FORWARD_STAGES
+        sizes = cost.shard_sizes(p.model, g, update) if g > 1 else (g,)
+        price = cost.forward_s if not update else cost.train_s
+        tokens = self._pass_tokens(p, stage)
+        size = min(sizes, key=lambda x: (price(p.model, g, tokens, nodes=(x,) * (g // x)), -x))
+        if size >= g:
+            return tuple(devices[:g])
+        by_node: dict[int, list] = {}
+        for d in devices:
+            by_node.setdefault(state.devices[d].node, []).append(d)
+        out: list = []
+        for ds in sorted(by_node.values(), key=len, reverse=True):
+            n = min(len(ds) // size * size, g - len(out))
+            out += ds[:n // size * size]
+            if len(out) == g:
+                return tuple(out)
+        return tuple(devices[:g])
+
     # ---- early forward passes ---------------------------------------------------------------
     def _early_passes(self, rnd, out) -> None:
         """Run a forward pass over a generating step's finished trajectories on devices left
@@ -1404,7 +1478,7 @@ class Jigsaw(Policy):
             narrow = self._fastest_gang(rnd, p, stage, now, best[0])
             if narrow:
                 return narrow
-        return tuple(self._affinity(rnd, p, now, "train"))
+        return self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
 
     def _run_alongside(self, rnd, p, out) -> bool:
         """``concurrent_stages``: start ``p``'s next stage (the log-prob pass, the critic's
@@ -1490,7 +1564,7 @@ class Jigsaw(Policy):
         for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
             if t <= end + 1e-9:
                 group = self._node_group(rnd, p, now, g) if g <= gpn else ()
-                return group or tuple(self._affinity(rnd, p, now, "train")[:g])
+                return group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
         return ()
 
     def _spread_batch(self, state, p, tp: int, context: float) -> int:
