@@ -883,6 +883,7 @@ class Jigsaw(Policy):
         devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
         if len(devs) < rnd.state.cost.stage_min_gang(p.model, rs.stage):
             return ()  # too few to hold its state: it stays paused
+        devs = list(self._packed(rnd, p, rs.stage, devs))
         return self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))
 
     def _on_trainer_site(self, state, devices: list) -> list:
@@ -1505,9 +1506,9 @@ class Jigsaw(Policy):
         if end == _INF or end > (first[n - 1][0] + second[n - 1][0]) * (1 - cfg.alongside_gain):
             return False
         gpn = max(1, state.gpus_per_node)
-        a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or pool[:w1]
+        a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
         rest = [d for d in pool if d not in a]
-        b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or tuple(rest[:w2])
+        b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or self._take(rnd, p, partner, rest, w2)
         out.append(RunStage(p.name, p.train_next, stage, tuple(a), colocated=False, alongside=True))
         out.append(RunStage(p.name, p.train_next, partner, tuple(b), colocated=False))
         rnd.free.difference_update(a)
