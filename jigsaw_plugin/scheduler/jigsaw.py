@@ -1214,6 +1214,7 @@ class Jigsaw(Policy):
 
     @staticmethod
     def _nodes(state, devices) -> tuple:
+        """``devices``' count on each node they span (``CostModel.train_s``'s ``nodes``)."""
         per: dict[int, int] = {}
         for d in devices:
             n = state.devices[d].node
