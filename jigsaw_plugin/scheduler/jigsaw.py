@@ -1184,10 +1184,7 @@ class Jigsaw(Policy):
     def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
         preferring the pipeline's home and resident devices; () when no node has ``w``."""
-        by_node: dict[int, list] = {}
-        state = rnd.state
-        for d in self._affinity(rnd, p, devices, "rollout"):
-            by_node.setdefault(state.devices[d].node, []).append(d)
+        by_node = self._by_node(rnd.state, self._affinity(rnd, p, devices, "rollout"))
         for node in sorted(by_node, key=lambda n: -len(by_node[n])):
             if len(by_node[node]) >= w:
                 return tuple(by_node[node][:w])
@@ -1213,13 +1210,16 @@ class Jigsaw(Policy):
         return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
 
     @staticmethod
-    def _nodes(state, devices) -> tuple:
-        """``devices``' count on each node they span (``CostModel.train_s``'s ``nodes``)."""
-        per: dict[int, int] = {}
+    def _by_node(state, devices) -> dict:
+        """``devices`` grouped by node, each group in the order given."""
+        by_node: dict[int, list] = {}
         for d in devices:
-            n = state.devices[d].node
-            per[n] = per.get(n, 0) + 1
-        return tuple(per.values())
+            by_node.setdefault(state.devices[d].node, []).append(d)
+        return by_node
+
+    def _nodes(self, state, devices) -> tuple:
+        """``devices``' count on each node they span (``CostModel.train_s``'s ``nodes``)."""
+        return tuple(len(ds) for ds in self._by_node(state, devices).values())
 
     def _packed(self, rnd, p, stage, devices, keep=()) -> tuple:
         """Of ``devices`` (in the order given, best first), the gang that runs the pass
@@ -1232,9 +1232,7 @@ class Jigsaw(Policy):
         devices = tuple(devices)
         if len(devices) <= 1 or not state.cost.f.hybrid_shard:
             return devices
-        by_node: dict[int, list] = {}
-        for d in devices:
-            by_node.setdefault(state.devices[d].node, []).append(d)
+        by_node = self._by_node(state, devices)
         held = set(keep)
         best_t, best = self._layout_s(state, p, stage, devices), devices
         top = min(max(1, state.gpus_per_node), len(devices) - 1)
@@ -1258,17 +1256,14 @@ class Jigsaw(Policy):
         devices = list(devices)
         cost = state.cost
         update = stage not in FORWARD_STAGES
-        sizes = cost.shard_sizes(p.model, g, update) if g > 1 else (g,)
         price = cost.forward_s if not update else cost.train_s
         tokens = self._pass_tokens(p, stage)
-        size = min(sizes, key=lambda x: (price(p.model, g, tokens, nodes=(x,) * (g // x)), -x))
+        size = min(cost.shard_sizes(p.model, g, update),
+                   key=lambda x: (price(p.model, g, tokens, nodes=(x,) * (g // x)), -x))
         if size >= g:
             return tuple(devices[:g])
-        by_node: dict[int, list] = {}
-        for d in devices:
-            by_node.setdefault(state.devices[d].node, []).append(d)
         out: list = []
-        for ds in sorted(by_node.values(), key=len, reverse=True):
+        for ds in sorted(self._by_node(state, devices).values(), key=len, reverse=True):
             n = min(len(ds) // size * size, g - len(out))
             out += ds[:n // size * size]
             if len(out) == g:
