@@ -264,8 +264,10 @@ loans for every running stage (growing onto lent devices at micro-batch boundari
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish
 together), "with colocate" two pipelines' tail replicas on one device with the KV cache
-split (docs/colocation.md). These four are built, unit-tested and off by default because
-these runs measured them slower or mixed across the workloads (docs/simulator.md).
+split (docs/colocation.md), "with admission" batch limits on rollout replicas so that the
+expected KV peak of what each runs stays within its cache (docs/simulator.md, "Admission
+limits"). These five are built, unit-tested and off by default because these runs or the
+synthetic mixes measured them slower or mixed across the workloads (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)
 

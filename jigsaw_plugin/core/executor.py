@@ -21,7 +21,15 @@ from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, buil
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import (
+    AdmissionLimit,
+    LaunchReplica,
+    Migrate,
+    ResizeStage,
+    RetireReplica,
+    RunStage,
+    StartGen,
+)
 from jigsaw_plugin.scheduler.state import DeviceTask, DeviceView
 
 __all__ = ["ExecutorCore", "PolicyViolation", "PREDICTORS"]
@@ -49,6 +57,9 @@ class ExecutorCore:
     # the log-prob pass beside the reference pass, the critic's update beside the actor's;
     # SchedulerState.concurrent_stages)
     supports_concurrent_stages = False
+    # a replica's batch limit set by the policy (AdmissionLimit, LaunchReplica.max_seqs;
+    # SchedulerState.admission_limits)
+    supports_admission_limits = False
 
     def __init__(self, workload, policy, seed: int = 0, factors=None, hooks=None, record_requests: bool = False,
                  pm=None, predictor: str = "history"):
@@ -221,6 +232,8 @@ class ExecutorCore:
                     f"{type(self).__name__} cannot co-locate rollout replicas (capability 'colocation'): "
                     f"LaunchReplica.colocate_with={d.colocate_with} is for executors whose state says "
                     f"colocation=True (the simulator)")
+            if d.max_seqs is not None:
+                self._check_max_seqs(d, d.max_seqs)
             if d.absorb and not self.supports_reshard_in_place:
                 held = {x for rid in d.absorb if (r := self.replicas.get(rid)) is not None for x in r.devices}
                 if held & set(d.devices):
@@ -236,6 +249,12 @@ class ExecutorCore:
             self._retire(rep)
         elif isinstance(d, Migrate):
             self._migrate(d)
+        elif isinstance(d, AdmissionLimit):
+            rep = self.replicas.get(d.replica)
+            if rep is None:
+                raise PolicyViolation(f"AdmissionLimit of unknown replica {d.replica}")
+            self._check_max_seqs(d, d.max_seqs)
+            self._limit_admission(rep, d.max_seqs)
         elif isinstance(d, RunStage):
             self._check_gang_memory(d)
             self._run_stage(d)
@@ -244,6 +263,18 @@ class ExecutorCore:
             self._resize_stage(d)
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
+
+    def _check_max_seqs(self, d, max_seqs: int | None) -> None:
+        """A batch limit the executor can carry out: it declares admission limits, and the
+        limit is at most the engine's configured one."""
+        if not self.supports_admission_limits:
+            raise PolicyViolation(
+                f"{type(self).__name__} cannot set a replica's batch limit (capability 'admission_limits'): "
+                f"{type(d).__name__}.max_seqs={max_seqs} is for executors whose state says admission_limits=True "
+                f"(the simulator)")
+        if max_seqs is not None and max_seqs > self.cost.f.max_num_seqs:
+            raise PolicyViolation(f"{type(d).__name__}.max_seqs: {max_seqs}; allowed: 1 to the engine's "
+                                  f"max_num_seqs ({self.cost.f.max_num_seqs}), or None")
 
     def _check_gang_memory(self, d) -> None:
         """A training-side pass on fewer devices than hold its sharded state
@@ -641,6 +672,9 @@ class ExecutorCore:
         raise NotImplementedError
 
     def _migrate(self, d: Migrate) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _limit_admission(self, rep, max_seqs: int | None) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     def _run_stage(self, d: RunStage) -> None:  # pragma: no cover - interface

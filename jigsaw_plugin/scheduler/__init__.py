@@ -2,6 +2,7 @@
 
 from jigsaw_plugin.scheduler.base import Policy, get_policy, parse_options, policy_names, register_policy
 from jigsaw_plugin.scheduler.decisions import (
+    AdmissionLimit,
     LaunchReplica,
     Migrate,
     ResizeStage,
@@ -16,6 +17,7 @@ __all__ = [
     "parse_options",
     "policy_names",
     "register_policy",
+    "AdmissionLimit",
     "LaunchReplica",
     "Migrate",
     "ResizeStage",

@@ -37,6 +37,7 @@ class Policy:
     resident_slots = 1  # pipelines whose rollout weights a device keeps resident
     tail_threshold = 0  # call ``decide`` when a replica's load falls to this (0: only when empty)
     routes_by_predicted_length = False  # ask the predictor for each request's length at submission
+    decides_on_preemption = False  # call ``decide`` when an engine preempts sequences (its KV cache overflowed)
 
     def staleness_bound(self, pipeline) -> int:
         """The largest policy-version lag this policy promises for ``pipeline``'s samples."""

@@ -18,6 +18,7 @@ __all__ = [
     "Migrate",
     "RunStage",
     "ResizeStage",
+    "AdmissionLimit",
     "Decision",
 ]
 
@@ -46,6 +47,9 @@ class LaunchReplica:
     ``devices``) the new replica shares (docs/colocation.md); the KV room the two weights
     leave is split once, at launch: ``kv_share`` of it to the new replica, the rest to the
     host. Only executors that declare co-location (``SchedulerState.colocation``) take it.
+    ``max_seqs``: the replica's batch limit from its start (vLLM's ``max_num_seqs``, at most
+    the engine's configured one; None: that one), as ``AdmissionLimit`` sets it later. Only
+    executors that declare admission limits (``SchedulerState.admission_limits``) take it.
     """
 
     pipeline: str
@@ -55,8 +59,10 @@ class LaunchReplica:
     colocate_with: int | None = None
     kv_share: float = 0.0
     spread: bool = False
+    max_seqs: int | None = None
 
     def __post_init__(self):
+        _check_max_seqs("LaunchReplica.max_seqs", self.max_seqs)
         if not isinstance(self.spread, bool):
             raise SpecError("LaunchReplica.spread", self.spread, "true or false")
         if self.spread and (self.absorb or self.colocate_with is not None):
@@ -147,4 +153,33 @@ class ResizeStage:
     devices: tuple
 
 
-Decision = StartGen | LaunchReplica | RetireReplica | Migrate | RunStage | ResizeStage
+@dataclass(frozen=True, slots=True)
+class AdmissionLimit:
+    """From now on ``replica`` admits a waiting request only while it runs fewer than
+    ``max_seqs`` sequences (None: the engine's configured ``max_num_seqs`` again).
+
+    A lower limit preempts nothing: the replica stops admitting until enough of its running
+    sequences end. Why: an engine admits whatever its KV cache holds *now*; sequences that
+    then grow past the cache are preempted and recomputed from scratch (vLLM), which at long
+    contexts costs a large share of the rollout. A policy that predicts how long the running
+    sequences will grow can hold new ones back instead (docs/simulator.md, "Admission
+    limits"). A live host carries it out at its request router (it holds requests back
+    rather than sending them to the engine). Only executors that declare admission limits
+    (``SchedulerState.admission_limits``) take it.
+    """
+
+    replica: int
+    max_seqs: int | None
+
+    def __post_init__(self):
+        if isinstance(self.replica, bool) or not isinstance(self.replica, int):
+            raise SpecError("AdmissionLimit.replica", self.replica, "a replica id (int)")
+        _check_max_seqs("AdmissionLimit.max_seqs", self.max_seqs)
+
+
+def _check_max_seqs(name: str, v) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise SpecError(name, v, "an integer >= 1, or None for the engine's configured max_num_seqs")
+
+
+Decision = StartGen | LaunchReplica | RetireReplica | Migrate | RunStage | ResizeStage | AdmissionLimit

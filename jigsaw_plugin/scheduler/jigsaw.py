@@ -48,7 +48,10 @@ runs much slower than on its static share; every device its owner is not using i
   micro-batch boundaries as home devices free, or wait for the i-th) by projected end;
 - stages side by side (``concurrent_stages``): the log-prob pass beside the reference
   pass, a PPO step's critic update beside the actor's, each on a gang of its own, where
-  splitting the devices ends the pair ``alongside_gain`` sooner than running it in turn.
+  splitting the devices ends the pair ``alongside_gain`` sooner than running it in turn;
+- admission limits (``admission``, off by default): a rollout replica admits waiting
+  requests only while the expected KV peak of what it runs stays within its cache, so
+  that sequences that outgrow it are not preempted and recomputed (scheduler/admission.py).
 """
 
 from __future__ import annotations
@@ -56,11 +59,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
+from jigsaw_plugin.scheduler.admission import admissible, launch_limit, spread_of
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
 from jigsaw_plugin.scheduler.decisions import (
+    AdmissionLimit,
     LaunchReplica,
     Migrate,
     ResizeStage,
@@ -214,6 +221,12 @@ class JigsawConfig:
     # heterogeneous pools (scheduler/activation.py): rollout on the cheapest samples that keep the
     # learner fed within the staleness bound, training on the trainer's site; no-op on one class
     cost_aware: bool = True
+    # a replica admits a waiting request only while the expected KV peak of what it runs
+    # stays within its cache (scheduler/admission.py; executors that declare
+    # ``admission_limits``): an engine admits whatever fits now, and sequences that outgrow
+    # the cache are preempted and recomputed. Off by default: mixed on the synthetic mixes
+    # (docs/simulator.md, "Admission limits")
+    admission: bool = False
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,20 @@ def _prefix_fastest(times: list) -> list:
             best = (t, w)
         out.append(best)
     return out
+
+
+def _limit_of(r, engine_max: int) -> int | None:
+    """The admission limit replica ``r`` runs under (None: its engine's own batch limit)."""
+    return r.max_seqs if r.max_seqs < engine_max else None
+
+
+def _ended(out: list) -> set:
+    """Replicas this round's decisions retire or absorb (they may close at once)."""
+    ended = {d.replica for d in out if isinstance(d, RetireReplica)}
+    for d in out:
+        if isinstance(d, LaunchReplica):
+            ended.update(d.absorb)
+    return ended
 
 
 def _balanced_groups(replicas: list, k: int) -> list:
@@ -420,6 +447,7 @@ class Jigsaw(Policy):
     def __init__(self, **options):
         self.config = JigsawConfig(**options)
         self.tail_threshold = self.config.tail_requests if self.config.migration else 0
+        self.decides_on_preemption = self.config.admission  # a preemption says a batch limit is too high
         # a pass's time on 1, 2, ... devices, by what prices it (cost model, model, stage,
         # tokens): a ready stage's widths are read every round it waits
         self._widths_s: dict[tuple, list] = {}
@@ -485,8 +513,10 @@ class Jigsaw(Policy):
                 continue
             if kind == "gen" and not live and self._home_returning(rnd, p, len(groups), want):
                 continue  # its home is back in a moment: start then, on all of it
-            out += [LaunchReplica(p.name, g, rebalance=(kind == "grow")) for g in groups]
+            limit = self._launch_limits_of(rnd, p, [len(g) for g in groups])
+            out += [LaunchReplica(p.name, g, rebalance=(kind == "grow"), max_seqs=limit.get(len(g))) for g in groups]
             if kind == "gen":
+                self._limit_before_start(rnd, p, live, out)
                 out.append(StartGen(p.name, p.gen_next))
             rnd.free.difference_update(d for g in groups for d in g)
         if cfg.critical_spread:
@@ -495,6 +525,8 @@ class Jigsaw(Policy):
             self._early_passes(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._grow_stages(rnd, out)
+        if cfg.admission and state.admission_limits:
+            self._limit_admission(rnd, out)
         return out
 
     # ---- makespan-aware shares ------------------------------------------------------------
@@ -1168,6 +1200,63 @@ class Jigsaw(Policy):
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
         return best
+
+    # ---- admission limits ----------------------------------------------------------------
+    def _launch_limits_of(self, rnd, p, widths) -> dict:
+        """Width -> the batch limit a replica of ``p`` that width starts with
+        (``admission.launch_limit`` on the pipeline's recent finished first turns; None: no
+        limit: nothing observed yet, or the engine's own is lower)."""
+        state = rnd.state
+        if not (self.config.admission and state.admission_limits) or p.history is None:
+            return {}
+        lengths = p.history.recent_lengths(0)
+        out = {}
+        for w in set(widths):
+            n = launch_limit(lengths, p.lengths.prompt_tokens, state.cost.kv_capacity_tokens(p.model, w))
+            out[w] = n if n is not None and n < state.max_num_seqs else None
+        return out
+
+    def _limit_before_start(self, rnd, p, live, out) -> None:
+        """A step's requests reach the pipeline's live replicas as it starts, and an engine
+        admits what fits at once: each gets the launch limit of its width first."""
+        limits = self._launch_limits_of(rnd, p, [r.tp for r in live])
+        ended = _ended(out)
+        for r in live:
+            if r.id in ended:
+                continue
+            n = limits.get(r.tp)
+            if n != _limit_of(r, rnd.state.max_num_seqs):
+                out.append(AdmissionLimit(r.id, n))
+
+    def _limit_admission(self, rnd, out) -> None:
+        """Each replica with requests waiting admits them only while the expected KV peak
+        of what it then runs stays within its cache (``admission.admissible`` on the
+        requests' predicted remaining tokens, spread as the pipeline's recent lengths); a
+        replica whose requests would all fit even at the pipeline's mean final context is
+        not read (no prediction asked): no sequence's expected KV peak exceeds that mean."""
+        state = rnd.state
+        top = state.max_num_seqs
+        ended = _ended(out)
+        for p in state.order:
+            final = p.lengths.context_tokens  # mean tokens a trajectory holds at its end
+            shape = _UNSET
+            for r in p.replicas:
+                if r.retiring or r.id in ended or not r.queued or r.id in rnd.moved_in:
+                    continue
+                if r.load * final <= r.kv_capacity:
+                    if _limit_of(r, top) is not None:
+                        out.append(AdmissionLimit(r.id, None))
+                    continue
+                views = r.requests
+                held = np.fromiter((q.context_tokens + q.generated for q in views), float, len(views))
+                left = np.fromiter((q.predicted_remaining for q in views), float, len(views))
+                running = sum(1 for q in views if not q.queued)
+                if shape is _UNSET:
+                    shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
+                n = running + admissible(held, left, running, r.kv_capacity, shape)
+                limit = None if n >= min(top, len(views)) else max(1, n)
+                if limit != _limit_of(r, top):
+                    out.append(AdmissionLimit(r.id, limit))
 
     # ---- placement --------------------------------------------------------------------
     def _affinity(self, rnd, p, devices, kind) -> list:

@@ -149,7 +149,7 @@ class ReplicaView:
     queued: int  # requests waiting for a slot
     kv_tokens: float  # KV cache in use (tokens)
     kv_capacity: float  # KV cache size (tokens)
-    max_seqs: int  # the engine's batch limit (vLLM max_num_seqs)
+    max_seqs: int  # its batch limit now (vLLM max_num_seqs, or an AdmissionLimit below it)
     retiring: bool
     step_s: float  # the current decode step time (observed tokens/s of the batch)
     stall_s: float  # prefill or weight load still ahead of decoding
@@ -396,6 +396,7 @@ class SchedulerState:
     early_passes: bool = False  # the executor can run forward passes over finished trajectories early
     reshard_in_place: bool = False  # a LaunchReplica may take the devices of the replicas it absorbs
     concurrent_stages: bool = False  # a stage may run alongside the next (RunStage.alongside)
+    admission_limits: bool = False  # a replica's batch limit may be set (AdmissionLimit, LaunchReplica.max_seqs)
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""

@@ -45,6 +45,7 @@ class World(ExecutorCore):
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
     supports_reshard_in_place = True  # a widened tail may take its own replicas' devices
     supports_concurrent_stages = True  # a stage on a gang of its own beside the next (algorithms.ALONGSIDE)
+    supports_admission_limits = True  # a replica's batch limit set by the policy (AdmissionLimit)
 
     def __init__(self, workload, policy, push, seed: int = 0, micro_batches: int = 8,
                  preemption_recovery: str = "migrate", **kw):
@@ -71,6 +72,7 @@ class World(ExecutorCore):
         self.colocations: list[dict] = []  # one record per co-located pair launched
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
+        self.decides_on_preemption = getattr(policy, "decides_on_preemption", False)
         self.interrupt_on_sync = getattr(policy, "interrupt_on_sync", False)
         self._predicts_at_submit = getattr(policy, "routes_by_predicted_length", False)
         self.device_classes = DeviceClasses(workload.cluster, kw.get("factors"))
@@ -187,6 +189,8 @@ class World(ExecutorCore):
         rep.busy_until = self.t + switch
         rep.switch_s = switch
         rep.start_t = self.t
+        if d.max_seqs is not None:
+            rep.max_seqs = d.max_seqs  # the engine's batch limit from its start (validated by apply)
         self.replicas[rep_id] = rep
         p.replicas.append(rep)
         self._emit("jigsaw_lease_granted", pipeline=p.name, devices=devices, purpose="rollout", t=self.t)
@@ -352,6 +356,14 @@ class World(ExecutorCore):
         self._release(rep.devices)
         self._emit("jigsaw_lease_released", pipeline=rep.pipeline, devices=rep.devices, t=self.t)
 
+    def _limit_admission(self, rep: Replica, max_seqs: int | None) -> None:
+        """The replica's batch limit from now on; a lower one preempts nothing, a higher one
+        admits what waits at once."""
+        rep.sync(self.t)
+        rep.max_seqs = rep.cost.f.max_num_seqs if max_seqs is None else max_seqs
+        rep.admit(self.t)
+        self._schedule(rep)
+
     def _migrate(self, d: Migrate) -> None:
         src, dst = self.replicas.get(d.src), self.replicas.get(d.dst)
         if src is None or dst is None:
@@ -511,7 +523,8 @@ class World(ExecutorCore):
     def on_replica_tick(self, rep: Replica) -> None:
         rep.sync(self.t)
         finished = rep.pop_finished()
-        rep.preempt_overflow()
+        if rep.preempt_overflow() and self.decides_on_preemption:
+            self.dirty = True  # its cache overflowed: the policy may hold admissions back (AdmissionLimit)
         rep.admit(self.t)
         p = self.pipelines[rep.pipeline]
         for r in finished:

@@ -1,0 +1,114 @@
+"""Admission limits: how many sequences a rollout replica may run so that their KV cache
+stays within its capacity as they grow (docs/simulator.md, "Admission limits").
+
+An engine (vLLM) admits a waiting request whenever its KV cache holds the request's
+context *now*. The admitted sequences then grow by one token each per decode step; when
+the cache is full the newest are preempted and later recomputed from their prompt and the
+tokens they had. At long contexts such a cache overflows again and again, and the
+recomputes take a large share of the rollout. A policy that predicts how many tokens each
+sequence still generates can hold the waiting ones back instead: it admits the queue's
+head only while the set's predicted KV peak stays within the cache.
+
+Pure functions of arrays (tokens), no policy state: the jigsaw policy calls them with its
+request views' predictions (``Jigsaw._limit_admission``) and, before a rollout's requests
+reach an engine, with the pipeline's recent finished lengths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["peak_kv_tokens", "admissible", "expected_kv", "spread_of", "launch_limit"]
+
+
+def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
+    """The most KV (tokens) the sequences hold together if each generates its ``remaining``
+    tokens from now, one per decode step, and nothing else is admitted: the cache grows by
+    one token per running sequence per step and drops as sequences end, so its peak is just
+    before one ends. With the sequences by remaining tokens, longest first, just before
+    the j-th longest ends the first j hold ``held`` plus ``remaining[j]`` tokens each."""
+    if not len(held):
+        return 0.0
+    order = np.argsort(-np.asarray(remaining, float), kind="stable")
+    h = np.asarray(held, float)[order]
+    r = np.maximum(np.asarray(remaining, float)[order], 0.0)
+    return float(np.max(np.cumsum(h) + np.arange(1, len(h) + 1) * r))
+
+
+def admissible(held: np.ndarray, remaining: np.ndarray, running: int, capacity: float,
+               shape: np.ndarray | None = None) -> int:
+    """How many of the waiting sequences (after the ``running`` first ones of ``held`` /
+    ``remaining``, in the order the engine admits them) can join the running ones with the
+    set's KV peak within ``capacity``. A sequence added never lowers the peak.
+
+    ``shape``: the sorted lengths of recently finished sequences over their mean (a unit-mean
+    sample of how lengths spread), or None. With it, each sequence's remaining tokens are
+    taken as its prediction times a draw of that spread, and the peak is that of the
+    expected KV (``expected_kv``): a point prediction treats every sequence as ending at its
+    mean, which for long-tailed lengths overstates the peak several times over (most end
+    well before the mean and free their cache for the few that run long). Without it, the
+    peak of the point predictions (``peak_kv_tokens``), by bisection."""
+    waiting = len(held) - running
+    if waiting <= 0:
+        return 0
+    if shape is not None and len(shape):
+        t = _grid(remaining, shape)
+        curves = expected_kv(held, remaining, shape, t)
+        total = np.cumsum(curves[running:], axis=0) + curves[:running].sum(axis=0)
+        peaks = total.max(axis=1)  # the peak with the first k + 1 waiting ones, k = 0, 1, ...
+        return int(np.searchsorted(np.maximum.accumulate(peaks), capacity, side="right"))
+    lo, hi = 0, waiting  # lo fits (or is 0); find the largest k that fits
+    if peak_kv_tokens(held, remaining) <= capacity:
+        return waiting
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if peak_kv_tokens(held[:running + mid], remaining[:running + mid]) <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+_POINTS = 48  # times at which the expected KV is evaluated
+
+
+def _grid(remaining: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """Decode steps from now at which to evaluate the expected KV: up to the longest
+    sequence's prediction times the spread's longest draw."""
+    top = float(np.max(remaining, initial=1.0)) * float(shape[-1])
+    return np.linspace(0.0, max(top, 1.0), _POINTS)
+
+
+def expected_kv(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each sequence's expected KV (tokens) after ``t`` decode steps, one row per sequence:
+    it holds ``held + t`` tokens while it still runs, which it does with probability
+    ``P(X > t / remaining)`` for ``X`` drawn from ``shape``."""
+    r = np.maximum(np.asarray(remaining, float), 1.0)
+    x = t[None, :] / r[:, None]
+    running = 1.0 - np.searchsorted(shape, x, side="right") / len(shape)
+    return (np.asarray(held, float)[:, None] + t[None, :]) * running
+
+
+def spread_of(lengths: np.ndarray) -> np.ndarray | None:
+    """``admissible``'s ``shape``: the lengths sorted, over their mean (None: none or all 0)."""
+    lengths = np.asarray(lengths, float)
+    mean = float(lengths.mean()) if len(lengths) else 0.0
+    return np.sort(lengths) / mean if mean > 0 else None
+
+
+def launch_limit(lengths: np.ndarray, context: float, capacity: float) -> int | None:
+    """The batch limit for a replica whose requests have not reached it yet: as many
+    sequences as the cache holds at their predicted peak when they start together, each
+    with ``context`` tokens and a length drawn from ``lengths`` (the pipeline's recent
+    finished lengths: what the predictor's marginal is learned from). Per sequence the
+    cache then holds ``(context + t) x P(L > t)`` tokens after ``t`` steps on average;
+    its peak is at one of the observed lengths. None: no lengths observed yet."""
+    lengths = np.asarray(lengths, float)
+    if not len(lengths) or capacity <= 0:
+        return None
+    desc = np.sort(lengths)[::-1]
+    survive = np.arange(1, len(desc) + 1) / len(desc)  # P(L >= desc[j])
+    per_seq = float(np.max((context + desc) * survive))
+    if per_seq <= 0:
+        return None
+    return max(1, int(capacity // per_seq))

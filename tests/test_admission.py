@@ -1,0 +1,266 @@
+"""Admission limits (``scheduler/admission.py``, ``AdmissionLimit``): the KV-peak arithmetic,
+the decision's validation, the simulator's engine honouring a limit, an executor without
+the capability refusing it, and the jigsaw policy's rule on a hand-built state."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.ids import RequestId
+from jigsaw_plugin.scheduler import AdmissionLimit, LaunchReplica, get_policy
+from jigsaw_plugin.scheduler.admission import admissible, launch_limit, peak_kv_tokens
+from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
+from jigsaw_plugin.scheduler.state import (
+    DeviceTask,
+    DeviceView,
+    LengthSummary,
+    PipelineView,
+    ReplicaView,
+    RequestView,
+    SchedulerState,
+    StepView,
+)
+from jigsaw_plugin.sim.replica import Replica, Request
+from sim_helpers import small_workload
+
+COST = CostModel(hardware_profile("h100"))
+MODEL = model_profile("qwen2.5-7b")
+
+
+# ---- the arithmetic ------------------------------------------------------------------------
+def test_peak_is_just_before_a_sequence_ends():
+    # 10 tokens held, 5 to go; 20 held, 1 to go: just before the second ends both hold one
+    # more token each (32); later only the first grows, to 15
+    assert peak_kv_tokens(np.array([10.0, 20.0]), np.array([5.0, 1.0])) == 32.0
+    assert peak_kv_tokens(np.array([10.0, 20.0]), np.array([50.0, 1.0])) == 60.0
+    assert peak_kv_tokens(np.array([]), np.array([])) == 0.0
+
+
+def _brute_peak(held, left):
+    t_max = int(left.max()) if len(left) else 0
+    return max(float(np.sum((held + t) * (left >= t))) for t in range(t_max + 1))
+
+
+def test_peak_matches_stepping_the_cache():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 12))
+        held = rng.integers(1, 100, n).astype(float)
+        left = rng.integers(0, 60, n).astype(float)
+        assert peak_kv_tokens(held, left) == pytest.approx(_brute_peak(held, left))
+
+
+def test_admissible_is_the_longest_prefix_that_fits():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n = int(rng.integers(2, 30))
+        held = rng.integers(50, 500, n).astype(float)
+        left = rng.integers(10, 2000, n).astype(float)
+        running = int(rng.integers(1, n))
+        cap = float(rng.integers(500, 20000))
+        k = admissible(held, left, running, cap)
+        fits = [j for j in range(n - running + 1) if peak_kv_tokens(held[:running + j], left[:running + j]) <= cap]
+        assert k == (max(fits) if fits else 0)
+
+
+def test_launch_limit_from_observed_lengths():
+    # every sequence ends at 900 tokens after a 100-token prompt: each peaks at 1000
+    assert launch_limit(np.full(10, 900.0), 100.0, 10_500.0) == 10
+    # half end at once: the peak per sequence is max(100 x 1, 1000 x 0.5) = 500
+    assert launch_limit(np.array([0.0, 900.0]), 100.0, 10_000.0) == 20
+    assert launch_limit(np.array([]), 100.0, 1e6) is None
+
+
+# ---- the decision --------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
+def test_admission_limit_rejects_a_bad_count(bad):
+    with pytest.raises(SpecError, match="AdmissionLimit.max_seqs"):
+        AdmissionLimit(1, bad)
+    with pytest.raises(SpecError, match="LaunchReplica.max_seqs"):
+        LaunchReplica("p0", (0,), max_seqs=bad)
+
+
+def test_admission_limit_rejects_a_bad_replica():
+    with pytest.raises(SpecError, match="AdmissionLimit.replica"):
+        AdmissionLimit("r1", 4)
+
+
+# ---- the simulator's engine ----------------------------------------------------------------
+def _requests(n, context=100, target=50):
+    return [Request("p0", 0, i, 0, context, target, 0) for i in range(n)]
+
+
+def test_the_engine_admits_up_to_its_batch_limit():
+    rep = Replica(0, "p0", (0,), MODEL, COST)
+    rep.max_seqs = 3
+    for r in _requests(8):
+        rep.enqueue(r, 0.0)
+    rep.admit(0.0)
+    assert (rep.n, len(rep.queue)) == (3, 5)
+    rep.max_seqs = 6
+    rep.admit(0.0)
+    assert (rep.n, len(rep.queue)) == (6, 2)
+
+
+def _world(policy):
+    from jigsaw_plugin.sim.engine import Simulation
+
+    return Simulation(small_workload(gpus=4, pipelines=1, prompts=4, samples=4), policy, 0).world
+
+
+def test_the_simulator_applies_a_limit_and_lifts_it():
+    w = _world(get_policy("verl-sync"))
+    w.decide_and_apply(4)  # verl-sync starts the rollout on its replicas
+    rep = next(iter(w.replicas.values()))
+    w.apply(AdmissionLimit(rep.id, 1))
+    assert rep.max_seqs == 1
+    w.apply(AdmissionLimit(rep.id, None))
+    assert rep.max_seqs == COST.f.max_num_seqs
+
+
+def test_an_executor_without_the_capability_refuses_it():
+    from jigsaw_plugin.core.executor import PolicyViolation
+
+    w = _world(get_policy("verl-sync"))
+    w.decide_and_apply(4)
+    rep = next(iter(w.replicas.values()))
+    w.supports_admission_limits = False
+    with pytest.raises(PolicyViolation, match="capability 'admission_limits'"):
+        w.apply(AdmissionLimit(rep.id, 2))
+    with pytest.raises(PolicyViolation, match="capability 'admission_limits'"):
+        w.apply(LaunchReplica(rep.pipeline, (3,), max_seqs=2))
+
+
+def test_a_limit_above_the_engines_own_is_refused():
+    from jigsaw_plugin.core.executor import PolicyViolation
+
+    w = _world(get_policy("verl-sync"))
+    w.decide_and_apply(4)
+    rep = next(iter(w.replicas.values()))
+    with pytest.raises(PolicyViolation, match="AdmissionLimit.max_seqs"):
+        w.apply(AdmissionLimit(rep.id, COST.f.max_num_seqs + 1))
+    with pytest.raises(PolicyViolation, match="unknown replica"):
+        w.apply(AdmissionLimit(10_000, 2))
+
+
+# ---- the policy's rule on a hand-built state ----------------------------------------------
+SPEC = small_workload(gpus=8, pipelines=1, prompts=8, samples=4).pipelines[0]
+
+
+class _Views:
+    def __init__(self, rows):
+        self.rows = tuple(rows)
+
+    def views(self):
+        return self.rows
+
+    def predicted(self):
+        return np.array([r.predicted_remaining for r in self.rows])
+
+
+def _replica(rid, running, queued, context, generated, left, capacity, max_seqs=256):
+    rows = [RequestView(RequestId(SPEC.name, 0, i, 0), i, None, context, generated if i < running else 0, 8192,
+                        1.0, rid, i >= running, left) for i in range(running + queued)]
+    kv = float(running * (context + generated))
+    return ReplicaView(rid, SPEC.name, (rid,), running, queued, kv, capacity, max_seqs, False, 0.02, 0.0,
+                       _Views(rows))
+
+
+def _state(replicas, final_context, admission_limits=True):
+    p = PipelineView(
+        name=SPEC.name, index=0, spec=SPEC, model=MODEL, stages=("old_log_prob", "adv", "update_actor", "weight_sync"),
+        static_devices=tuple(range(8)), gen_next=1, train_next=0, stage_next=0, stage_running=False, version=0,
+        rollout_version=0, done=False, generating=True, pending=0, replicas=tuple(replicas),
+        steps={0: StepView(0, 64, 10, 10, 0, 0.0, {}, {}, 0)}, history=None,
+        lengths=LengthSummary(10, 100.0, final_context - 100.0, final_context, 1.0, 8192.0), stage_history_s={},
+        running_stage_end_t=None, running_stage=None)
+    busy = {r.devices[0]: DeviceTask("replica", SPEC.name, replica=r.id) for r in replicas}
+    devices = tuple(DeviceView(d, 0, busy.get(d), (SPEC.name,), SPEC.name) for d in range(8))
+    home = {SPEC.name: (tuple(range(8)), tuple(range(8)))}
+    return SchedulerState(t=50.0, gpus=8, gpus_per_node=8, devices=devices, free=frozenset(range(len(replicas), 8)),
+                          order=(p,), cost=COST, max_num_seqs=256, memo=JigsawMemo(home, {d: SPEC.name for d in range(8)}),
+                          admission_limits=admission_limits)
+
+
+def _limits(out):
+    return {d.replica: d.max_seqs for d in out if isinstance(d, AdmissionLimit)}
+
+
+def test_a_replica_whose_waiting_requests_would_overflow_its_cache_is_limited():
+    # 4 running at 1,100 tokens, each predicted 1,000 more (a peak of 8,400); 6 waiting
+    # prompts of 100 tokens, 1,000 more each: a 12,000-token cache holds some of them
+    rep = _replica(0, 4, 6, 100, 1000, 1000.0, 12_000.0)
+    out = get_policy("jigsaw", multiplex=False, admission=True).decide(_state([rep], final_context=2000.0))
+    views = rep.requests
+    held = np.array([v.context_tokens + v.generated for v in views], float)
+    left = np.array([v.predicted_remaining for v in views], float)
+    assert _limits(out) == {0: 4 + admissible(held, left, 4, 12_000.0)}  # no history: point predictions
+    assert 4 < _limits(out)[0] < 10
+
+
+def test_expected_peak_admits_more_than_point_predictions_of_long_tailed_lengths():
+    # lengths spread as a long tail (most short, a few long): a sequence predicted to
+    # generate 1,000 more tokens most likely ends sooner and frees its cache
+    shape = np.sort(np.array([0.1] * 8 + [4.6, 4.6])) / np.mean([0.1] * 8 + [4.6, 4.6])
+    held = np.full(40, 200.0)
+    left = np.full(40, 1000.0)
+    point = admissible(held, left, 4, 20_000.0)
+    spread = admissible(held, left, 4, 20_000.0, shape)
+    assert point < spread <= 36
+    # every draw the mean: the expected peak is the point one
+    assert abs(admissible(held, left, 4, 20_000.0, np.ones(10)) - point) <= 1
+
+
+def test_no_limit_where_everything_fits_at_the_mean_final_context():
+    rep = _replica(0, 4, 6, 100, 1000, 1000.0, 1e6)
+    assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(_state([rep], final_context=2000.0))) == {}
+    # ... and a limit set earlier is lifted
+    limited = dataclasses.replace(rep, max_seqs=5)
+    assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(_state([limited], final_context=2000.0))) == {0: None}
+
+
+def test_no_limit_on_an_executor_without_the_capability_or_with_the_switch_off():
+    rep = _replica(0, 4, 6, 100, 1000, 1000.0, 12_000.0)
+    assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(
+        _state([rep], final_context=2000.0, admission_limits=False))) == {}
+    assert _limits(get_policy("jigsaw", multiplex=False).decide(_state([rep], final_context=2000.0))) == {}
+
+
+# ---- the simulator's invariants with admission limits (hypothesis) -------------------------
+from collections import Counter  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from jigsaw_plugin.sim import Simulation  # noqa: E402
+from sim_helpers import HookLog, device_overlaps  # noqa: E402
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_invariants_hold_with_admission_limits(data):
+    # long responses on CPU "devices" (4 GB each): caches overflow, the policy holds
+    # admissions back, engines still preempt what outgrows them
+    modes = data.draw(st.sampled_from([("sync",), ("async",), ("sync", "async")]))
+    wl = small_workload(gpus=8, pipelines=2, prompts=data.draw(st.integers(2, 6)), samples=data.draw(st.integers(2, 4)),
+                        steps=data.draw(st.integers(1, 3)), agentic=data.draw(st.sampled_from([(False,), (False, True)])),
+                        modes=modes, staleness=tuple(0 if m == "sync" else 1 for m in modes), models=("qwen2.5-0.5b",),
+                        max_len=8192, median=data.draw(st.sampled_from([1500, 4000])), gpu="cpu")
+    log = HookLog()
+    sim = Simulation(wl, get_policy("jigsaw", admission=True), seed=data.draw(st.integers(0, 3)), hooks=log,
+                     record_requests=True)
+    result = sim.run()
+    for p in wl.pipelines:
+        assert result["pipelines"][p.name]["samples"] == p.steps * p.samples_per_step
+        finished = Counter((kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_finished")
+                           if kw["pipeline"] == p.name)
+        assert all(v == 1 for v in finished.values()), "a request finished twice"
+        submitted = {(kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_submitted")
+                     if kw["pipeline"] == p.name}
+        assert set(finished) == submitted
+        assert result["pipelines"][p.name]["max_staleness"] <= sim.policy.staleness_bound(sim.world.pipelines[p.name])
+    assert device_overlaps(sim.world.trace) == []
+    assert all(r.max_seqs >= 1 for r in sim.world.replicas.values())
