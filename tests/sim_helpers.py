@@ -55,6 +55,21 @@ class HookLog:
         return [kw for n, kw in self.calls if n == name]
 
 
+def assert_each_request_once(result: dict, log: "HookLog", workload) -> None:
+    """Every sample of every step counted, and every submitted request (turn) finished
+    exactly once (a run with ``record_requests=True`` and ``log`` as its hooks)."""
+    from collections import Counter
+
+    for p in workload.pipelines:
+        assert result["pipelines"][p.name]["samples"] == p.steps * p.samples_per_step
+        finished = Counter((kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_finished")
+                           if kw["pipeline"] == p.name)
+        assert all(v == 1 for v in finished.values()), "a request finished twice"
+        submitted = {(kw["step"], kw["request_id"], kw["turn"]) for kw in log.by("jigsaw_request_submitted")
+                     if kw["pipeline"] == p.name}
+        assert set(finished) == submitted
+
+
 def device_overlaps(trace_records) -> list:
     """Pairs of intervals that overlap on one device (should be empty)."""
     per = defaultdict(list)
