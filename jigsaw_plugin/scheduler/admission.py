@@ -7,7 +7,7 @@ the cache is full the newest are preempted and later recomputed from their promp
 tokens they had. At long contexts such a cache overflows again and again, and the
 recomputes take a large share of the rollout. A policy that predicts how many tokens each
 sequence still generates can hold the waiting ones back instead: it admits the queue's
-head only while the set's predicted KV peak stays within the cache.
+head only while the set's expected KV peak stays within the cache.
 
 Pure functions of arrays (tokens), no policy state: the jigsaw policy calls them with its
 request views' predictions (``Jigsaw._limit_admission``) and, before a rollout's requests
