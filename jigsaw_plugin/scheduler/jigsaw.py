@@ -480,6 +480,7 @@ class Jigsaw(Policy):
         home, owner = self._homes(state)
         rnd = _Round(state, home, owner)
         out: list = []
+        admit = cfg.admission and state.admission_limits  # admission limits, where the executor sets them
         self._retire_drained(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._reclaim(rnd, out)
@@ -513,10 +514,11 @@ class Jigsaw(Policy):
                 continue
             if kind == "gen" and not live and self._home_returning(rnd, p, len(groups), want):
                 continue  # its home is back in a moment: start then, on all of it
-            limit = self._launch_limits_of(rnd, p, [len(g) for g in groups])
+            limit = self._launch_limits_of(rnd, p, [len(g) for g in groups]) if admit else {}
             out += [LaunchReplica(p.name, g, rebalance=(kind == "grow"), max_seqs=limit.get(len(g))) for g in groups]
             if kind == "gen":
-                self._limit_before_start(rnd, p, live, out)
+                if admit:
+                    self._limit_before_start(rnd, p, live, out)
                 out.append(StartGen(p.name, p.gen_next))
             rnd.free.difference_update(d for g in groups for d in g)
         if cfg.critical_spread:
@@ -525,7 +527,7 @@ class Jigsaw(Policy):
             self._early_passes(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._grow_stages(rnd, out)
-        if cfg.admission and state.admission_limits:
+        if admit:
             self._limit_admission(rnd, out)
         return out
 
@@ -1207,7 +1209,7 @@ class Jigsaw(Policy):
         (``admission.launch_limit`` on the pipeline's recent finished first turns; None: no
         limit: nothing observed yet, or the engine's own is lower)."""
         state = rnd.state
-        if not (self.config.admission and state.admission_limits) or p.history is None:
+        if p.history is None:
             return {}
         lengths = p.history.recent_lengths(0)
         out = {}
