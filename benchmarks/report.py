@@ -147,7 +147,8 @@ def _latency_rows(first: dict, long: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     """``--only policies``: re-run the policy tables alone (the other sections are kept);
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
-    ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file."""
+    ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
+    ``--add-ablation NAME``: run only a newly added ablation's runs, the others from the saved file."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     # decision latency and simulator speed: their own scripts' blocks (MEASURED_BLOCKS); the
@@ -155,8 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     # round times move with the machine's load and are not the benchmark)
     lat_summary = _decision_p99()
     if only:
+        added = args[args.index("--add-ablation") + 1] if "--add-ablation" in args else None
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args,
-                                    baselines_only="--baselines-only" in args)
+                                    baselines_only="--baselines-only" in args, add_ablation=added)
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
     else:
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
@@ -244,6 +246,11 @@ the synthetic mixes, where it is measured; the bundled workloads barely reach th
 "no critical_spread" leaves a crowded rollout on the critical path on the replicas it has
 (on: new replicas on devices no owner wants back before it drains take running requests
 from the most loaded, when the drain saved pays for the weight load and re-prefill);
+"no spread_in_tail" spreads no rollout down to its tail (`widen_requests` requests or
+fewer: re-sharded wider or merged instead; on: it spreads there too where the replica that
+ends last is crowded at its own width, and no merge or re-shard leaves a replica of it
+crowded; (a)-(f) reach no such state, its effect on the synthetic mixes is in
+docs/simulator.md);
 "no predicted_pace" treats no pipeline as critical before its first step ends (on: its
 projected finish is now plus its predicted completion); "no fastest_width" lets a ready
 stage take every free device it may (on: no more than its fastest width, where a wider

@@ -633,6 +633,46 @@ def test_a_crowded_rollout_off_the_critical_path_does_not_spread():
     assert [d for d in out if isinstance(d, LaunchReplica) and d.spread]
 
 
+def _crowded_tail(per_replica):
+    """p0, the run's last pipeline, decodes 2 x ``per_replica`` requests 12K tokens into
+    their responses on two devices (few enough to count as a tail: ``widen_requests``),
+    4K more tokens each predicted; the other six devices are free."""
+    reps = [replica("p0", 1, (0,), [12000] * per_replica, [4000.0] * per_replica),
+            replica("p0", 2, (1,), [12000] * per_replica, [4000.0] * per_replica)]
+    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=2 * per_replica)})
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    return state([p0, p1], busy=_busy_with_replicas([p0, p1]))
+
+
+def test_a_crowded_tail_spreads_where_a_wider_replica_would_stay_crowded():
+    # 40 long-context requests a replica: each decode step reads their KV. Re-sharded
+    # wider (the rule without spread_in_tail), all 80 go to one 4-wide replica, as crowded
+    # as before; under spread_in_tail new single-device replicas on the free devices take
+    # running requests instead, and no re-shard absorbs the two
+    st = _crowded_tail(40)
+    assert len(st.order[0].replicas) == 2 and sum(r.load for r in st.order[0].replicas) <= 128  # a tail
+    out = get_policy("jigsaw").decide(st)
+    spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+    assert len(spread) >= 2 and all(len(d.devices) == 1 and not d.absorb for d in spread)
+    assert {x for d in spread for x in d.devices} <= set(st.free)
+    assert not [d for d in out if isinstance(d, LaunchReplica) and d.absorb]
+    off = get_policy("jigsaw", spread_in_tail=False).decide(st)
+    assert not [d for d in off if isinstance(d, LaunchReplica) and d.spread]
+    assert [d.absorb for d in off if isinstance(d, LaunchReplica)] == [(1, 2)]
+
+
+def test_a_thin_tail_is_still_resharded_wider():
+    # 8 requests a replica: not crowded on one device, so no spread; the tail is re-sharded
+    # onto one wider replica (its steps read the weights for few sequences) with or without
+    # spread_in_tail
+    st = _crowded_tail(8)
+    for opts in ({}, {"spread_in_tail": False}):
+        out = get_policy("jigsaw", **opts).decide(st)
+        assert not [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+        assert [d.absorb for d in out if isinstance(d, LaunchReplica)] == [(1, 2)]
+
+
 def _first_step_gang_state(p0_steps):
     """Both pipelines in their first step (no pace observed): p0's step 0 is ready to train
     on its idle home (0-3), with ``p0_steps`` steps in its run; p1, a one-step run, decodes

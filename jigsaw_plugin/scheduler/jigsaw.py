@@ -167,6 +167,12 @@ class JigsawConfig:
     # from the most loaded ones, when the drain they save beats ``min_gain`` x the weight
     # load and re-prefill; a long context's KV reads make the smaller batch decode faster
     critical_spread: bool = True
+    # ... also where its requests are few enough to count as a tail (``widen_requests``),
+    # as long as the replica that ends last is crowded at its own width; no merge or
+    # re-shard then leaves a replica of it crowded (off: a tail is only re-sharded wider or
+    # merged, and the run's last pipeline decoded ~40 long-context requests a replica on 3
+    # replicas while 92 devices stood idle)
+    spread_in_tail: bool = True
     # before a pipeline's first step ends (no pace observed), it counts as critical for the
     # critical-path rules (``lend_to_critical``, ``critical_loans``, ``keep_critical_loans``,
     # early passes; and its finish is the latest ``_near_critical`` compares with) when its
@@ -361,7 +367,7 @@ class _Round:
     """One decide round's working set: the free devices left and figures computed once."""
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
-                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "predicted_last", "projected",
+                 "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
                  "moved_in")
 
     def __init__(self, state, home: dict, owner: dict):
@@ -379,6 +385,7 @@ class _Round:
         self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
         self.bulk_tp: dict[str, int] = {}  # pipeline -> the width its rollout replicas launch at
         self.spread = _UNSET  # (pipeline, batch) critical_spread serves, or None; computed on first use
+        self.aim: dict[int, int] = {}  # width -> the batch a spread of that pipeline aims at (``_aim_batch``)
         self.predicted_last = _UNSET  # the pipeline projected to finish clearly last (predicted_pace), or None
         self.projected: dict[str, float] = {}  # pipeline -> projected finish, no prediction read
         # replica -> (requests, KV tokens) this round's moves send it: its engine's report
@@ -967,8 +974,7 @@ class Jigsaw(Policy):
             ends = _Ends(0.0 if self._last_left(state, p) else self._slack(rnd, p))
             widths = {r.tp for r in live}
             # the pipeline critical_spread serves: no merge makes a replica it would spread
-            pick = self._spread_pick(rnd) if self.config.critical_spread else None
-            crowd = 2 * pick[1] if pick is not None and pick[0] is p else None
+            crowd = {w: self._crowd_at(rnd, p, w) for w in widths}
             for src in sorted(tails, key=lambda r: r.load):
                 if src.id in used:
                     continue
@@ -1047,7 +1053,7 @@ class Jigsaw(Policy):
             n = dst.running + n_in
             if n + k > dst.max_seqs or dst.kv_tokens + kv_in + ctx > 0.9 * dst.kv_capacity:
                 continue
-            if crowd is not None and n + k >= crowd:
+            if crowd is not None and crowd.get(dst.tp) is not None and n + k >= crowd[dst.tp]:
                 continue  # ``critical_spread`` would spread it again
             w = dst.tp
             prefill = prefill_of[w]
@@ -1191,6 +1197,11 @@ class Jigsaw(Policy):
                     taken.update(devs)
                     spare = [d for d in spare if d not in taken]
                     n = sum(r.load for r in group)
+                    crowd = self._crowd_at(rnd, p, w) if self.config.spread_in_tail else None
+                    # (counting the requests this round's moves sent the group)
+                    if crowd is not None and n + sum(rnd.moved_in.get(r.id, (0, 0.0))[0] for r in group) >= crowd:
+                        plan = None
+                        break  # ``critical_spread`` would spread it again
                     c = sum(ctx[r.id] for r in group)
                     left = max(r.predicted_tokens_left for r in group)
                     end = max(end, switch + cost.migration_s(p.model, w, c) + _tail_s(cost, p.model, w, n, c, left))
@@ -1753,13 +1764,37 @@ class Jigsaw(Policy):
         rnd.spread = (p, self._fast_batch(state, p, tp, sum(r.kv_tokens for r in live) / running))
         return rnd.spread
 
+    def _crowd_at(self, rnd, p, width: int) -> int | None:
+        """The batch at which a width-``width`` replica of ``p`` counts as crowded, where
+        ``p`` is the pipeline ``critical_spread`` serves (None otherwise): twice the batch a
+        spread aims at (on that width under ``spread_in_tail``; at the launch width
+        without). No merge or re-shard leaves a replica of it that crowded: a spread would
+        undo it."""
+        pick = self._spread_pick(rnd) if self.config.critical_spread else None
+        if pick is None or pick[0] is not p:
+            return None
+        return 2 * (self._aim_batch(rnd, p, width) if self.config.spread_in_tail else pick[1])
+
+    def _aim_batch(self, rnd, p, width: int) -> int:
+        """The batch a spread of ``p`` aims at on a width-``width`` replica (``_fast_batch``
+        at the context its running requests hold), once a round per width."""
+        got = rnd.aim.get(width)
+        if got is None:
+            live = [r for r in p.replicas if not r.retiring]
+            running = sum(r.running for r in live)
+            ctx = sum(r.kv_tokens for r in live) / max(1, running)
+            got = rnd.aim[width] = self._fast_batch(rnd.state, p, width, ctx)
+        return got
+
     def _spread_critical(self, rnd, out) -> None:
         """``critical_spread``: the crowded rollout furthest from completing takes free
         devices its home has and devices whose owners can spare them until it drains, as
         new replicas that take running requests from the most loaded (``LaunchReplica``
-        with ``spread``). A replica is crowded at twice the batch a spread aims at, and the
-        tail consolidation merges none of the pipeline's replicas into a crowded one (no
-        spread and merge in turn)."""
+        with ``spread``). A replica is crowded at twice the batch a spread aims at
+        (``_crowd_at``), and the tail consolidation merges none of the pipeline's replicas
+        into a crowded one (no spread and merge in turn); under ``spread_in_tail`` a tail
+        spreads too, and a re-shard wider (``_widen_tails``) leaves no replica crowded
+        either."""
         if not rnd.free or not any(
                 not p.done and p.generating and any(not r.retiring for r in p.replicas) for p in rnd.state.order):
             return
@@ -1768,7 +1803,7 @@ class Jigsaw(Policy):
             return
         p, batch = pick
         state, cost, cfg = rnd.state, rnd.state.cost, self.config
-        if p.pending or self._in_tail(p):
+        if p.pending or (self._in_tail(p) and not cfg.spread_in_tail):
             return  # a tail is re-sharded wider instead (``_widen_tails``)
         live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
         if not live or max(r.running for r in live) < 2 * batch:
@@ -1780,6 +1815,8 @@ class Jigsaw(Policy):
         drain, last = max(((r.predicted_drain_s(), r) for r in live), key=lambda x: x[0])
         if last.running < 2 * batch:
             return  # the replica that ends last is not crowded: a spread would not end it sooner
+        if cfg.spread_in_tail and last.running < self._crowd_at(rnd, p, last.tp):
+            return  # nor at its own width (a re-shard made it wider)
         tp = self._bulk_tp(rnd, p)
         pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
         pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
