@@ -673,6 +673,26 @@ def test_a_thin_tail_is_still_resharded_wider():
         assert [d.absorb for d in out if isinstance(d, LaunchReplica)] == [(1, 2)]
 
 
+def test_a_spread_is_priced_on_the_new_replicas_width():
+    # p0, the run's last pipeline, decodes 32 requests 30K tokens into their responses on
+    # one widened replica. Spread onto single devices (its launch width), 4-8 requests each
+    # would decode slower than the 32 do 4-wide: no spread; 2-wide, the single devices end
+    # sooner and it spreads
+    def spread_of(devices):
+        reps = [replica("p0", 1, devices, [30000] * 32, [4000.0] * 32)]
+        p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=32)})
+        p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                                 done=True)
+        out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0, p1])))
+        return [d.devices for d in out if isinstance(d, LaunchReplica) and d.spread]
+
+    assert spread_of((0, 1, 2, 3)) == []
+    got = spread_of((0, 1))
+    assert got and all(len(g) == 1 for g in got)
+    # the premise: on one device even 8 of them decode a step slower than all 32 do 4-wide
+    assert COST.decode_step_s(MODEL, 1, 8, 8 * 30200.0) > COST.decode_step_s(MODEL, 4, 32, 32 * 30200.0)
+
+
 def _first_step_gang_state(p0_steps):
     """Both pipelines in their first step (no pace observed): p0's step 0 is ready to train
     on its idle home (0-3), with ``p0_steps`` steps in its run; p1, a one-step run, decodes

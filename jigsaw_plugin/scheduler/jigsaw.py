@@ -1827,7 +1827,9 @@ class Jigsaw(Policy):
         ctx = sum(r.kv_tokens for r in live) / max(1, running)
         per = max(1.0, load / (len(live) + len(groups)))
         step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
-        step_new = cost.decode_step_s(p.model, last.tp, max(1, round(per)), per * ctx)
+        # the slower of the relieved replica's step and a new replica's on its own width
+        # (narrower than a widened tail's: the requests it takes decode slower there)
+        step_new = max(cost.decode_step_s(p.model, w, max(1, round(per)), per * ctx) for w in (last.tp, tp))
         saved = drain * (1.0 - step_new / step_now)
         price = cost.context_switch_s(p.model, tp, train_state=False) + cost.migration_s(p.model, tp, per * ctx)
         if saved < cfg.min_gain * price:
