@@ -206,6 +206,8 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
             "p50_us": jig["scheduler"]["decision_p50_us"],
             "gap_recovered": _gap(by["verl-sync"], jig),
             "bound_ratio": by["verl-sync"]["makespan_s"] / jig["bounds"]["makespan_lower_bound_s"],
+            # the most any policy could gain over the best asynchronous run on the cost model
+            "async_bound_ratio": best_async["makespan_s"] / jig["bounds"]["makespan_lower_bound_s"],
             # the latency trade-off: each pipeline's mean step under jigsaw over its mean step
             # alone on its static share (verl-sync), the largest
             "max_step_ratio": max(pj["mean_step_s"] / by["verl-sync"]["pipelines"][name]["mean_step_s"]

@@ -210,7 +210,7 @@ the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync
         f"{'yes' if (summary[k]['gap_recovered'] or 0) >= 0.7 else 'no'} |"
         for k in ("a", "b", "c", "d")
     ) + f"""
-| jigsaw (async) / best of streamrl, areal, one-step-off >= 1.6x | (c) | {summary['c']['vs_best_async']:.2f}x vs {summary['c']['best_async']} | {'yes' if summary['c']['vs_best_async'] >= 1.6 else 'no'} |
+| jigsaw (async) / best of streamrl, areal, one-step-off >= 1.6x | (c) | {summary['c']['vs_best_async']:.2f}x vs {summary['c']['best_async']} (the makespan lower bound allows at most {summary['c']['async_bound_ratio']:.2f}x over it: jigsaw reaches {summary['c']['vs_best_async'] / summary['c']['async_bound_ratio']:.0%} of that) | {'yes' if summary['c']['vs_best_async'] >= 1.6 else 'no'} |
 """ + "".join(
         f"| no pipeline's mean step > 1.25x its mean step alone on its static share | ({k}) | "
         f"largest ratio {summary[k]['max_step_ratio']:.2f} | {'yes' if summary[k]['max_step_ratio'] <= 1.25 else 'no'} |\n"
