@@ -248,7 +248,7 @@ the synthetic mixes, where it is measured; the bundled workloads barely reach th
 from the most loaded, when the drain saved pays for the weight load and re-prefill);
 "no spread_in_tail" spreads no rollout down to its tail (`widen_requests` requests or
 fewer: re-sharded wider or merged instead; on: it spreads there too where the replica that
-ends last is crowded at its own width, and no merge or re-shard leaves a replica of it
+ends last is crowded at its own width, and no tail merge leaves a replica of it
 crowded; (a)-(f) reach no such state, its effect on the synthetic mixes is in
 docs/simulator.md);
 "no predicted_pace" treats no pipeline as critical before its first step ends (on: its

@@ -168,10 +168,10 @@ class JigsawConfig:
     # load and re-prefill; a long context's KV reads make the smaller batch decode faster
     critical_spread: bool = True
     # ... also where its requests are few enough to count as a tail (``widen_requests``),
-    # as long as the replica that ends last is crowded at its own width; no merge or
-    # re-shard then leaves a replica of it crowded (off: a tail is only re-sharded wider or
-    # merged, and the run's last pipeline decoded ~40 long-context requests a replica on 3
-    # replicas while 92 devices stood idle)
+    # as long as the replica that ends last is crowded at its own width; no tail merge then
+    # leaves a replica of it crowded (off: a tail is only re-sharded wider or merged, and
+    # the run's last pipeline decoded ~40 long-context requests a replica on 3 replicas,
+    # as wide as its 4-GPU nodes allow, while 92 devices stood idle)
     spread_in_tail: bool = True
     # before a pipeline's first step ends (no pace observed), it counts as critical for the
     # critical-path rules (``lend_to_critical``, ``critical_loans``, ``keep_critical_loans``,
@@ -1197,11 +1197,6 @@ class Jigsaw(Policy):
                     taken.update(devs)
                     spare = [d for d in spare if d not in taken]
                     n = sum(r.load for r in group)
-                    crowd = self._crowd_at(rnd, p, w) if self.config.spread_in_tail else None
-                    # (counting the requests this round's moves sent the group)
-                    if crowd is not None and n + sum(rnd.moved_in.get(r.id, (0, 0.0))[0] for r in group) >= crowd:
-                        plan = None
-                        break  # ``critical_spread`` would spread it again
                     c = sum(ctx[r.id] for r in group)
                     left = max(r.predicted_tokens_left for r in group)
                     end = max(end, switch + cost.migration_s(p.model, w, c) + _tail_s(cost, p.model, w, n, c, left))
@@ -1768,8 +1763,7 @@ class Jigsaw(Policy):
         """The batch at which a width-``width`` replica of ``p`` counts as crowded, where
         ``p`` is the pipeline ``critical_spread`` serves (None otherwise): twice the batch a
         spread aims at (on that width under ``spread_in_tail``; at the launch width
-        without). No merge or re-shard leaves a replica of it that crowded: a spread would
-        undo it."""
+        without). No tail merge leaves a replica of it that crowded: a spread would undo it."""
         pick = self._spread_pick(rnd) if self.config.critical_spread else None
         if pick is None or pick[0] is not p:
             return None
@@ -1793,8 +1787,7 @@ class Jigsaw(Policy):
         with ``spread``). A replica is crowded at twice the batch a spread aims at
         (``_crowd_at``), and the tail consolidation merges none of the pipeline's replicas
         into a crowded one (no spread and merge in turn); under ``spread_in_tail`` a tail
-        spreads too, and a re-shard wider (``_widen_tails``) leaves no replica crowded
-        either."""
+        spreads too (where ``_widen_tails`` has not re-sharded it this round)."""
         if not rnd.free or not any(
                 not p.done and p.generating and any(not r.retiring for r in p.replicas) for p in rnd.state.order):
             return
