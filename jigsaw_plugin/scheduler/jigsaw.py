@@ -1751,12 +1751,9 @@ class Jigsaw(Policy):
         p = max(left, key=lambda q: self._projected_finish_t(rnd, q))
         if not p.generating or self._rollout_cap(rnd, p) is not None:
             return None  # its rollout is not what sets the makespan now, or a batch of it waits to be trained
-        live = [r for r in p.replicas if not r.retiring]
-        running = sum(r.running for r in live)
-        if not running:
+        if not any(r.running for r in p.replicas if not r.retiring):
             return None
-        tp = self._bulk_tp(rnd, p)
-        rnd.spread = (p, self._fast_batch(state, p, tp, sum(r.kv_tokens for r in live) / running))
+        rnd.spread = (p, self._aim_batch(rnd, p, self._bulk_tp(rnd, p)))
         return rnd.spread
 
     def _crowd_at(self, rnd, p, width: int) -> int | None:
@@ -1770,8 +1767,9 @@ class Jigsaw(Policy):
         return 2 * (self._aim_batch(rnd, p, width) if self.config.spread_in_tail else pick[1])
 
     def _aim_batch(self, rnd, p, width: int) -> int:
-        """The batch a spread of ``p`` aims at on a width-``width`` replica (``_fast_batch``
-        at the context its running requests hold), once a round per width."""
+        """The batch a spread of ``p`` (the pipeline ``critical_spread`` serves) aims at on
+        a width-``width`` replica (``_fast_batch`` at the context its running requests
+        hold), once a round per width."""
         got = rnd.aim.get(width)
         if got is None:
             live = [r for r in p.replicas if not r.retiring]
