@@ -241,3 +241,18 @@ def test_a_run_prices_gangs_on_the_clusters_nodes():
     assert costs[4].f.gpus_per_node == 4 and costs[8].f.gpus_per_node == 8
     assert costs[4].gang_collective_s(model, 4, 1) == costs[8].gang_collective_s(model, 4, 1)
     assert costs[4].gang_collective_s(model, 8, 1) > 2 * costs[8].gang_collective_s(model, 8, 1)
+
+
+def test_a_replica_wider_than_a_node_all_reduces_over_its_nics():
+    # Qwen2.5-72B's default 8 devices on nodes of 4: its two all-reduces a layer cross the
+    # node NICs (25 GB/s on A100 against NVLink's 300), so a decode step costs more than
+    # the same replica inside one node of 8; the HBM and FLOP terms are the same
+    m = model_profile("qwen2.5-72b")
+    a100 = hardware_profile("a100")
+    inside, across = CostModel.for_nodes(a100, 8), CostModel.for_nodes(a100, 4)
+    assert inside.rollout_width(m) == across.rollout_width(m) == 8
+    for batch in (1, 64, 256):
+        assert across.decode_step_s(m, 8, batch, batch * 4000.0) > inside.decode_step_s(m, 8, batch, batch * 4000.0)
+    # a replica within the node is priced alike on either
+    assert across.decode_step_s(m, 4, 64, 64 * 4000.0) == inside.decode_step_s(m, 4, 64, 64 * 4000.0)
+    assert across.rollout_width(m, 4) == 4  # the spec's width is kept

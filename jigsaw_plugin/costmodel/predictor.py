@@ -125,6 +125,16 @@ class CostModel:
         return cls(hardware, dataclasses.replace(f, gpus_per_node=max(1, int(gpus_per_node))))
 
     # ---- rollout (one replica of ``tp`` devices) --------------------------------------
+    def rollout_width(self, model: ModelProfile, requested: int | None = None) -> int:
+        """A rollout replica's width: ``requested`` (the spec's ``rollout_tp``) or the
+        model's default, grown (over the widths vLLM can shard it on) until the weights leave
+        room for a KV cache. It may be wider than a node (the 72B's 8 on nodes of 4): such a
+        replica spans whole nodes and runs its all-reduces over their NICs (``_tp_comm_s``)."""
+        tp = requested or model.default_tp
+        while (self.kv_capacity_tokens(model, tp) <= 0 or not model.fits_tp(tp)) and tp < 8:
+            tp *= 2
+        return tp
+
     def kv_capacity_tokens(self, model: ModelProfile, tp: int, other_bytes: float = 0.0) -> int:
         """Tokens of KV cache one replica can hold. ``other_bytes`` per device are taken by
         other pipelines' resident weights (multiplexing shrinks caches)."""
@@ -166,11 +176,13 @@ class CostModel:
                 2.0 * model.params / (self.hw.flops * self.f.decode_mfu))
 
     def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
-        """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices."""
+        """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices
+        (over NVLink within a node, over the node NICs for a replica wider than a node)."""
         if tp <= 1:
             return 0.0
         nbytes = tokens * model.hidden * 2 * 2 * (tp - 1) / tp  # bf16, ring all-reduce
-        per = self.f.allreduce_latency_s + nbytes / (self.hw.link_gbps * 1e9 * self.f.link_eff)
+        link = self.hw.link_gbps if tp <= self.f.gpus_per_node else self.hw.internode_gbps
+        per = self.f.allreduce_latency_s + nbytes / (link * 1e9 * self.f.link_eff)
         return 2 * model.layers * per
 
     def prefill_s(self, model: ModelProfile, tp: int, tokens: float) -> float:

@@ -216,10 +216,7 @@ def _price(c) -> float:
 
 
 def _rollout_tp(p, cost) -> int:
-    tp = p.spec.rollout_tp or p.model.default_tp
-    while cost.kv_capacity_tokens(p.model, tp) <= 0 and tp < 8:
-        tp *= 2
-    return tp
+    return cost.rollout_width(p.model, p.spec.rollout_tp)
 
 
 def replica_curve(p, cost, tp: int, st: dict, tail_tokens: float, samples: int) -> tuple:

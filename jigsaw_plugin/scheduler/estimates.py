@@ -18,13 +18,8 @@ __all__ = ["rollout_tp", "split_rollout_sizes", "length_stats", "observed_stats"
 
 
 def rollout_tp(pipeline, cost) -> int:
-    """The replica size: the spec's ``rollout_tp`` or the model's default, grown (over the
-    widths vLLM can shard the model on) until the weights leave room for a KV cache."""
-    m = pipeline.model
-    tp = pipeline.spec.rollout_tp or m.default_tp
-    while (cost.kv_capacity_tokens(m, tp) <= 0 or not m.fits_tp(tp)) and tp < 8:
-        tp *= 2
-    return tp
+    """The replica size (``CostModel.rollout_width`` of the spec's ``rollout_tp``)."""
+    return cost.rollout_width(pipeline.model, pipeline.spec.rollout_tp)
 
 
 def split_rollout_sizes(tp: int, model, cost, devices: int) -> range:
