@@ -692,6 +692,33 @@ def test_a_spread_is_priced_on_the_new_replicas_width():
     assert COST.decode_step_s(MODEL, 1, 8, 8 * 30200.0) > COST.decode_step_s(MODEL, 4, 32, 32 * 30200.0)
 
 
+def _wide_replica_state(busy=()):
+    """p0, the run's last pipeline, decodes 200 requests on one 4-wide replica (its spec's
+    ``rollout_tp``) on nodes of two devices: the replica spans nodes 0 and 1. Nodes 2 and 3
+    (devices 4-7) are free but for ``busy``."""
+    n = 200
+    reps = [replica("p0", 1, (0, 1, 2, 3), [8000] * n, [4000.0] * n)]
+    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=n)},
+                  spec=dataclasses.replace(SPECS[0], rollout_tp=4))
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    taken = _busy_with_replicas([p0])
+    taken.update({d: DeviceTask("stage", "p1") for d in busy})
+    st = state([p0, p1], busy=taken)
+    return dataclasses.replace(st, gpus_per_node=2, devices=tuple(dataclasses.replace(v, node=v.id // 2)
+                                                                   for v in st.devices))
+
+
+def test_a_replica_wider_than_a_node_spreads_onto_whole_free_nodes():
+    # a spread replica as wide as the crowded one takes two whole free nodes (a node-local
+    # group of 4 never exists on nodes of 2: such a rollout never grew past its launch);
+    # with a device of one of them busy, no two whole nodes are free and nothing launches
+    out = get_policy("jigsaw").decide(_wide_replica_state())
+    assert [d.devices for d in out if isinstance(d, LaunchReplica) and d.spread] == [(4, 5, 6, 7)]
+    assert not [d for d in get_policy("jigsaw").decide(_wide_replica_state(busy=(5,)))
+                if isinstance(d, LaunchReplica)]
+
+
 def _first_step_gang_state(p0_steps):
     """Both pipelines in their first step (no pace observed): p0's step 0 is ready to train
     on its idle home (0-3), with ``p0_steps`` steps in its run; p1, a one-step run, decodes

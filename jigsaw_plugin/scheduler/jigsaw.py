@@ -1280,8 +1280,16 @@ class Jigsaw(Policy):
 
     def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
-        preferring the pipeline's home and resident devices; () when no node has ``w``."""
+        preferring the pipeline's home and resident devices; () when no node has ``w``. A
+        width wider than a node (a spec's ``rollout_tp``, or a model no node holds) takes
+        whole nodes, as its replicas at launch do."""
         by_node = self._by_node(rnd.state, self._affinity(rnd, p, devices, "rollout"))
+        gpn = max(1, rnd.state.gpus_per_node)
+        if w > gpn:
+            whole = [ds for ds in by_node.values() if len(ds) == gpn]
+            if w % gpn or len(whole) < w // gpn:
+                return ()
+            return tuple(d for ds in whole[:w // gpn] for d in ds)
         for node in sorted(by_node, key=lambda n: -len(by_node[n])):
             if len(by_node[node]) >= w:
                 return tuple(by_node[node][:w])
