@@ -50,7 +50,7 @@ __all__ = ["Bounds", "compute_bounds", "gap_breakdown", "rollout_split", "idle_g
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
 
-_TP = (1, 2, 4, 8)
+_TP = (1, 2, 4, 8, 16, 32, 64)
 _INF = float("inf")
 
 
@@ -70,10 +70,18 @@ class Bounds:
 
 
 def _widths(cost, model, limit: int) -> list[int]:
-    """Replica widths a schedule can use: within a node, sharding the model as vLLM can
-    (``ModelProfile.fits_tp``), leaving KV room."""
+    """Replica widths a schedule can use: up to ``limit`` (``_width_limit``), sharding the
+    model as vLLM can (``ModelProfile.fits_tp``), leaving KV room."""
     return ([tp for tp in _TP if tp <= max(1, limit) and model.fits_tp(tp) and cost.kv_capacity_tokens(model, tp) > 0]
             or [max(1, limit)])
+
+
+def _width_limit(costs, p, gpn: int) -> int:
+    """The widest replica ``p``'s rollout may run on: a node, or its own replica width where
+    that is wider (a 72B's 8 devices on nodes of 4 span two; such a replica reads its
+    weights in half the time of one within a node, so a bound held to a node's width is no
+    bound for it)."""
+    return max([gpn] + [c.rollout_width(p.model, p.spec.rollout_tp) for c in costs])
 
 
 def _decode_token_device_s(cost, model, limit: int) -> float:
@@ -203,9 +211,10 @@ def compute_bounds(ex) -> Bounds:
     critical = 0.0
     for p in ex.order:
         m = p.model
-        per_token = min(_decode_token_device_s(c, m, gpn) for c in costs)
-        tail_token = min(_tail_token_s(c, m, gpn) for c in costs)
-        prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, gpn))
+        limit = _width_limit(costs, p, gpn)
+        per_token = min(_decode_token_device_s(c, m, limit) for c in costs)
+        tail_token = min(_tail_token_s(c, m, limit) for c in costs)
+        prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
         chain = 0.0
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
