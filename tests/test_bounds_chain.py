@@ -78,3 +78,25 @@ def test_no_policy_beats_the_bounds_with_replicas_wider_than_a_node():
     for name, predictor in runs:
         r = Simulation(wl, get_policy(name), seed=0, predictor=predictor).run()
         assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"], (name, predictor, r["makespan_s"], r["bounds"])
+
+
+def test_two_updates_that_cannot_hold_their_state_at_once_are_both_on_the_chain():
+    # a 14B PPO step's critic and actor updates need 4 devices each: on 8 they may run side
+    # by side and the chain counts the longer; on 6 at most one progresses at a time, so the
+    # chain counts both (and every policy, jigsaw's concurrent stages included, stays above)
+    from jigsaw_plugin.core.bounds import _alongside
+
+    chains = {}
+    for gpus in (6, 8):
+        wl = small_workload(gpus=gpus, pipelines=1, prompts=4, samples=4, steps=2, median=300,
+                            models=("qwen2.5-14b",), algorithms=("ppo",), agentic=(False,), modes=("sync",),
+                            staleness=(0,))
+        for name in ("verl-sync", "jigsaw"):
+            sim = Simulation(wl, get_policy(name), seed=0)
+            r = sim.run()
+            assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"], (gpus, name)
+        p = sim.world.order[0]
+        pair = [p.stages[i] for i in _alongside(sim.world, p)]
+        chains[gpus] = pair
+    assert "update_critic" in chains[8] and "update_critic" not in chains[6]
+    assert "old_log_prob" in chains[6]  # forward passes hold no optimizer state: 1 device each

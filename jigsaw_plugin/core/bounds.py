@@ -158,10 +158,13 @@ def _step_fixed_s(ex, p, last: bool) -> float:
 
 def _alongside(ex, p) -> list:
     """Indices of ``p``'s stages that may run alongside the next on executor ``ex``
-    (``RunStage.alongside``, ``algorithms.ALONGSIDE``)."""
+    (``RunStage.alongside``, ``algorithms.ALONGSIDE``) where its pool holds a gang of each
+    at once (``_both_fit``)."""
     if not getattr(ex, "supports_concurrent_stages", False):
         return []
-    return [i for i, stage in enumerate(p.stages) if may_run_alongside(stage, p.stages, i)]
+    costs = _class_costs(ex)
+    return [i for i, stage in enumerate(p.stages) if may_run_alongside(stage, p.stages, i)
+            and _both_fit(costs, p.model, stage, p.stages[i + 1], ex.gpus)]
 
 
 def _pass_device_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
@@ -190,6 +193,15 @@ def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
         for w in range(min(c.stage_min_gang(model, stage), gpus), gpus + 1):
             best = min(best, max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s))
     return best
+
+
+def _both_fit(costs, model, a: str, b: str, gpus: int) -> bool:
+    """Whether passes ``a`` and ``b`` can run at once: the pool holds a gang of each (each
+    at least the devices that hold its state, ``stage_min_gang``, at its least over the
+    device classes). Where it cannot, at most one of them progresses at any moment, and
+    the pair costs the sum of their fastest times (a 72B PPO step's two updates, 17
+    devices each, on 32)."""
+    return sum(min(c.stage_min_gang(model, s) for c in costs) for s in (a, b)) <= gpus
 
 
 def _stage_fixed_device_s(costs, model, stage: str) -> float:
@@ -244,7 +256,7 @@ def compute_bounds(ex) -> Bounds:
                         passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
             # a pass run alongside the next overlaps it: the pair costs the longer of the two
             # (each on its fastest gang: the two gangs are at most the pool between them, so
-            # neither is faster than its own fastest)
+            # neither is faster than its own fastest), where the pool holds both (``_alongside``)
             train = sum(passes.values()) - sum(min(passes[p.stages[i]], passes[p.stages[i + 1]])
                                                for i in _alongside(ex, p) if p.stages[i] in passes)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
