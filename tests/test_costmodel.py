@@ -256,3 +256,15 @@ def test_a_replica_wider_than_a_node_all_reduces_over_its_nics():
     # a replica within the node is priced alike on either
     assert across.decode_step_s(m, 4, 64, 64 * 4000.0) == inside.decode_step_s(m, 4, 64, 64 * 4000.0)
     assert across.rollout_width(m, 4) == 4  # the spec's width is kept
+
+
+def test_a_pass_over_no_tokens_still_needs_a_gang_that_holds_the_model():
+    # a forward stage whose early passes read every token still runs (its fixed cost, its
+    # place in the step's order): a gang narrower than the weights is no cheaper, it cannot
+    # load them. Priced free, the policy once sent a 72B's 0-token log-prob pass to 1 device
+    m = model_profile("qwen2.5-72b")
+    a100 = CostModel(hardware_profile("a100"))
+    need = a100.min_gang(m, update=False)
+    assert need > 1
+    assert a100.forward_s(m, need - 1, 0) == float("inf") and a100.forward_s(m, need, 0) == 0.0
+    assert a100.train_s(m, a100.min_gang(m, update=True) - 1, 0) == float("inf")

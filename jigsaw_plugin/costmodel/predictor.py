@@ -201,10 +201,10 @@ class CostModel:
         infinite on fewer devices than hold the weights (``min_gang``). ``nodes``: the gang's
         devices on each node it spans (None: placed as well as its width allows); the
         pass runs in the fastest sharding layout they allow (``shard_sizes``)."""
+        if devices < self.min_gang(model, update=False):
+            return math.inf  # even over no tokens (all read by early passes): it cannot load
         if tokens <= 0:
             return 0.0
-        if devices < self.min_gang(model, update=False):
-            return math.inf
         per_device = tokens / self.gang_speedup(devices)
         micro = max(1, math.ceil(per_device / self.f.forward_micro_batch_tokens))
         each = min(self.micro_batch_s(model, devices, per_device / micro, backward=False, shard=s)
@@ -217,10 +217,10 @@ class CostModel:
         per optimizer step, more where a mini-batch overflows a device's micro-batch budget;
         infinite on fewer devices than hold the training state (``min_gang``). ``nodes`` as
         in ``forward_s``."""
-        if tokens <= 0:
-            return 0.0
         if devices < self.min_gang(model, update=True):
             return math.inf
+        if tokens <= 0:
+            return 0.0
         per_device = tokens / self.gang_speedup(devices)
         micro = max(self.f.ppo_mini_batches, math.ceil(per_device / self.f.micro_batch_tokens))
         return self.f.train_stage_overhead_s + min(
