@@ -266,6 +266,10 @@ passes past their efficient width gain; on (a)-(d) no pair gained that much, (f)
 "no reward_wait" has a pipeline waiting on its sandboxed rewards want its home at once (on:
 it lends it for the shortest such wait its earlier steps saw; (a)-(d) have no sandboxed
 reward; its effect on the synthetic mixes is in docs/simulator.md);
+"no early_in_reward_wait" leaves a step generated in full idle until its rewards are in
+(on: its forward passes run during the wait, for the shortest such wait its earlier steps
+saw, as verl's `launch_reward_fn_async` overlaps them; (a)-(d) have no sandboxed reward,
+(f) 1744.7 -> 1742.8 s; its effect on the synthetic mixes is in docs/simulator.md);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware

@@ -159,3 +159,32 @@ def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
                                 dict(done=31, started=(200.0, 300.0))])
 def test_policy_sends_no_early_pass_too_soon_unsupported_with_little_left_or_off_the_critical_path(kw):
     assert not _early(get_policy("jigsaw", migration=False).decide(_tail_state(**kw)))
+
+
+def _reward_wait_state(waits, gen_end=320.0):
+    """p0's step 1 generated all 32 trajectories at ``gen_end`` and waits on 22 rewards
+    (a sandbox), no replica left, its home (0-3) free; p1 waits for its step 1; p0 is on the
+    critical path at its observed pace (it started its step 1 later). ``waits``: the reward
+    waits its earlier steps saw (``stage_history_s["reward"]``)."""
+    import dataclasses
+
+    view = dataclasses.replace(step(1, samples=32, done=32, rewarded=10), gen_start_t=300.0,
+                               finished_tokens=32 * 750, gen_end_t=gen_end)
+    other = dataclasses.replace(step(1), gen_start_t=200.0)
+    p0 = dataclasses.replace(pipeline(0, range(4), gen_next=2, train_next=1, version=1, steps={1: view}),
+                             stage_history_s={"reward": tuple(waits)} if waits else {})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: other})
+    st = state([p0, p1], t=gen_end + 5.0)
+    return dataclasses.replace(st, early_passes=True)
+
+
+def test_policy_runs_the_passes_that_need_no_reward_while_a_sandbox_scores_the_step():
+    # earlier steps waited at least 200 s on their rewards after their last trajectory: the
+    # log-prob pass over the whole step runs now, on the idle home, as verl's
+    # launch_reward_fn_async overlaps it; not before any wait was seen, nor with the switch off
+    (early,) = _early(get_policy("jigsaw").decide(_reward_wait_state([200.0, 260.0])))
+    assert early.stage == "old_log_prob" and early.tokens == 0 and set(early.devices) <= {0, 1, 2, 3}
+    assert not _early(get_policy("jigsaw").decide(_reward_wait_state([])))
+    assert not _early(get_policy("jigsaw", early_in_reward_wait=False).decide(_reward_wait_state([200.0])))
+    # the wait seen is nearly over: too little time left to read a pass's fixed cost's worth
+    assert not _early(get_policy("jigsaw").decide(_reward_wait_state([6.0])))

@@ -219,6 +219,10 @@ class JigsawConfig:
     early_from: float = 0.5  # ... once this fraction of the step's trajectories has finished
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
     early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
+    # ... and while a step whose trajectories are all generated waits on their rewards (a
+    # sandbox), for the shortest such wait its earlier steps saw (``_reward_wait_s``): the
+    # passes that need no reward run beside it, as verl's ``launch_reward_fn_async`` does
+    early_in_reward_wait: bool = True
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # an async pipeline with a batch to train keeps its training gang's devices: its next
     # rollout holds at most the rollout part of a split of its home balanced from what it
@@ -1402,8 +1406,11 @@ class Jigsaw(Policy):
                 continue  # a pipeline off the critical path would take devices the critical one could use
             if s.samples - s.gen_done > p.load():
                 continue  # trajectories in tool calls come back for their next turn: not a tail
-            # the rollout's projected end reads its requests' predictions: only now
+            # the rollout's projected end reads its requests' predictions: only now; a step
+            # generated in full waits on its rewards for about as long as its earlier steps did
             drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            if cfg.early_in_reward_wait:
+                drain = max(drain, self._reward_wait_s(p, state.t))
             home = set(rnd.share[p.name])
             pool = [d for d in sorted(rnd.free) if d in home]
             pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
