@@ -1383,8 +1383,10 @@ class Jigsaw(Policy):
     def _early_passes(self, rnd, out) -> None:
         """Run a forward pass over a generating step's finished trajectories on devices left
         free this round (its home's, then devices lent for as long as its rollout is
-        projected to run), once the rollout is down to its tail, for a pipeline on the job
-        set's critical path at its observed pace. The stage's own pass after the tail then
+        projected to run), once the rollout is down to its tail or, under
+        ``early_in_reward_wait``, the step waits on its rewards (for the shortest such wait
+        its earlier steps saw), for a pipeline on the job set's critical path at its
+        observed pace. The stage's own pass after the tail then
         reads only the rest: the step's chain shortens by what was read early, on devices
         that would otherwise wait for the tail. The narrowest gang that reads all the
         finished tokens before the rollout is projected to end; else every free device,
