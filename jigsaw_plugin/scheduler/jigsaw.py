@@ -316,6 +316,11 @@ def _limit_of(r, engine_max: int) -> int | None:
     return r.max_seqs if r.max_seqs < engine_max else None
 
 
+def _running_context(live) -> float:
+    """Mean context (KV tokens) of the sequences ``live`` replicas run now (0 if none)."""
+    return sum(r.kv_tokens for r in live) / max(1, sum(r.running for r in live))
+
+
 def _ended(out: list) -> set:
     """Replicas this round's decisions retire or absorb (they may close at once)."""
     ended = {d.replica for d in out if isinstance(d, RetireReplica)}
@@ -1789,9 +1794,7 @@ class Jigsaw(Policy):
         hold), once a round per width."""
         got = rnd.aim.get(width)
         if got is None:
-            live = [r for r in p.replicas if not r.retiring]
-            running = sum(r.running for r in live)
-            ctx = sum(r.kv_tokens for r in live) / max(1, running)
+            ctx = _running_context([r for r in p.replicas if not r.retiring])
             got = rnd.aim[width] = self._fast_batch(rnd.state, p, width, ctx)
         return got
 
@@ -1831,8 +1834,7 @@ class Jigsaw(Policy):
         groups = self._take_groups(rnd, p, pool, [d for r in live for d in r.devices], tp, [], want)
         if not groups:
             return
-        running = sum(r.running for r in live)
-        ctx = sum(r.kv_tokens for r in live) / max(1, running)
+        ctx = _running_context(live)
         per = max(1.0, load / (len(live) + len(groups)))
         step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
         # the slower of the relieved replica's step and a new replica's on its own width
