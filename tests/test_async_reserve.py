@@ -10,7 +10,7 @@ import numpy as np
 
 from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.ids import RequestId
-from jigsaw_plugin.scheduler import LaunchReplica, RunStage, StartGen, get_policy
+from jigsaw_plugin.scheduler import LaunchReplica, RetireReplica, RunStage, StartGen, get_policy
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -129,3 +129,30 @@ def test_the_rollout_grows_where_no_batch_waits():
     out = get_policy("jigsaw").decide(_state(p, busy))
     grown = {x for d in out if isinstance(d, LaunchReplica) for x in d.devices}
     assert grown and grown <= set(range(2, GPUS))
+
+
+def _batch_waits_on_an_empty_rollout(devices):
+    # step 0 is generated and waits for its log-prob pass; step 1's rollout holds one
+    # replica on ``devices``, empty: its trajectories are all in tool calls
+    rep = _replica(10, devices, running=0, queued=0)
+    busy = {d: DeviceTask("replica", "p0", replica=10) for d in devices}
+    p = _pipeline({0: _step(0, done=True), 1: _step(1, done=False)}, gen_next=2, replicas=[rep], generating=True)
+    return _state(p, busy)
+
+
+def test_an_empty_rollout_replica_yields_the_home_to_a_waiting_batch():
+    # kept, the replica would hold all 8 devices until step 1's last trajectory ends and
+    # the batch would wait that long: it goes, and the log-prob pass starts on the home
+    st = _batch_waits_on_an_empty_rollout(tuple(range(GPUS)))
+    out = get_policy("jigsaw").decide(st)
+    assert RetireReplica(10) in out
+    gang, _ = _split(out)
+    assert gang
+    # with the switch off the replica stays for its trajectories' next turns
+    out = get_policy("jigsaw", async_reserve=False).decide(st)
+    assert RetireReplica(10) not in out and not _split(out)[0]
+
+
+def test_an_empty_rollout_replica_stays_where_the_free_devices_hold_a_gang():
+    out = get_policy("jigsaw").decide(_batch_waits_on_an_empty_rollout((0, 1, 2, 3)))
+    assert RetireReplica(10) not in out and _split(out)[0] <= set(range(4, GPUS))

@@ -161,18 +161,20 @@ def test_policy_sends_no_early_pass_too_soon_unsupported_with_little_left_or_off
     assert not _early(get_policy("jigsaw", migration=False).decide(_tail_state(**kw)))
 
 
-def _reward_wait_state(waits, gen_end=320.0):
+def _reward_wait_state(waits, gen_end=320.0, reward_s=0.0):
     """p0's step 1 generated all 32 trajectories at ``gen_end`` and waits on 22 rewards
     (a sandbox), no replica left, its home (0-3) free; p1 waits for its step 1; p0 is on the
     critical path at its observed pace (it started its step 1 later). ``waits``: the reward
-    waits its earlier steps saw (``stage_history_s["reward"]``)."""
+    waits its earlier steps saw (``stage_history_s["reward"]``); ``reward_s``: the mean
+    reward of its trajectories so far (``LengthSummary.reward_s``)."""
     import dataclasses
 
     view = dataclasses.replace(step(1, samples=32, done=32, rewarded=10), gen_start_t=300.0,
                                finished_tokens=32 * 750, gen_end_t=gen_end)
     other = dataclasses.replace(step(1), gen_start_t=200.0)
-    p0 = dataclasses.replace(pipeline(0, range(4), gen_next=2, train_next=1, version=1, steps={1: view}),
-                             stage_history_s={"reward": tuple(waits)} if waits else {})
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, steps={1: view})
+    p0 = dataclasses.replace(p0, stage_history_s={"reward": tuple(waits)} if waits else {},
+                             lengths=dataclasses.replace(p0.lengths, reward_s=reward_s))
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: other})
     st = state([p0, p1], t=gen_end + 5.0)
     return dataclasses.replace(st, early_passes=True)
@@ -188,3 +190,7 @@ def test_policy_runs_the_passes_that_need_no_reward_while_a_sandbox_scores_the_s
     assert not _early(get_policy("jigsaw", early_in_reward_wait=False).decide(_reward_wait_state([200.0])))
     # the wait seen is nearly over: too little time left to read a pass's fixed cost's worth
     assert not _early(get_policy("jigsaw").decide(_reward_wait_state([6.0])))
+    # no step's wait seen yet (a pipeline's first step), but its trajectories' rewards have
+    # taken 200 s each on average: the step's last one will too
+    (early,) = _early(get_policy("jigsaw").decide(_reward_wait_state([], reward_s=200.0)))
+    assert early.stage == "old_log_prob" and early.tokens == 0

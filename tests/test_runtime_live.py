@@ -88,6 +88,10 @@ def test_a_live_run_measures_its_tool_calls_from_call_to_return():
     mean = sum(drawn) / len(drawn)
     # wall-clock sleeps at 1/50 of workload time: late by scheduling jitter, never early
     assert mean - 1e-3 <= seen.tool_mean_s() <= mean + 0.5
+    # and each reward from its trajectory's last token to its score
+    rewards = [float(x) for x in smp.reward_latency_s]
+    assert seen.rewards == len(rewards)
+    assert sum(rewards) / len(rewards) - 1e-3 <= seen.reward_mean_s() <= sum(rewards) / len(rewards) + 0.5
 
 
 def test_a_spread_replica_takes_live_requests_and_loses_none():

@@ -13,7 +13,8 @@ from jigsaw_plugin.hookspecs import hookimpl
 from jigsaw_plugin.manager import get_plugin_manager, register
 from jigsaw_plugin.runtime.emulated import EmulatedEngine
 from jigsaw_plugin.runtime.live import run_live
-from jigsaw_plugin.scheduler import get_policy
+from jigsaw_plugin.scheduler import RetireReplica, get_policy
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.sim import Simulation
 from sim_helpers import small_workload
 
@@ -329,3 +330,41 @@ def test_the_state_shows_the_mean_latency_of_returned_tool_calls():
     drawn = [float(smp.tool_latency_s[int(smp.turn_offset[i]) + t]) for i in range(len(smp.turns))
              for t in range(int(smp.turns[i]) - 1)]
     assert tools.tools == len(drawn) and tools.tool_mean_s() == pytest.approx(sum(drawn) / len(drawn))
+
+
+def test_the_state_shows_the_mean_latency_of_computed_rewards():
+    # p1's sandboxed rewards take their drawn latencies from each trajectory's last token;
+    # the state shows their mean (what the jigsaw policy's reward-wait horizon reads)
+    wl = small_workload(gpus=8, prompts=4, samples=2, steps=1, agentic=(False, True))
+    sim = Simulation(wl, get_policy("jigsaw"))
+    sim.run()
+    p1 = sim.world.pipelines["p1"]
+    drawn = [float(x) for x in p1.steps[0].samples.reward_latency_s]
+    assert p1.observed.rewards == len(drawn) and p1.observed.reward_mean_s() == pytest.approx(sum(drawn) / len(drawn))
+    assert sim.world.snapshot().pipelines["p1"].lengths.reward_s == pytest.approx(sum(drawn) / len(drawn))
+
+
+class _RetireEmpty(Jigsaw):
+    """The jigsaw policy, retiring every empty replica of a generating pipeline as soon as
+    it is empty (its trajectories in tool calls then come back to no replica)."""
+
+    retired = 0
+
+    def decide(self, state):
+        out = super().decide(state)
+        gone = {d.replica for d in out if isinstance(d, RetireReplica)}
+        for p in state.order:
+            for r in p.replicas:
+                if p.generating and not r.load and not r.retiring and r.id not in gone:
+                    out.append(RetireReplica(r.id))
+                    self.retired += 1
+        return out
+
+
+def test_a_turn_that_returns_to_no_replica_gets_a_decide_round():
+    # a trajectory back from its tool call with no replica left waits in ``pending``; the
+    # simulator must ask the policy then (it stalled when no other event was due)
+    wl = small_workload(gpus=4, pipelines=1, prompts=4, samples=2, steps=2, agentic=(True,), algorithms=("grpo",))
+    policy = _RetireEmpty()
+    r = Simulation(wl, policy).run()
+    assert policy.retired and r["pipelines"]["p0"]["steps"] == 2

@@ -625,7 +625,11 @@ class ExecutorCore:
             self._emit("jigsaw_stage_start", pipeline=p.name, step=s.step, stage="reward", devices=(),
                        samples=s.n, tokens=s.generated, t=self.t)
 
-    def _rewarded(self, p: PipelineRun, s: StepRun) -> None:
+    def _rewarded(self, p: PipelineRun, s: StepRun, latency_s: float | None = None) -> None:
+        """A trajectory's reward is in, ``latency_s`` after its generation ended (where the
+        executor timed it: the policy sees the mean, ``LengthSummary.reward_s``)."""
+        if latency_s is not None:
+            p.observed.record_reward(latency_s)
         s.n_rewarded += 1
         if s.n_rewarded == s.n:
             s.reward_end_t = self.t

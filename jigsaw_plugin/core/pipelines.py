@@ -114,9 +114,12 @@ def sample_tokens(samples) -> tuple[int, int]:
 class ObservedLengths:
     """Running means of finished trajectories (what a live host has seen): prompt tokens,
     generated tokens, whole context, turns. Empty until the first trajectory finishes.
-    Also the mean latency of the tool calls that have returned (``tools`` of them)."""
+    Also the mean latency of the tool calls that have returned (``tools`` of them) and of
+    the rewards computed so far (``rewards`` of them, each from its trajectory's last token:
+    a sandbox running tests, a reward model), where the executor timed them."""
 
-    __slots__ = ("count", "longest", "_prompt", "_generated", "_context", "_turns", "tools", "_tool_s")
+    __slots__ = ("count", "longest", "_prompt", "_generated", "_context", "_turns", "tools", "_tool_s",
+                 "rewards", "_reward_s")
 
     def __init__(self):
         self.count = 0
@@ -124,6 +127,16 @@ class ObservedLengths:
         self._prompt = self._generated = self._context = self._turns = 0.0
         self.tools = 0
         self._tool_s = 0.0
+        self.rewards = 0
+        self._reward_s = 0.0
+
+    def record_reward(self, latency_s: float) -> None:
+        self.rewards += 1
+        self._reward_s += latency_s
+
+    def reward_mean_s(self) -> float:
+        """Mean seconds from a trajectory's last token to its reward; 0.0 before any."""
+        return self._reward_s / self.rewards if self.rewards else 0.0
 
     def record_tool(self, latency_s: float) -> None:
         self.tools += 1

@@ -986,17 +986,18 @@ def prior_summary(spec) -> LengthSummary:
 
 def _lengths(p, cache: "_PipelineCache") -> LengthSummary:
     """The pipeline's ``LengthSummary``; the one ``cache`` holds while no trajectory has
-    finished and no tool call returned since it was made (the means change only then)."""
+    finished, no tool call returned and no reward was computed since it was made (the means
+    change only then)."""
     o = p.observed
     kept = cache.lengths
-    seen = (o.count, o.tools)
+    seen = (o.count, o.tools, o.rewards)
     if kept is not None and kept[0] is o and kept[1] == seen:
         return kept[2]
     if not o.count:
-        summary = replace(prior_summary(p.spec), tool_s=o.tool_mean_s())
+        summary = replace(prior_summary(p.spec), tool_s=o.tool_mean_s(), reward_s=o.reward_mean_s())
     else:
         summary = LengthSummary(o.count, o.mean("prompt", 0), o.mean("generated", 0), o.mean("context", 0),
-                                o.mean("turns", 1), float(o.longest), o.tool_mean_s())
+                                o.mean("turns", 1), float(o.longest), o.tool_mean_s(), o.reward_mean_s())
     cache.lengths = (o, seen, summary)
     return summary
 

@@ -277,12 +277,13 @@ class LiveExecutor(ExecutorCore):
         s.min_version = min(s.min_version, version)
         self.sample_versions[p.name][s.step][version] += 1
         self._trajectory_finished(p, s, i)
+        scored_t = self.t
         reward_s = float(smp.reward_latency_s[i]) * self.time_scale
         if self.tools is not None and p.spec.reward.kind == "sandbox":  # the tool server's sandbox
             await self.tools.reward(p.name, s.step, rid, prompt, context[len(prompt):], mask, reward_s)
         else:
             await asyncio.sleep(reward_s)
-        self._rewarded(p, s)
+        self._rewarded(p, s, self.t - scored_t)
 
     def _sampling(self, request_id: str) -> dict:
         """The run's sampling keywords, with a per-request seed (the samples of one GRPO

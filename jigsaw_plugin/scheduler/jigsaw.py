@@ -40,7 +40,9 @@ runs much slower than on its static share; every device its owner is not using i
   at the batch the KV cache holds for the observed context (wider for long contexts);
 - asynchronous pipelines (``async_reserve``): while a generated step waits to be trained,
   the next step's rollout (which the staleness bound lets start) and the training gang
-  split the home, balanced from the observed lengths; the gang's part stays free for it;
+  split the home, balanced from the observed lengths; the gang's part stays free for it,
+  and an empty replica kept for trajectories in tool calls yields it to a batch ready to
+  train;
 - heterogeneous pools (``cost_aware``): rollout replicas on the cheapest devices per
   token that keep the learner fed within the staleness bound, training on the trainer's
   site (scheduler/activation.py);
@@ -134,9 +136,9 @@ class JigsawConfig:
     # soon: they wait, the makespan does not (docs/simulator.md)
     lend_to_critical: bool = True
     # an owner whose step has generated every trajectory and waits on their rewards (a
-    # sandbox running each one's tests) lends its home for as long as its earlier steps
-    # waited at least (observed: the shortest such wait, less the time waited so far);
-    # off, and before any step's rewards are in, it wants its home at once (docs/simulator.md)
+    # sandbox running each one's tests) lends its home for as long as the wait is projected
+    # from the rewards seen so far (``_reward_wait_s``, less the time waited); off, and
+    # before any reward was timed, it wants its home at once (docs/simulator.md)
     reward_wait: bool = True
     # makespan-aware shares: each round, the pool is re-apportioned among the unfinished
     # pipelines so that they are projected to finish together (their remaining work that
@@ -220,8 +222,8 @@ class JigsawConfig:
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
     early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
     # ... and while a step whose trajectories are all generated waits on their rewards (a
-    # sandbox), for the shortest such wait its earlier steps saw (``_reward_wait_s``): the
-    # passes that need no reward run beside it, as verl's ``launch_reward_fn_async`` does
+    # sandbox), for as long as the wait is projected from earlier rewards (``_reward_wait_s``):
+    # the passes that need no reward run beside it, as verl's ``launch_reward_fn_async`` does
     early_in_reward_wait: bool = True
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # an async pipeline with a batch to train keeps its training gang's devices: its next
@@ -598,11 +600,27 @@ class Jigsaw(Policy):
                     continue
                 # mid-generation keep one replica: trajectories in tool calls come back to it
                 keep = p.generating and (not self.config.resize or p.pending > 0 or len(live) == 1)
+                if keep and len(live) == 1 and self._yields_to_batch(rnd, p):
+                    keep = False
                 if not keep:
                     out.append(RetireReplica(r.id))
                     rnd.gone.add(r.id)
                     rnd.free.update(r.devices)
                     live.remove(r)
+
+    def _yields_to_batch(self, rnd, p) -> bool:
+        """``async_reserve``: ``p``'s last replica, empty (its trajectories are in tool
+        calls), holds more of the home than the rollout's cap while a batch of ``p`` is
+        ready to train and the free devices hold no gang for it: it goes, and the
+        trajectories' next turns start on a replica within the cap (re-prefilling their
+        context). Kept, it would hold the batch back until the rollout's last trajectory
+        ends, which overlaps nothing: an agent whose turns wait on tools leaves it empty."""
+        stage = p.next_stage
+        if stage is None:
+            return False
+        cap = self._rollout_cap(rnd, p)
+        return (cap is not None and self._rollout_held(rnd, p) > cap
+                and len(rnd.free) < rnd.state.cost.stage_min_gang(p.model, stage))
 
     def _demands(self, rnd, out) -> list:
         demands = []
@@ -758,15 +776,18 @@ class Jigsaw(Policy):
     @staticmethod
     def _reward_wait_s(o, t: float) -> float:
         """``reward_wait``: how long ``o``, whose step has generated every trajectory and
-        waits on their rewards, leaves its home unused: the shortest wait from a step's last
-        generated trajectory to its last reward that its earlier steps saw, less the time it
-        has waited so far. 0 (it wants its home now) before any step's rewards were in,
-        or when nothing waits on rewards."""
+        waits on their rewards, leaves its home unused, less the time it has waited so far:
+        at least the shortest wait from a step's last generated trajectory to its last reward
+        that its earlier steps saw, and at least the mean reward of the trajectories so far
+        (the step's last trajectory takes one too: this holds from a pipeline's first step).
+        0 (it wants its home now) before any reward was timed, or when nothing waits on
+        rewards."""
         s = o.steps.get(o.train_next)
-        waits = o.stage_history_s.get("reward")
-        if s is None or not waits or s.gen_end_t is None or s.gen_done < s.samples or s.rewarded >= s.samples:
+        if s is None or s.gen_end_t is None or s.gen_done < s.samples or s.rewarded >= s.samples:
             return 0.0
-        return max(0.0, min(waits) - (t - s.gen_end_t))
+        waits = o.stage_history_s.get("reward")
+        wait = max(min(waits) if waits else 0.0, o.lengths.reward_s)
+        return max(0.0, wait - (t - s.gen_end_t))
 
     def _paused(self, rnd, p) -> bool:
         rs = p.running_stage
@@ -1389,8 +1410,8 @@ class Jigsaw(Policy):
         """Run a forward pass over a generating step's finished trajectories on devices left
         free this round (its home's, then devices lent for as long as its rollout is
         projected to run), once the rollout is down to its tail or, under
-        ``early_in_reward_wait``, the step waits on its rewards (for the shortest such wait
-        its earlier steps saw), for a pipeline on the job set's critical path at its
+        ``early_in_reward_wait``, the step waits on its rewards (for as long as
+        ``_reward_wait_s`` projects), for a pipeline on the job set's critical path at its
         observed pace. The stage's own pass after the tail then
         reads only the rest: the step's chain shortens by what was read early, on devices
         that would otherwise wait for the tail. The narrowest gang that reads all the

@@ -224,6 +224,9 @@ class LengthSummary:
     turns: float
     longest_generated: float  # the longest trajectory seen (prior: the budget)
     tool_s: float = 0.0  # mean latency of the tool calls returned so far (0.0 before any)
+    # mean latency of the rewards computed so far, each from its trajectory's last token
+    # (0.0 before any was timed)
+    reward_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

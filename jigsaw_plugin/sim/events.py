@@ -83,11 +83,12 @@ class RewardDone(Event):
     """A sample's reward is computed: it is ready for training."""
 
     priority = 3
-    __slots__ = ("pipeline", "step", "version")
+    __slots__ = ("pipeline", "step", "version", "latency_s")
 
-    def __init__(self, t, pipeline, step, version):
+    def __init__(self, t, pipeline, step, version, latency_s):
         super().__init__(t)
         self.pipeline, self.step, self.version = pipeline, step, version
+        self.latency_s = latency_s  # from the trajectory's last token
 
     def handle(self, world) -> None:
         world.on_reward_done(self)

@@ -143,8 +143,9 @@ class World(ExecutorCore):
             prev = r.replica
             live = [x for x in p.replicas if not x.retiring]
             rep = self.policy.route(live, r)
-            if rep is None:
+            if rep is None:  # no replica takes it: the policy decides where it goes
                 p.pending.append(r)
+                self.dirty = True
                 continue
             if rep is not prev:
                 r.cached = 0  # another server: no prefix cache for this trajectory
@@ -561,7 +562,8 @@ class World(ExecutorCore):
         self._trajectory_finished(p, s, r.sample)
         s.min_version = min(s.min_version, r.version)
         self.sample_versions[p.name][r.step][r.version] += 1
-        self._push(RewardDone(self.t + float(smp.reward_latency_s[r.sample]), p.name, r.step, r.version))
+        latency = float(smp.reward_latency_s[r.sample])
+        self._push(RewardDone(self.t + latency, p.name, r.step, r.version, latency))
 
     def on_tool_done(self, r: Request) -> None:
         p = self.pipelines[r.pipeline]
@@ -573,7 +575,7 @@ class World(ExecutorCore):
 
     def on_reward_done(self, ev: RewardDone) -> None:
         p = self.pipelines[ev.pipeline]
-        self._rewarded(p, p.steps[ev.step])
+        self._rewarded(p, p.steps[ev.step], ev.latency_s)
 
     # ---- preemption mechanics (sim.preemption decides when) -------------------------------
     def stage_run_on(self, device: int) -> _StageRun | None:
