@@ -844,3 +844,27 @@ def test_an_owner_waiting_on_its_rewards_lends_its_home_for_the_wait_it_has_seen
     # the wait it has seen is over: it wants its home back
     late = dataclasses.replace(p1, steps={0: dataclasses.replace(waiting, gen_end_t=-10.0)})
     assert not borrowed([p0, late])
+
+
+def test_a_spread_counts_the_requests_queued_behind_a_full_kv_cache():
+    # p0, the run's last pipeline, has 4 single-device replicas whose KV caches are full:
+    # each runs 32 requests 24K tokens into their responses and queues 32 more. On the 4
+    # free devices each replica would hold 32 requests, as many as it runs now, but none
+    # queued: its load drains in one wave instead of two, so the rollout spreads (priced on
+    # the decode step alone it would not: the batch each replica runs stays the same)
+    def crowded(rid, device):
+        run, queued, ctx = 32, 32, 24000.0
+        kv = run * ctx
+        return ReplicaView(rid, "p0", (device,), run, queued, kv, float(COST.kv_capacity_tokens(MODEL, 1)), 256,
+                           False, COST.decode_step_s(MODEL, 1, run, kv), 0.0,
+                           _Requests("p0", rid, [23800] * (run + queued), [4000.0] * (run + queued)))
+
+    reps = [crowded(i + 1, i) for i in range(4)]
+    assert all(r.kv_tokens > 0.95 * r.kv_capacity for r in reps)
+    p0 = pipeline(0, range(4), reps, generating=True, gen_next=1, steps={0: step(0, samples=256)})
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    st = state([p0, p1], busy=_busy_with_replicas([p0, p1]))
+    out = get_policy("jigsaw").decide(st)
+    spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
+    assert spread and {x for d in spread for x in d.devices} <= {4, 5, 6, 7}

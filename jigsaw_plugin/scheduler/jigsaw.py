@@ -1858,16 +1858,27 @@ class Jigsaw(Policy):
         ctx = _running_context(live)
         per = max(1.0, load / (len(live) + len(groups)))
         step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
-        # the slower of the relieved replica's step and a new replica's on its own width
-        # (narrower than a widened tail's: the requests it takes decode slower there)
-        step_new = max(cost.decode_step_s(p.model, w, max(1, round(per)), per * ctx) for w in (last.tp, tp))
-        saved = drain * (1.0 - step_new / step_now)
+        # a replica runs what its KV cache holds and queues the rest: its drain is its load in
+        # waves of that batch. The slower of the relieved replica and a new one on its own
+        # width (narrower than a widened tail's: the requests it takes decode slower there)
+        waves_now_s = step_now * last.load / max(1, last.running)
+        waves_new_s = max(self._waves_s(state, p, w, per, ctx) for w in (last.tp, tp))
+        saved = drain * (1.0 - waves_new_s / waves_now_s)
         price = cost.context_switch_s(p.model, tp, train_state=False) + cost.migration_s(p.model, tp, per * ctx)
         if saved < cfg.min_gain * price:
             return
         for g in groups:
             out.append(LaunchReplica(p.name, g, spread=True))
             rnd.free.difference_update(g)
+
+    @staticmethod
+    def _waves_s(state, p, width: int, load: float, ctx: float) -> float:
+        """Seconds a width-``width`` replica of ``p`` takes per token of its ``load``
+        requests at context ``ctx``: a decode step of the batch its KV cache holds (at most
+        ``max_num_seqs``), once per wave of that batch the load makes."""
+        cost = state.cost
+        run = min(load, state.max_num_seqs, max(1.0, cost.kv_capacity_tokens(p.model, width) / max(ctx, 1.0)))
+        return cost.decode_step_s(p.model, width, max(1, round(run)), run * ctx) * load / run
 
     def _home_returning(self, rnd, p, now: int, want: int) -> bool:
         """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,
