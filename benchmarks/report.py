@@ -264,12 +264,16 @@ later of the two ends at least 10% sooner than the two in turn, as OpenRLHF runs
 passes past their efficient width gain; on (a)-(d) no pair gained that much, (f) seed 0
 1883.1 -> 1836.6 s on the build of stop 36; its effect on the synthetic mixes is in docs/simulator.md);
 "no reward_wait" has a pipeline waiting on its sandboxed rewards want its home at once (on:
-it lends it for the shortest such wait its earlier steps saw; (a)-(d) have no sandboxed
+it lends it for the wait projected from earlier rewards; (a)-(d) have no sandboxed
 reward; its effect on the synthetic mixes is in docs/simulator.md);
 "no early_in_reward_wait" leaves a step generated in full idle until its rewards are in
-(on: its forward passes run during the wait, for the shortest such wait its earlier steps
-saw, as verl's `launch_reward_fn_async` overlaps them; (a)-(d) have no sandboxed reward,
+(on: its forward passes run during the wait, for the wait projected from earlier rewards,
+as verl's `launch_reward_fn_async` overlaps them; (a)-(d) have no sandboxed reward,
 (f) 1744.7 -> 1742.8 s; its effect on the synthetic mixes is in docs/simulator.md);
+"no early_in_tool_calls" counts a step with a trajectory in a tool call as no tail, so
+no early pass runs while its last trajectories wait on tools (on: the rollout's projected
+end is then at least their calls'; (a)-(e) unchanged; its effect on the synthetic mixes is
+in docs/simulator.md);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware

@@ -194,3 +194,20 @@ def test_policy_runs_the_passes_that_need_no_reward_while_a_sandbox_scores_the_s
     # taken 200 s each on average: the step's last one will too
     (early,) = _early(get_policy("jigsaw").decide(_reward_wait_state([], reward_s=200.0)))
     assert early.stage == "old_log_prob" and early.tokens == 0
+
+
+def test_policy_runs_a_pass_while_trajectories_are_in_tool_calls():
+    # 28 of 32 trajectories finished, one request on the replica and three in tool calls of
+    # 60 s on average (3 turns a trajectory): the rollout runs at least until those are back,
+    # so the pass reads every finished token by then, where the replica's own short drain
+    # would let it read only a part; with early_in_tool_calls off, no pass
+    import dataclasses
+
+    st = _tail_state(done=28, tokens_each=75000, left=2000)
+    p0 = st.order[0]
+    p0 = dataclasses.replace(p0, lengths=dataclasses.replace(p0.lengths, tool_s=60.0, turns=3.0))
+    st = dataclasses.replace(st, order=(p0, st.order[1]))
+    assert p0.steps[1].samples - p0.steps[1].gen_done > p0.load()
+    (early,) = _early(get_policy("jigsaw", migration=False).decide(st))
+    assert early.stage == "old_log_prob" and early.tokens == 0 and set(early.devices) <= {1, 2, 3}
+    assert not _early(get_policy("jigsaw", migration=False, early_in_tool_calls=False).decide(st))

@@ -225,6 +225,10 @@ class JigsawConfig:
     # sandbox), for as long as the wait is projected from earlier rewards (``_reward_wait_s``):
     # the passes that need no reward run beside it, as verl's ``launch_reward_fn_async`` does
     early_in_reward_wait: bool = True
+    # ... and while trajectories of the step are in tool calls, the rollout's projected end
+    # then at least their calls' (``_tool_calls_left_s``): off, a step with a trajectory in
+    # a tool call counts as no tail
+    early_in_tool_calls: bool = True
     split_async: bool = False  # split an async pipeline's home into rollout and training parts
     # an async pipeline with a batch to train keeps its training gang's devices: its next
     # rollout holds at most the rollout part of a split of its home balanced from what it
@@ -722,10 +726,8 @@ class Jigsaw(Policy):
             if (o.lengths.tool_s > 0 and sum(1 for r in o.replicas if not r.retiring) == 1
                     and self._between_turns(o) > o.load()):
                 # the last replica stays for the next turns of the trajectories in tool calls
-                # (``_retire_drained``): each returns after its call, then may call again (about
-                # half the observed mean turns left), so what it holds now does not say when
-                # it empties
-                return max(drain, o.lengths.tool_s * max(1.0, (o.lengths.turns - 1) / 2))
+                # (``_retire_drained``), so what it holds now does not say when it empties
+                return max(drain, self._tool_calls_left_s(o))
             return drain
         o = state.pipelines[task.pipeline]
         if task.stage is not None and task.stage == o.alongside_stage:
@@ -736,6 +738,13 @@ class Jigsaw(Policy):
             return max(0.0, rs.boundary_t - state.t)  # being handed back at the next boundary
         end = o.running_stage_end_t
         return max(0.0, end - state.t) if end is not None else 0.0
+
+    @staticmethod
+    def _tool_calls_left_s(p) -> float:
+        """How long ``p``'s trajectories in tool calls keep its rollout going at least: each
+        returns after its call, then may call again, about half the observed mean turns
+        left, at the observed mean call (``LengthSummary.tool_s``; at least one call)."""
+        return p.lengths.tool_s * max(1.0, (p.lengths.turns - 1) / 2)
 
     @staticmethod
     def _between_turns(p) -> int:
@@ -1432,11 +1441,14 @@ class Jigsaw(Policy):
                 continue
             if not self._paced_critical(rnd, p):
                 continue  # a pipeline off the critical path would take devices the critical one could use
-            if s.samples - s.gen_done > p.load():
+            in_tools = s.samples - s.gen_done > p.load()
+            if in_tools and not cfg.early_in_tool_calls:
                 continue  # trajectories in tool calls come back for their next turn: not a tail
             # the rollout's projected end reads its requests' predictions: only now; a step
             # generated in full waits on its rewards for about as long as its earlier steps did
             drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            if in_tools:  # ... and one with trajectories in tool calls waits on them too
+                drain = max(drain, self._tool_calls_left_s(p))
             if cfg.early_in_reward_wait:
                 drain = max(drain, self._reward_wait_s(p, state.t))
             home = set(rnd.share[p.name])
