@@ -156,3 +156,15 @@ def test_an_empty_rollout_replica_yields_the_home_to_a_waiting_batch():
 def test_an_empty_rollout_replica_stays_where_the_free_devices_hold_a_gang():
     out = get_policy("jigsaw").decide(_batch_waits_on_an_empty_rollout((0, 1, 2, 3)))
     assert RetireReplica(10) not in out and _split(out)[0] <= set(range(4, GPUS))
+
+
+def test_a_step_waiting_on_its_rewards_keeps_its_gangs_part_of_the_home():
+    # step 0 is generated in full, half its rewards still computing (a sandbox): step 1's
+    # rollout, which may start now, takes only its part of the home, as once the rewards
+    # are in; with no cap it took the whole home and the gang waited for its tail
+    waiting = StepView(0, SAMPLES, SAMPLES, SAMPLES // 2, SAMPLES * 750, 0.0, {}, {}, 0)
+    p = _pipeline({0: waiting}, gen_next=1)
+    out = get_policy("jigsaw").decide(_state(p))
+    _, rollout = _split(out)
+    assert StartGen("p0", 1) in out and rollout and len(rollout) < GPUS
+    assert not [d for d in out if isinstance(d, RunStage)]  # nothing to train before the rewards

@@ -1973,14 +1973,16 @@ class Jigsaw(Policy):
         the split of the home that balances the next step's generation against this step's
         training (both projected from the lengths observed so far; a whole number of
         replicas, at least one). While no batch waits (the step to train next is still
-        generating) the rollout is what holds the training back: no cap."""
+        generating) the rollout is what holds the training back: no cap. A step generated
+        in full counts as waiting while its rewards are computed (a sandbox): the gang
+        will want its part when they are in, and a rollout started in the wait would hold it."""
         if p.name in rnd.rollout_cap:
             return rnd.rollout_cap[p.name]
         cap = None
         s = p.steps.get(p.train_next)
         cfg = self.config
         if (cfg.async_reserve and cfg.resize and p.spec.mode == "async" and not p.done
-                and s is not None and s.rewarded >= s.samples):
+                and s is not None and s.gen_done >= s.samples):
             cost, stats = rnd.state.cost, observed_stats(p)
             tp = self._bulk_tp(rnd, p)
             n = len(rnd.share[p.name])
