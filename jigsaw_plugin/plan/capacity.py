@@ -215,10 +215,6 @@ def _price(c) -> float:
     return c.price_per_hour if c.price_per_hour is not None else 1.0
 
 
-def _rollout_tp(p, cost) -> int:
-    return cost.rollout_width(p.model, p.spec.rollout_tp)
-
-
 def replica_curve(p, cost, tp: int, st: dict, tail_tokens: float, samples: int) -> tuple:
     """One replica's (q, samples/s, tail s) for q samples of a step on it. Throughput: decode
     steps for the mean response plus the prefill of the batch's prompts, at a batch of
@@ -285,7 +281,7 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     rates = []
     for k, c in enumerate(classes):
         avail = c.count - (trainer_gpus if k == t else 0)
-        tp = _rollout_tp(p, costs[k])
+        tp = costs[k].rollout_width(p.model, p.spec.rollout_tp)
         if avail < tp:
             continue
         # every replica the class could run receives each version over its link (an upper bound)
@@ -296,7 +292,7 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     if not rates:
         raise SpecError("cluster", workload.cluster.to_dict(),
                         f"devices left for rollout beside the trainer's {trainer_gpus} (at least one replica of "
-                        f"{_rollout_tp(p, costs[t])} device(s))")
+                        f"{costs[t].rollout_width(p.model, p.spec.rollout_tp)} device(s))")
     inputs = CapacityInputs(spec.name, spec.staleness, spec.samples_per_step, home.name, trainer_gpus, _price(home),
                             train_estimate_s(p, costs[t], trainer_gpus, st),
                             costs[t].weight_sync_s(p.model, colocated=False, cross_node=True),
