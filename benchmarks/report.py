@@ -274,6 +274,9 @@ as verl's `launch_reward_fn_async` overlaps them; (a)-(d) have no sandboxed rewa
 no early pass runs while its last trajectories wait on tools (on: the rollout's projected
 end is then at least their calls'; (a)-(e) unchanged; its effect on the synthetic mixes is
 in docs/simulator.md);
+"no grow_at_home" keeps a running stage off the critical path at the width it started
+with, its own home's devices left idle beside it (on: it grows onto them at its next
+micro-batch boundary; its effect on the synthetic mixes is in docs/simulator.md);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware

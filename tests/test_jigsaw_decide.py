@@ -427,6 +427,28 @@ def test_an_owner_whose_stage_cannot_grow_leaves_the_critical_pipeline_its_loan(
     assert shrinks(ready) == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3))]
 
 
+def test_a_stage_off_the_critical_path_grows_onto_its_own_free_home_devices_only():
+    # p0's update_actor runs on half its home (0-1); 2-3 came back free. p1, projected last,
+    # decodes a long tail on device 4 with 5-7 free. p0 is off the critical path, so no
+    # loan: it grows onto its own 2-3 alone (``grow_at_home``), never onto p1's 5-7
+    rs = RunningStageView(1, "update_actor", (0, 1), None, 6, 8, 105.0, True)
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    busy = {4: DeviceTask("replica", "p1", replica=5), **{d: DeviceTask("stage", "p0", stage="update_actor")
+                                                           for d in (0, 1)}}
+    ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=8_000_000), 20.0)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                  running_end=300.0, running_stage=rs, steps={1: ready})
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=3, train_next=2, version=2, generating=True,
+                  steps={2: StepView(2, 32, 31, 31, 0, 90.0, {}, {}, 1)})
+
+    def grown(**opts):
+        out = get_policy("jigsaw", migration=False, **opts).decide(state([p0, p1], busy=busy))
+        return [d for d in out if isinstance(d, ResizeStage)]
+
+    assert grown() == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3))]
+    assert grown(grow_at_home=False) == []
+
+
 def _rollout_ready_home_returning(boundary_in_s):
     """p0's step 1 may start generating; its home device 0 is free, devices 1-3 are lent to
     p1's update_actor, which hands them back at its boundary ``boundary_in_s`` from now."""

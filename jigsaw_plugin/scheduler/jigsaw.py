@@ -22,7 +22,8 @@ runs much slower than on its static share; every device its owner is not using i
   stage starts on its home plus devices lendable for one micro-batch (``loans``, off by
   default); ``critical_loans`` (on) grows only the critical pipeline's running stage,
   and (``keep_critical_loans``) an owner that could not use its lent devices leaves them
-  with the critical pipeline;
+  with the critical pipeline; any running stage grows onto its own home's devices that
+  nothing else took (``grow_at_home``);
 - tails priced in device-seconds: a replica decoding at a small batch (a few long
   requests, where a token costs many times its ideal) hands them to a sibling with room
   (abort + resume) when the device-seconds freed outweigh the re-prefill and the
@@ -121,6 +122,11 @@ class JigsawConfig:
     # pipeline: it would leave them idle (they sat idle 30-40 s between a PPO agent's
     # critic and actor updates on (a)). Owners with ready work still reclaim at once
     keep_critical_loans: bool = True
+    # a running stage off the critical path (no loans for it) still grows at its micro-batch
+    # boundaries onto its own home's devices that nothing else took this round: no owner
+    # waits for them, and they sat idle beside it (8 devices for 26 s on (a), a 4-device
+    # log-prob pass of 48 s next to its own home's freed devices)
+    grow_at_home: bool = True
     # a step's rollout that could start on only part of the replicas it wants waits, when
     # home devices for at least as many more are projected free within ``home_wait`` of its
     # projected generation: an engine admits a whole batch at once and admitted requests
@@ -547,7 +553,7 @@ class Jigsaw(Policy):
             self._spread_critical(rnd, out)
         if cfg.early_passes and state.early_passes and cfg.resize:
             self._early_passes(rnd, out)
-        if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
+        if cfg.resize and (cfg.grow_at_home or (cfg.multiplex and (cfg.loans or cfg.critical_loans))):
             self._grow_stages(rnd, out)
         if admit:
             self._limit_admission(rnd, out)
@@ -922,10 +928,13 @@ class Jigsaw(Policy):
         """Running stages take the free devices left, furthest-from-completion first: their
         own home devices, then devices lent for at least a micro-batch. With ``loans`` off
         and ``critical_loans`` on, only the critical pipeline's stage grows, and onto the
-        devices ``lend_to_critical`` lends it."""
-        state = rnd.state
+        devices ``lend_to_critical`` lends it; with ``grow_at_home``, the others onto their
+        own home's free devices alone."""
+        state, cfg = rnd.state, self.config
+        lending = cfg.multiplex and (cfg.loans or cfg.critical_loans)
         running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
-                   and p.running_stage.micro_batches_left >= 2 and self._stage_may_grow(rnd, p)]
+                   and p.running_stage.micro_batches_left >= 2
+                   and (cfg.grow_at_home or self._stage_may_grow(rnd, p))]
         running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
         for p in running:
             if not rnd.free:
@@ -937,8 +946,10 @@ class Jigsaw(Policy):
             home = set(rnd.share[p.name])
             own = [d for d in sorted(rnd.free) if d in home]
             g0 = len(base)
-            lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
-                                  training=not self.config.loans)
+            lend = []
+            if lending and self._stage_may_grow(rnd, p):
+                lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
+                                      training=not cfg.loans)
             add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
             if not add:
                 continue
@@ -1888,9 +1899,8 @@ class Jigsaw(Policy):
         """Seconds a width-``width`` replica of ``p`` takes per token of its ``load``
         requests at context ``ctx``: a decode step of the batch its KV cache holds (at most
         ``max_num_seqs``), once per wave of that batch the load makes."""
-        cost = state.cost
-        run = min(load, state.max_num_seqs, max(1.0, cost.kv_capacity_tokens(p.model, width) / max(ctx, 1.0)))
-        return cost.decode_step_s(p.model, width, max(1, round(run)), run * ctx) * load / run
+        run = max(1.0, min(load, _batch_held(state, p.model, width, max(ctx, 1.0))))
+        return state.cost.decode_step_s(p.model, width, round(run), run * ctx) * load / run
 
     def _home_returning(self, rnd, p, now: int, want: int) -> bool:
         """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,
