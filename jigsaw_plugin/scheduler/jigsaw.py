@@ -826,8 +826,9 @@ class Jigsaw(Policy):
         return self._has_ready_work(o)
 
     def _stage_may_grow(self, rnd, p) -> bool:
-        """``p``'s running stage may grow at its boundaries: every stage with ``loans``, the
-        critical pipeline's alone with ``critical_loans``."""
+        """``p``'s running stage may grow at its boundaries onto lent devices: every stage
+        with ``loans``, the critical pipeline's alone with ``critical_loans`` (onto its own
+        home's free devices, every stage may: ``grow_at_home``)."""
         return self.config.loans or self._paced_critical(rnd, p)
 
     def _has_ready_work(self, o) -> bool:
