@@ -2,6 +2,7 @@
 and the jigsaw policy's choice on a hand-built state (docs/simulator.md, "Early forward
 passes")."""
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -201,8 +202,6 @@ def test_policy_runs_a_pass_while_trajectories_are_in_tool_calls():
     # 60 s on average (3 turns a trajectory): the rollout runs at least until those are back,
     # so the pass reads every finished token by then, where the replica's own short drain
     # would let it read only a part; with early_in_tool_calls off, no pass
-    import dataclasses
-
     st = _tail_state(done=28, tokens_each=75000, left=2000)
     p0 = st.order[0]
     p0 = dataclasses.replace(p0, lengths=dataclasses.replace(p0.lengths, tool_s=60.0, turns=3.0))
