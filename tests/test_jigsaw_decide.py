@@ -890,3 +890,31 @@ def test_a_spread_counts_the_requests_queued_behind_a_full_kv_cache():
     out = get_policy("jigsaw").decide(st)
     spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
     assert spread and {x for d in spread for x in d.devices} <= {4, 5, 6, 7}
+
+
+def test_an_agent_whose_trajectories_are_in_tool_calls_lends_its_home_for_their_turns():
+    # p1, an agent off the critical path, decodes one last short turn on device 4 while 11
+    # of its step's trajectories are in tool calls (30 s each, 5 turns a trajectory:
+    # ``tool_wait`` projects 60 s before its rollout can end); its drain alone says a
+    # second. p0's update (loans on) grows onto p1's free 5-7 for its micro-batches;
+    # without ``tool_wait`` p1 looks about to want them back and p0 keeps its width, and
+    # so it does when p1 is the pipeline projected last (its turns must not wait on a loan)
+    rs = RunningStageView(1, "update_actor", (0, 1, 2, 3), None, 6, 8, 105.0, True)
+    last = [replica("p1", 5, (4,), generated=[3000], predicted=[50])]
+    busy = {4: DeviceTask("replica", "p1", replica=5), **{d: DeviceTask("stage", "p0", stage="update_actor")
+                                                           for d in range(4)}}
+
+    def grown(p0_start=90.0, p1_start=20.0, **opts):
+        # each pipeline's observed pace projects its run to end at gen_start_t x steps / train_next
+        ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=800_000), p0_start)
+        p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                      running_end=300.0, running_stage=rs, steps={1: ready})
+        p1 = pipeline(1, range(4, 8), replicas=last, gen_next=3, train_next=2, version=2, generating=True,
+                      steps={2: _paced(step(2, samples=32, done=20), p1_start)})
+        p1 = dataclasses.replace(p1, lengths=dataclasses.replace(p1.lengths, turns=5.0, tool_s=30.0))
+        out = get_policy("jigsaw", migration=False, loans=True, **opts).decide(state([p0, p1], busy=busy))
+        return [d for d in out if isinstance(d, ResizeStage)]
+
+    assert grown() == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3, 5, 6, 7))]
+    assert grown(tool_wait=False) == []
+    assert grown(p0_start=20.0, p1_start=90.0) == []

@@ -23,7 +23,9 @@ runs much slower than on its static share; every device its owner is not using i
   default); ``critical_loans`` (on) grows only the critical pipeline's running stage,
   and (``keep_critical_loans``) an owner that could not use its lent devices leaves them
   with the critical pipeline; any running stage grows onto its own home's devices that
-  nothing else took (``grow_at_home``);
+  nothing else took (``grow_at_home``); an agent off the critical path whose
+  trajectories are in tool calls lends its home for their projected calls and next turns
+  (``tool_wait``);
 - tails priced in device-seconds: a replica decoding at a small batch (a few long
   requests, where a token costs many times its ideal) hands them to a sibling with room
   (abort + resume) when the device-seconds freed outweigh the re-prefill and the
@@ -146,6 +148,10 @@ class JigsawConfig:
     # from the rewards seen so far (``_reward_wait_s``, less the time waited); off, and
     # before any reward was timed, it wants its home at once (docs/simulator.md)
     reward_wait: bool = True
+    # an owner off the critical path generating while trajectories of its step are in tool
+    # calls wants its home back no sooner than their calls and next turns are projected to
+    # take (``_tool_calls_left_s``): its replicas' drains say nothing of the turns to come
+    tool_wait: bool = True
     # makespan-aware shares: each round, the pool is re-apportioned among the unfinished
     # pipelines so that they are projected to finish together (their remaining work that
     # spreads over devices, plus each step's longest response that does not), never below
@@ -781,6 +787,13 @@ class Jigsaw(Policy):
             got = max(0.0, min(ends) - state.t) if ends else 0.0
         elif o.generating:
             got = max((r.predicted_drain_s() for r in o.replicas), default=0.0)
+            if (self.config.tool_wait and o.lengths.tool_s > 0 and self._between_turns(o) > 0
+                    and not self._paced_critical(rnd, o)):
+                # trajectories in tool calls come back for more turns: the rollout, and the
+                # training after it, are that far off at least, whatever the replicas hold now
+                # (an owner on the critical path keeps its claim: its next turns would wait
+                # for a loan to end, and they set the makespan)
+                got = max(got, self._tool_calls_left_s(o))
         elif self.config.reward_wait:
             got = self._reward_wait_s(o, state.t)
         else:
