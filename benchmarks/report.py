@@ -277,6 +277,10 @@ in docs/simulator.md);
 "no grow_at_home" keeps a running stage off the critical path at the width it started
 with, its own home's devices left idle beside it (on: it grows onto them at its next
 micro-batch boundary; its effect on the synthetic mixes is in docs/simulator.md);
+"no tool_wait" projects an agent's claim on its home from its replicas' drains alone
+(on: an agent off the critical path whose trajectories are in tool calls wants it back no
+sooner than their projected calls and next turns; (a)-(e) unchanged, (f) 1741.9 -> 1730.5 s;
+its effect on the synthetic mixes is in docs/simulator.md);
 "with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
