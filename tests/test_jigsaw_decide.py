@@ -918,3 +918,31 @@ def test_an_agent_whose_trajectories_are_in_tool_calls_lends_its_home_for_their_
     assert grown() == [ResizeStage("p0", 1, "update_actor", (0, 1, 2, 3, 5, 6, 7))]
     assert grown(tool_wait=False) == []
     assert grown(p0_start=20.0, p1_start=90.0) == []
+
+
+def test_the_critical_pipelines_next_gang_is_not_lent_away_while_its_advantages_compute():
+    # p1 (home 2-3) is projected last at its observed pace; p0 (home 0-1) has slack and its
+    # step's log-prob pass is ready; devices 4-7 belong to no one. With p1 in its
+    # advantage computation (host side, ending in 0.05 s) and its update next, p0's pass
+    # keeps to its home: a gang on 4-7 would hold them through p1's update. Switched off,
+    # or when p0 is the one projected last, p0 borrows them. When both passes are ready in
+    # one round (their steps' projected ends tie: p0 would go first), p1's gang forms first.
+    def decide(p1_stage, p0_start=100.0, p1_start=300.0, **opts):
+        def ready(started):
+            return _paced(step(1, samples=32, done=32, rewarded=32, tokens=32 * 900), started)
+
+        running = p1_stage == "adv"
+        p0 = pipeline(0, range(2), gen_next=2, train_next=1, version=1, steps={1: ready(p0_start)})
+        p1 = pipeline(1, range(2, 4), gen_next=2, train_next=1, version=1, stage_next=2 if running else 3,
+                      stage_running=running, running_end=100.05 if running else None, steps={1: ready(p1_start)})
+        out = get_policy("jigsaw", migration=False, **opts).decide(state([p0, p1]))
+        return {d.pipeline: (d.stage, set(d.devices)) for d in out if isinstance(d, RunStage)}
+
+    assert decide("adv") == {"p0": ("old_log_prob", {0, 1})}
+    off = decide("adv", critical_claim=False)
+    assert off["p0"][1] > {0, 1, 4}
+    assert decide("adv", p0_start=300.0, p1_start=100.0)["p0"][1] > {0, 1, 4}
+    first = decide("update_actor")["p1"]  # its narrowest gang that is no slower: 3 devices
+    assert first[0] == "update_actor" and len(first[1]) > 2
+    off = decide("update_actor", critical_claim=False)
+    assert off["p0"][1] >= {0, 1, 4, 5, 6, 7} and off["p1"] == ("update_actor", {2, 3})

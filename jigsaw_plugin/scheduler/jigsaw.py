@@ -9,7 +9,10 @@ the device is free, at the borrower's next micro-batch boundary when a training 
 holds it, by migrating a borrowed rollout replica's requests to a sibling), so no pipeline
 runs much slower than on its static share; every device its owner is not using is lent:
 
-- service order: ready work is served longest-remaining-step first; with ``priority`` on,
+- service order: ready work is served longest-remaining-step first, the stage of the
+  pipeline on the critical path at its observed pace before the others'
+  (``critical_claim``, which also lends no other gang devices beyond its home while that
+  pipeline computes its advantages with a training stage next); with ``priority`` on,
   in order of each pipeline's predicted completion of its whole run (on its static share,
   from what it has observed), furthest first, which also grants tail moves more slack on
   pipelines with headroom and widens only critical tails (measured slower on (a): off by
@@ -143,6 +146,11 @@ class JigsawConfig:
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
     lend_to_critical: bool = True
+    # the critical pipeline's next training gang is served first: among stages ready in one
+    # round it forms its gang before the others', and while it is in its host-side stage
+    # (the advantage computation) with a training stage next, no other pipeline's gang
+    # borrows devices beyond its home for longer than that stage has left (docs/simulator.md)
+    critical_claim: bool = True
     # an owner whose step has generated every trajectory and waits on their rewards (a
     # sandbox running each one's tests) lends its home for as long as the wait is projected
     # from the rewards seen so far (``_reward_wait_s``, less the time waited); off, and
@@ -395,7 +403,7 @@ class _Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in")
+                 "moved_in", "claim")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -418,6 +426,7 @@ class _Round:
         # replica -> (requests, KV tokens) this round's moves send it: its engine's report
         # does not show them yet, and two moves to one replica must both fit
         self.moved_in: dict[int, tuple[int, float]] = {}
+        self.claim: tuple | None = None  # (seconds until the critical pipeline's next gang is ready, its name)
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
@@ -658,6 +667,11 @@ class Jigsaw(Policy):
                 demands.append((2, "grow", p))
         if self.config.lookahead and self.config.priority:
             key = lambda d: (d[0], -self._completion_s(rnd, d[2]), d[2].index)
+        elif self.config.lookahead and self.config.critical_claim:
+            # the critical pipeline's ready stage forms its gang first: a gang formed before
+            # it could take the devices it would borrow for the whole of a long pass
+            key = lambda d: (d[0], not (d[1] == "stage" and self._paced_critical(rnd, d[2])),
+                             -self._remaining_s(rnd.state, d[2]), d[2].index)
         elif self.config.lookahead:
             key = lambda d: (d[0], -self._remaining_s(rnd.state, d[2]), d[2].index)
         else:
@@ -862,6 +876,8 @@ class Jigsaw(Policy):
         mine = set(rnd.share[p.name])
         out = []
         critical = training and self.config.lend_to_critical and self._paced_critical(rnd, p)
+        if training and not critical and self._claim_s(rnd, p) < self.config.loan_margin * duration:
+            return []  # the critical pipeline's gang is ready sooner and would borrow them
         for d in sorted(rnd.free):
             if d in mine:
                 continue
@@ -873,6 +889,31 @@ class Jigsaw(Policy):
             elif critical and not self._paced_critical(rnd, state.pipelines[owner]):
                 out.append(d)
         return out
+
+    def _claim_s(self, rnd, p) -> float:
+        """``critical_claim``: seconds until a pipeline other than ``p`` on the critical
+        path at its observed pace has a training stage ready, where it is in its host-side
+        stage (the advantage computation, on no device) and a training stage on devices
+        follows; infinite otherwise. What it runs next is known from its stage order and
+        when the host stage ends from the executor's report: nothing is predicted."""
+        if not (self.config.critical_claim and self.config.lookahead):
+            return math.inf
+        if rnd.claim is None:
+            rnd.claim = (math.inf, None)
+            state = rnd.state
+            for c in state.order:
+                if c.done or not c.stage_running or c.running_stage_end_t is None:
+                    continue
+                k = c.stage_next
+                if c.stages[k] not in HOST_STAGES or k + 1 >= len(c.stages):
+                    continue
+                after = c.stages[k + 1]
+                if after in HOST_STAGES or after == "weight_sync" or not self._paced_critical(rnd, c):
+                    continue
+                rnd.claim = min(rnd.claim, (max(0.0, c.running_stage_end_t - state.t), c.name),
+                                key=lambda x: x[0])
+        wait, claimant = rnd.claim
+        return math.inf if claimant == p.name else wait
 
     # ---- micro-batch loans ----------------------------------------------------------------
     def _reclaim(self, rnd, out) -> None:
