@@ -1,7 +1,7 @@
 """Which training-side stages each RL algorithm runs after generation, in verl's order."""
 
 __all__ = ["STAGES_BY_ALGORITHM", "FORWARD_STAGES", "UPDATE_STAGES", "HOST_STAGES", "ALONGSIDE", "early_stages",
-           "may_run_alongside", "waits_for_alongside"]
+           "may_run_alongside", "runs_on_gang", "waits_for_alongside"]
 
 # weight_sync closes every step
 STAGES_BY_ALGORITHM = {
@@ -22,6 +22,12 @@ HOST_STAGES = ("adv",)
 #: the critic's); verl runs each in turn (``RayPPOTrainer.fit``), so only an executor that
 #: declares it (``SchedulerState.concurrent_stages``) takes such a stage.
 ALONGSIDE = {"old_log_prob": "ref", "update_critic": "update_actor"}
+
+
+def runs_on_gang(stage: str | None) -> bool:
+    """``stage`` is a training-side pass on a gang of devices: not the host-side advantage
+    step, not the weight sync (one device), not None (nothing next)."""
+    return bool(stage) and stage not in HOST_STAGES and stage != "weight_sync"
 
 
 def early_stages(stages) -> tuple[str, ...]:

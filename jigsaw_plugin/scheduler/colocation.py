@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jigsaw_plugin.algorithms import HOST_STAGES
+from jigsaw_plugin.algorithms import runs_on_gang
 from jigsaw_plugin.costmodel.colocation import KvSplit, colocated_step_s, split_kv  # noqa: F401  (re-exported)
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate
 
@@ -68,7 +68,7 @@ def _wants_devices(state, but: set) -> bool:
         if p.done or p.name in but:
             continue
         stage = p.next_stage
-        if stage and stage != "weight_sync" and stage not in HOST_STAGES:
+        if runs_on_gang(stage):
             return True
         if p.pending > 0 or any(r.queued for r in p.replicas):
             return True

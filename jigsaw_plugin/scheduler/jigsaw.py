@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside, runs_on_gang
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.admission import admissible, launch_limit, spread_of
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
@@ -861,7 +861,7 @@ class Jigsaw(Policy):
     def _has_ready_work(self, o) -> bool:
         """A ready stage, a rollout to start or requests waiting for a replica."""
         stage = o.next_stage
-        if stage and stage not in HOST_STAGES and stage != "weight_sync":
+        if runs_on_gang(stage):
             return True
         return (self._may_start_gen(o) and not o.generating) or o.pending > 0
 
@@ -894,8 +894,9 @@ class Jigsaw(Policy):
         """``critical_claim``: seconds until a pipeline other than ``p`` on the critical
         path at its observed pace has a training stage ready, where it is in its host-side
         stage (the advantage computation, on no device) and a training stage on devices
-        follows; infinite otherwise. What it runs next is known from its stage order and
-        when the host stage ends from the executor's report: nothing is predicted."""
+        follows; infinite otherwise. What it runs next is read from its stage order, and when
+        the host stage ends from the executor's report of the stage running: the policy
+        predicts nothing here."""
         if not (self.config.critical_claim and self.config.lookahead):
             return math.inf
         if rnd.claim is None:
@@ -905,10 +906,8 @@ class Jigsaw(Policy):
                 if c.done or not c.stage_running or c.running_stage_end_t is None:
                     continue
                 k = c.stage_next
-                if c.stages[k] not in HOST_STAGES or k + 1 >= len(c.stages):
-                    continue
-                after = c.stages[k + 1]
-                if after in HOST_STAGES or after == "weight_sync" or not self._paced_critical(rnd, c):
+                after = c.stages[k + 1] if k + 1 < len(c.stages) else None
+                if c.stages[k] not in HOST_STAGES or not runs_on_gang(after) or not self._paced_critical(rnd, c):
                     continue
                 rnd.claim = min(rnd.claim, (max(0.0, c.running_stage_end_t - state.t), c.name),
                                 key=lambda x: x[0])
