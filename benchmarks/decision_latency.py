@@ -370,14 +370,16 @@ this one where given (`--repeats`; both ran the same 5,620 rounds over the whole
 run: no pair of this benchmark's pipelines split).
 {notes}
 What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision
-p99 is 3.1-3.5 ms in runs of stops 35 and 36 (the policy's own 0.9 ms), over the first 400
+p99 is 3.1-3.5 ms in runs of stops 35 and 36 (the policy's own 0.9 ms; 3.75 ms in stop 47,
+the policy's own 1.07 ms: the policy alone is past it too), over the first 400
 rounds about 5 ms. A
 slow round is nearly all state build: the consolidation's first reads of the pipelines
 whose requests changed gather them, each with about one predictor call of 300-500 us
 (some 250 numpy calls whatever the batch) and its changed replicas read again. Meeting it
 needs predictions that are not made in the round that first reads them (refreshed as
 requests finish, between rounds) or a predictor call an order of magnitude cheaper on a
-few groups; neither is built. At 1024 / 32 the target is met over the first 400 rounds
+few groups; neither is built (re-pricing each pipeline's tails at most once a simulated
+second gave 612 / 2,892 us at p50 / p99, but slower makespans: docs/simulator.md, stop 47). At 1024 / 32 the target is met over the first 400 rounds
 and over 16,000 rounds into the first rollout's tails (6.5-6.9 ms in the runs of stops 35
 and 36; the build before stop 35 gave 10.0-12.6 ms): what is left of a slow round is the views of 1,024 replicas (2.8 ms every
 round) and the few gathers a change brings.
