@@ -184,3 +184,23 @@ def test_a_spread_replica_takes_running_requests_to_the_average_keeping_their_to
 def test_a_spread_replica_absorbs_nothing():
     with pytest.raises(SpecError, match="LaunchReplica.spread"):
         LaunchReplica("p0", (0,), absorb=(1,), spread=True)
+
+
+def test_a_migrate_of_named_requests_moves_those_trajectories_however_they_are_named():
+    # a policy names the requests to move by the ids its request views carry (a turn's
+    # RequestId) or by trajectory id strings: both move exactly those, keeping their tokens
+    _, w = _world()
+    reps = sorted((r for r in w.replicas.values() if r.pipeline == "p0"), key=lambda r: r.id)
+    src, dst = reps[0], reps[1]
+    w.t += 5.0
+    src.sync(w.t)
+    first, second, *rest = list(src.queue) + src.running()
+    tokens = _generated(src, first)
+    w.apply(Migrate(src.id, dst.id, (first.id,)))  # a turn's RequestId
+    w.apply(Migrate(src.id, dst.id, (second.rid,)))  # a trajectory id string
+    moved = {r.rid for r in list(dst.queue) + dst.running()}
+    assert {first.rid, second.rid} <= moved
+    assert {r.rid for r in list(src.queue) + src.running()} == {r.rid for r in rest}
+    assert first.done == tokens  # resumes with the tokens it had
+    with pytest.raises(SpecError, match="Migrate.requests"):
+        Migrate(src.id, dst.id, first.rid)  # a bare string, not a tuple of ids

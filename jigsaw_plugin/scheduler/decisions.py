@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.ids import RequestId
 
 __all__ = [
     "StartGen",
@@ -91,12 +92,31 @@ class RetireReplica:
 class Migrate:
     """Move requests from ``src`` to ``dst`` by abort + resume with the generated prefix.
 
-    ``requests`` is a tuple of request ids, or empty for all of them.
+    ``requests``: the trajectories to move, or empty for all of ``src``'s. Each is a
+    ``RequestId`` (of a turn or of its trajectory: a trajectory has one turn in flight) or
+    a trajectory id string ``"<pipeline>/<step>/<sample>"``; they are held as trajectory id
+    strings, what every executor matches a request's trajectory against (a ``RequestId``
+    given as such used to match nothing, and the move did nothing).
     """
 
     src: int
     dst: int
     requests: tuple = ()
+
+    def __post_init__(self):
+        wanted = self.requests
+        if not isinstance(wanted, (tuple, list)):
+            raise SpecError("Migrate.requests", wanted,
+                            "a tuple of request ids (RequestId or '<pipeline>/<step>/<sample>'), or () for all")
+        out = []
+        for r in wanted:
+            if isinstance(r, RequestId):
+                out.append(str(r.trajectory))
+            elif isinstance(r, str) and r:
+                out.append(r)
+            else:
+                raise SpecError("Migrate.requests", r, "a RequestId or a trajectory id '<pipeline>/<step>/<sample>'")
+        object.__setattr__(self, "requests", tuple(out))
 
 
 @dataclass(frozen=True, slots=True)
