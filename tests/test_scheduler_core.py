@@ -14,6 +14,7 @@ from jigsaw_plugin.manager import get_plugin_manager, register
 from jigsaw_plugin.runtime.emulated import EmulatedEngine
 from jigsaw_plugin.runtime.live import run_live
 from jigsaw_plugin.scheduler import RetireReplica, get_policy
+from jigsaw_plugin.scheduler.decisions import LaunchReplica, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.sim import Simulation
 from sim_helpers import small_workload
@@ -276,6 +277,39 @@ def test_a_replica_vllm_cannot_shard_is_refused():
     world = World(wl, get_policy("verl-sync"), lambda ev: None)
     with pytest.raises(PolicyViolation, match=r"allowed widths: \[1, 2, 4\]"):
         world.apply(LaunchReplica("p0", tuple(range(8))))
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: LaunchReplica("p0", 0), "LaunchReplica.devices"),
+    (lambda: LaunchReplica("p0", ()), "LaunchReplica.devices"),
+    (lambda: LaunchReplica("p0", (0, 0)), "LaunchReplica.devices"),
+    (lambda: RunStage("p0", 0, "ref", "01"), "RunStage.devices"),
+    (lambda: ResizeStage("p0", 0, "ref", (1, True)), "ResizeStage.devices"),
+    (lambda: RunStage("p0", 0, "ref", (-1,)), "RunStage.devices"),
+])
+def test_a_decision_with_malformed_devices_is_refused_when_built(make, field):
+    from jigsaw_plugin.errors import SpecError
+
+    with pytest.raises(SpecError, match=field):
+        make()
+
+
+def test_devices_given_as_a_list_or_numpy_ints_are_held_as_a_tuple_of_ints():
+    d = LaunchReplica("p0", [np.int64(2), 3])
+    assert d.devices == (2, 3) and all(type(x) is int for x in d.devices)
+    assert ResizeStage("p0", 0, "ref", ()).devices == ()  # a pause
+
+
+def test_a_decision_naming_no_pipeline_of_the_run_or_a_device_outside_the_pool_is_refused():
+    from jigsaw_plugin.core.executor import PolicyViolation
+    from jigsaw_plugin.sim.world import World
+
+    wl = small_workload(gpus=4, pipelines=1, agentic=(False,))
+    world = World(wl, get_policy("verl-sync"), lambda ev: None)
+    with pytest.raises(PolicyViolation, match=r"StartGen.pipeline: 'nope' is no pipeline of this run; allowed: \['p0'\]"):
+        world.apply(StartGen("nope", 0))
+    with pytest.raises(PolicyViolation, match=r"LaunchReplica.devices: device 4 is not in the pool; allowed: 0 to 3"):
+        world.apply(LaunchReplica("p0", (4,)))
 
 
 class _GrowInLastMicroBatch:

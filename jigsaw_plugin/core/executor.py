@@ -218,6 +218,7 @@ class ExecutorCore:
         self.dirty = False
 
     def apply(self, d) -> None:
+        self._check_names(d)
         if isinstance(d, StartGen):
             self._start_gen(d)
         elif isinstance(d, LaunchReplica):
@@ -263,6 +264,19 @@ class ExecutorCore:
             self._resize_stage(d)
         else:
             raise PolicyViolation(f"unknown decision {d!r}")
+
+    def _check_names(self, d) -> None:
+        """A decision names a pipeline of the run and devices of the pool (else a
+        ``PolicyViolation`` naming the field, the value and what is allowed, not a
+        ``KeyError`` from deep in the executor)."""
+        name = getattr(d, "pipeline", None)
+        if name is not None and name not in self.pipelines:
+            raise PolicyViolation(f"{type(d).__name__}.pipeline: {name!r} is no pipeline of this run; "
+                                  f"allowed: {sorted(self.pipelines)}")
+        for x in getattr(d, "devices", ()):
+            if x >= self.gpus:
+                raise PolicyViolation(f"{type(d).__name__}.devices: device {x} is not in the pool; "
+                                      f"allowed: 0 to {self.gpus - 1}")
 
     def _check_max_seqs(self, d, max_seqs: int | None) -> None:
         """A batch limit the executor can carry out: it declares admission limits, and the

@@ -2,11 +2,16 @@
 
 A policy returns a list of these; the executor (``sim.World`` or ``runtime.Coordinator``)
 validates and carries them out, and refuses one that breaks an invariant (a device already
-busy, a step started before its weights exist, a sample staler than the bound).
+busy, a step started before its weights exist, a sample staler than the bound), or that
+names no pipeline of the run or a device outside the pool (``PolicyViolation``). A
+malformed decision is refused when built (``SpecError`` naming the field): devices that
+are not distinct device ids (held as a tuple of ints), requests to migrate that are not
+request ids (held as trajectory id strings).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from jigsaw_plugin.errors import SpecError
@@ -63,6 +68,7 @@ class LaunchReplica:
     max_seqs: int | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "devices", _devices("LaunchReplica.devices", self.devices, empty=False))
         _check_max_seqs("LaunchReplica.max_seqs", self.max_seqs)
         if not isinstance(self.spread, bool):
             raise SpecError("LaunchReplica.spread", self.spread, "true or false")
@@ -149,6 +155,7 @@ class RunStage:
     alongside: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "devices", _devices("RunStage.devices", self.devices, empty=True))
         if not isinstance(self.alongside, bool):
             raise SpecError("RunStage.alongside", self.alongside, "true or false")
         if self.alongside and self.early:
@@ -171,6 +178,9 @@ class ResizeStage:
     step: int
     stage: str
     devices: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", _devices("ResizeStage.devices", self.devices, empty=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,28 @@ class AdmissionLimit:
         if isinstance(self.replica, bool) or not isinstance(self.replica, int):
             raise SpecError("AdmissionLimit.replica", self.replica, "a replica id (int)")
         _check_max_seqs("AdmissionLimit.max_seqs", self.max_seqs)
+
+
+def _devices(name: str, value, empty: bool) -> tuple:
+    """``value`` as a tuple of device ids: a tuple, list or range of non-negative integers
+    (numpy's too), each at most once, and at least one unless ``empty``."""
+    allowed = "a tuple of device ids (integers >= 0), each at most once" + ("" if empty else ", at least one")
+    if not isinstance(value, (tuple, list, range)):
+        raise SpecError(name, value, allowed)
+    out = []
+    for x in value:
+        if isinstance(x, bool):
+            raise SpecError(name, value, allowed)
+        try:
+            x = operator.index(x)
+        except TypeError:
+            raise SpecError(name, value, allowed) from None
+        if x < 0:
+            raise SpecError(name, value, allowed)
+        out.append(x)
+    if len(set(out)) != len(out) or not (out or empty):
+        raise SpecError(name, value, allowed)
+    return tuple(out)
 
 
 def _check_max_seqs(name: str, v) -> None:
