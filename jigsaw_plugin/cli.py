@@ -168,9 +168,12 @@ def cmd_bench(args) -> int:
     from jigsaw_plugin.bench.progress import progress_enabled
     from jigsaw_plugin.bench.rundir import bench_json
     from jigsaw_plugin.bench.bundled import resolve_workload
-    from jigsaw_plugin.scheduler import parse_options
+    from jigsaw_plugin.scheduler import parse_options, policy_names
     from jigsaw_plugin.workload import load_workload
 
+    for flag, name in (("--baseline", args.baseline), ("--candidate", args.candidate)):
+        if name not in policy_names():  # named by the flag given, before the workload is read
+            raise SpecError(flag, name, ", ".join(policy_names()))
     args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
     baseline_options = parse_options(args.baseline_opt, "--baseline-opt")

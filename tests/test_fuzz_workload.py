@@ -151,3 +151,13 @@ def test_an_empty_key_is_named_in_the_error():
         assert _is_one_paragraph_error(e) and "''" in e.field
     else:
         raise AssertionError("an empty key must be refused")
+
+
+@pytest.mark.parametrize("flags, named", [(["--baseline", "nope"], "--baseline"),
+                                          (["--baseline", "verl-sync", "--candidate", "nah"], "--candidate")])
+def test_an_unknown_policy_in_bench_is_named_by_the_flag_that_gave_it(flags, named):
+    err = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(io.StringIO()):
+        rc = jigsaw_main(["bench", "a", *flags, "--out", str(Path(tmp) / "o"), "-q"])
+    assert rc == 2 and f"error: {named}: got" in err.getvalue() and "allowed: areal" in err.getvalue()

@@ -64,12 +64,14 @@ runs much slower than on its static share; every device its owner is not using i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside, runs_on_gang
+from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
 from jigsaw_plugin.scheduler.admission import admissible, launch_limit, spread_of
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
@@ -263,6 +265,32 @@ class JigsawConfig:
     # the cache are preempted and recomputed. Off by default: mixed on the synthetic mixes
     # (docs/simulator.md, "Admission limits")
     admission: bool = False
+
+    def __post_init__(self) -> None:
+        # each knob within the range its rule reads it in (a negative width or a slack of
+        # 500% ran before, silently, with meaningless decisions)
+        for f in dataclasses.fields(self):
+            v, name = getattr(self, f.name), f"JigsawConfig.{f.name}"
+            if f.type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    raise SpecError(name, v, "true or false")
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise SpecError(name, v, "a finite number")
+            if f.name in _COUNT_KNOBS and (not isinstance(v, int) or v < 1):
+                raise SpecError(name, v, "an integer >= 1")
+            if f.name in _FRACTION_KNOBS and not 0.0 <= v <= 1.0:
+                raise SpecError(name, v, "a fraction in [0, 1]")
+            if f.name in _FACTOR_KNOBS and v < 1.0:
+                raise SpecError(name, v, "a factor >= 1")
+            if v < 0:
+                raise SpecError(name, v, "a number >= 0")
+
+
+_COUNT_KNOBS = ("width", "tail_requests", "widen_requests", "max_widen")
+_FRACTION_KNOBS = ("home_wait", "min_share", "latency_slack", "max_slack", "idle_spread_gain", "alongside_gain",
+                   "early_from", "early_chunk")
+_FACTOR_KNOBS = ("loan_margin", "spread_cost")  # multiples of a duration or of the ideal token cost
 
 
 @dataclass(frozen=True)
