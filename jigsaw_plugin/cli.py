@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,34 @@ def _write_json(obj, path) -> None:
         Path(path).write_text(json.dumps(obj, indent=2))
 
 
+def _check_writable(flag: str, path, folder: bool = False) -> None:
+    """``path`` (a folder, or a file's folder) can be created and written, checked before a
+    run, so that a bad ``--out`` or ``--json`` costs no simulated run (it used to fail with a
+    traceback after the run, its results lost)."""
+    if not path:
+        return
+    where = Path(path) if folder else Path(path).parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        ok = os.access(where, os.W_OK)
+    except OSError:
+        ok = False
+    if not ok or (not folder and Path(path).is_dir()):
+        raise SpecError(flag, str(path), "a folder this user can create and write to" if folder
+                        else "a file path in a folder this user can create and write to")
+
+
+def _seed(text: str) -> int:
+    """``--seed``: a non-negative integer (numpy's generators take no other)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 0")
+    return v
+
+
 def cmd_sim(args) -> int:
     from jigsaw_plugin.bench.perfetto import write_perfetto_trace
     from jigsaw_plugin.bench.progress import SimProgress, progress_enabled
@@ -62,6 +91,8 @@ def cmd_sim(args) -> int:
     from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.workload import load_workload
 
+    for flag, path in (("--json", args.json), ("--trace", args.trace), ("--events", args.events)):
+        _check_writable(flag, path)
     args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
     policy = get_policy(args.policy, **parse_options(args.policy_opt))
@@ -114,6 +145,7 @@ def cmd_demo(args) -> int:
 
     if args.out is None:
         args.out = "runs/demo-real" if args.real else "runs/demo"
+    _check_writable("--out", args.out, folder=True)
     if args.real:
         return _demo_real(args)
     path = Path(args.workload) if args.workload else bundled_workload("demo.yaml")
@@ -174,6 +206,8 @@ def cmd_bench(args) -> int:
     for flag, name in (("--baseline", args.baseline), ("--candidate", args.candidate)):
         if name not in policy_names():  # named by the flag given, before the workload is read
             raise SpecError(flag, name, ", ".join(policy_names()))
+    _check_writable("--json", args.json)
+    _check_writable("--out", args.out, folder=True)
     args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     workload = load_workload(args.workload)
     baseline_options = parse_options(args.baseline_opt, "--baseline-opt")
@@ -227,8 +261,11 @@ def cmd_policies(args) -> int:
 
 
 def cmd_graph(args) -> int:
+    from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.graph.command import run_graph, run_graph_from_events
 
+    if args.workload and not args.from_events:
+        args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     for out in args.out:
         if args.from_events:
             run_graph_from_events(args.from_events, out, pipeline=args.pipeline)
@@ -271,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload", help="workload YAML (docs/workload.md), or a bundled one by key (a-f) or name (demo)")
     s.add_argument("--policy", default="verl-sync", help="a policy name (jigsaw policies); default verl-sync")
     s.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="policy config field (repeatable)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--json", help="write the result JSON here")
     s.add_argument("--trace", help="write a Chrome trace here (ui.perfetto.dev: one track per device)")
     s.add_argument("--events", help="record every hook event of the run to this JSONL file")
@@ -291,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
                    help="flip one jigsaw mechanism from its default: switch off " + ", ".join(ABLATIONS)
                         + "; switch on " + ", ".join(OFF_BY_DEFAULT))
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=_seed, default=0)
     b.add_argument("--predictor", default="history", choices=("history", "oracle"),
                    help="the candidate's remaining-length predictor (oracle: an ablation reading true lengths)")
     b.add_argument("--out", metavar="DIR", help="folder for the saved run and its report")
@@ -308,12 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
              "kind), Graphviz DOT (.dot) or JSON (.json)",
              "jigsaw graph examples/workloads/demo.yaml --pipeline dapo-math-7b --steps 1 --max-samples 16 "
              "--out g.png --out g.dot", common)
-    g.add_argument("workload", nargs="?", help="workload YAML (not with --from-events)")
+    g.add_argument("workload", nargs="?", help="workload YAML, or a bundled one by key (a-f) or name (demo); not with --from-events")
     g.add_argument("--pipeline", help="the pipeline to graph (required with WORKLOAD)")
     g.add_argument("--from-events", help="build from a run's recorded hook events (jigsaw sim --events)")
     g.add_argument("--out", required=True, action="append", help="output file: .json, .dot or .png (repeatable)")
     g.add_argument("--steps", type=int, help="the first N steps (default: the spec's steps)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=_seed, default=0)
     g.add_argument("--max-samples", type=int, help="at most N samples per step")
     g.set_defaults(func=cmd_graph)
 
@@ -322,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
              "jigsaw demo --out runs/demo", common)
     d.add_argument("--workload", help="another workload (default: the bundled demo.yaml / "
                    "real_ab_agentic_2cpu.yaml with --real)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=_seed, default=0)
     d.add_argument("--real", action="store_true", help="run verl-sync vs jigsaw for real (needs the [cpu] extra)")
     d.add_argument("--repeats", type=int, default=3, help="--real: side-by-side runs per policy")
     d.add_argument("--out", metavar="DIR", help="folder for the A/B report and figures (default ./runs/demo, "

@@ -161,3 +161,24 @@ def test_an_unknown_policy_in_bench_is_named_by_the_flag_that_gave_it(flags, nam
             contextlib.redirect_stdout(io.StringIO()):
         rc = jigsaw_main(["bench", "a", *flags, "--out", str(Path(tmp) / "o"), "-q"])
     assert rc == 2 and f"error: {named}: got" in err.getvalue() and "allowed: areal" in err.getvalue()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run():
+    # a file where --out wants a folder: refused by name before any simulated run (it used
+    # to fail with a traceback after both runs, their results lost)
+    err = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(io.StringIO()):
+        blocker = Path(tmp) / "file"
+        blocker.write_text("")
+        rc = jigsaw_main(["bench", "a", "--baseline", "verl-sync", "--out", str(blocker / "run"), "-q"])
+        assert rc == 2 and "error: --out: got" in err.getvalue()
+        rc = jigsaw_main(["sim", "a", "--json", str(blocker / "r.json"), "-q"])
+        assert rc == 2 and "error: --json: got" in err.getvalue()
+
+
+def test_a_negative_seed_is_refused_by_name():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ex:
+        jigsaw_main(["sim", "a", "--seed", "-1", "-q"])
+    assert ex.value.code == 2 and "argument --seed: got '-1'; allowed: an integer >= 0" in err.getvalue()
