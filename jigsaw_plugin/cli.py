@@ -69,15 +69,21 @@ def _check_writable(flag: str, path, folder: bool = False) -> None:
                         else "a file path in a folder this user can create and write to")
 
 
-def _seed(text: str) -> int:
-    """``--seed``: a non-negative integer (numpy's generators take no other)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 0")
-    return v
+def _int_at_least(least: int):
+    """An argparse type: an integer >= ``least`` (a seed: >= 0, numpy's generators take no
+    other; a repeat count: >= 1)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = least - 1
+        if v < least:
+            raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= {least}")
+        return v
+    return parse
+
+
+_seed = _int_at_least(0)
 
 
 def cmd_sim(args) -> int:
@@ -278,8 +284,10 @@ def cmd_graph(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from jigsaw_plugin.bench.bundled import resolve_workload
     from jigsaw_plugin.plan import run_plan
 
+    args.workload = str(resolve_workload(args.workload))  # a path, or a bundled workload's key or name
     print(run_plan(args.workload, args.pipeline, args.trainer_gpus, args.json, args.trainer_class))
     return 0
 
@@ -324,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline-opt", action="append", metavar="KEY=VALUE", help="baseline config field")
     b.add_argument("--candidate", default="jigsaw", help="the candidate policy; default jigsaw")
     b.add_argument("--backend", default="sim", help="sim (simulator, default) or ray (real engines and trainers)")
-    b.add_argument("--repeats", type=int, default=3, help="ray backend: side-by-side runs per policy (median)")
+    b.add_argument("--repeats", type=_int_at_least(1), default=3, help="ray backend: side-by-side runs per policy (median)")
     b.add_argument("--ablate", action="append", metavar="MECHANISM",
                    help="flip one jigsaw mechanism from its default: switch off " + ", ".join(ABLATIONS)
                         + "; switch on " + ", ".join(OFF_BY_DEFAULT))
@@ -361,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "real_ab_agentic_2cpu.yaml with --real)")
     d.add_argument("--seed", type=_seed, default=0)
     d.add_argument("--real", action="store_true", help="run verl-sync vs jigsaw for real (needs the [cpu] extra)")
-    d.add_argument("--repeats", type=int, default=3, help="--real: side-by-side runs per policy")
+    d.add_argument("--repeats", type=_int_at_least(1), default=3, help="--real: side-by-side runs per policy")
     d.add_argument("--out", metavar="DIR", help="folder for the A/B report and figures (default ./runs/demo, "
                    "with --real ./runs/demo-real; '' for none)")
     d.set_defaults(func=cmd_demo)
@@ -375,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = _sub(sub, "plan", "ECHO-2's capacity model: how many rollout devices of which class keep the learner "
               "busy at the staleness bound, and the cost per step (docs/plan.md)",
               "jigsaw plan examples/workloads/c_async2_16gpu.yaml --trainer-gpus 4", common)
-    pl.add_argument("workload", help="workload YAML with an async pipeline")
+    pl.add_argument("workload", help="workload YAML with an async pipeline, or a bundled one by key (c) or name")
     pl.add_argument("--pipeline", help="the pipeline to plan (default: the first async one)")
     pl.add_argument("--trainer-class", help="the device class the trainer runs on (default: the first on-demand "
                     "class without a link)")

@@ -182,3 +182,10 @@ def test_a_negative_seed_is_refused_by_name():
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ex:
         jigsaw_main(["sim", "a", "--seed", "-1", "-q"])
     assert ex.value.code == 2 and "argument --seed: got '-1'; allowed: an integer >= 0" in err.getvalue()
+
+
+def test_a_repeat_count_below_one_is_refused_by_name():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ex:
+        jigsaw_main(["bench", "a", "--baseline", "verl-sync", "--repeats", "0", "-q"])
+    assert ex.value.code == 2 and "argument --repeats: got '0'; allowed: an integer >= 1" in err.getvalue()
