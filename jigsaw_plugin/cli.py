@@ -73,12 +73,13 @@ def _int_at_least(least: int):
     """An argparse type: an integer >= ``least`` (a seed: >= 0, numpy's generators take no
     other; a repeat count: >= 1)."""
     def parse(text: str) -> int:
+        error = argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= {least}")
         try:
             v = int(text)
         except ValueError:
-            v = least - 1
+            raise error from None
         if v < least:
-            raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= {least}")
+            raise error
         return v
     return parse
 
