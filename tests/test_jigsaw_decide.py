@@ -350,6 +350,34 @@ def test_a_critical_pipelines_gang_takes_devices_an_owner_with_slack_wants_back(
     assert swapped and set(swapped[0].devices) == {0, 1, 2, 3}
 
 
+def _async_pace_state(p0_trained_at):
+    """p0, asynchronous at staleness 1, has step 2 ready to train on its idle home (0-3):
+    its generation started at ``p0_trained_at``, when its first trained step's weights were
+    synced (step 1's started at 0, beside step 0's). p1, synchronous, took 100 s for its
+    first step and decodes its second's tail on devices 4-5 (it wants 6-7 back at once).
+    Both runs are 10 steps long."""
+    spec0 = dataclasses.replace(SPECS[0], mode="async", staleness=1, steps=10)
+    ready = _paced(step(2, samples=32, done=32, rewarded=32, tokens=32 * 900), p0_trained_at)
+    p0 = pipeline(0, range(4), gen_next=3, train_next=2, version=1, steps={2: ready}, spec=spec0)
+    reps = [replica("p1", 1, (4,), generated=[100], predicted=[20]), replica("p1", 2, (5,), generated=[100],
+                                                                            predicted=[20])]
+    p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=2, train_next=1, version=1, generating=True,
+                  steps={1: _paced(step(1, samples=32, done=30), 100.0)}, spec=dataclasses.replace(SPECS[1], steps=10))
+    return state([p0, p1], busy=_busy_with_replicas([p1]), t=200.0)
+
+
+def test_an_asynchronous_pipelines_pace_counts_its_trained_steps_not_those_generated_ahead():
+    # p0's one trained step took 150 s, p1's 100 s: p0 is projected last and its gang takes
+    # the devices p1 wants back (lend_to_critical). Its step 2 started one step ahead of
+    # training (staleness 1), so 150 s is one step's pace, not two's: read as two, p0's pace
+    # was 75 s a step and p1 the critical one
+    stage = [d for d in get_policy("jigsaw").decide(_async_pace_state(150.0)) if isinstance(d, RunStage)]
+    assert stage and set(stage[0].devices) == {0, 1, 2, 3, 6, 7}
+    # p0 as fast as p1 (100 s a trained step) is not on the critical path: p1 keeps them
+    stage = [d for d in get_policy("jigsaw").decide(_async_pace_state(80.0)) if isinstance(d, RunStage)]
+    assert stage and set(stage[0].devices) == {0, 1, 2, 3}
+
+
 def test_only_the_critical_pipelines_running_stage_grows_onto_lent_devices():
     # p0's update_actor runs on its home 0-3; p1 decodes a long tail on device 4, devices
     # 5-7 free. With critical_loans (loans off), p0's stage grows onto 5-7 when p0 is the

@@ -1572,11 +1572,17 @@ class Jigsaw(Policy):
 
     def _paced_finish_t(self, p) -> float | None:
         """When ``p`` is projected to finish its run at the pace of its steps so far (the
-        wall time its finished steps took, observed; None before its first step ends)."""
+        wall time its trained steps took, observed; None before its first step is trained).
+        The clock is the start of the next step to train's generation: a synchronous step's
+        starts once every step before it is trained; an asynchronous one's under staleness
+        ``s`` once all but the last ``s`` are (it generates ``s`` steps ahead), so those
+        ``s`` are not counted (counted, a pipeline at staleness 1 whose second step started
+        at t = 0 was projected to finish at 0, and off the critical path)."""
         s = p.steps.get(p.train_next)
-        if p.done or p.train_next == 0 or s is None:
+        trained = p.train_next - self.staleness_bound(p)
+        if p.done or trained <= 0 or s is None:
             return None
-        return s.gen_start_t * p.total_steps / p.train_next
+        return s.gen_start_t * p.total_steps / trained
 
     def _paced_critical(self, rnd, p) -> bool:
         """``p`` is projected, at its observed pace, to finish within ``latency_slack`` of
