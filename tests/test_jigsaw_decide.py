@@ -373,7 +373,7 @@ def test_an_asynchronous_pipelines_pace_counts_its_trained_steps_not_those_gener
     # was 75 s a step and p1 the critical one
     stage = [d for d in get_policy("jigsaw").decide(_async_pace_state(150.0)) if isinstance(d, RunStage)]
     assert stage and set(stage[0].devices) == {0, 1, 2, 3, 6, 7}
-    # p0 as fast as p1 (100 s a trained step) is not on the critical path: p1 keeps them
+    # p0 faster than p1 (80 s a trained step) is not on the critical path: p1 keeps them
     stage = [d for d in get_policy("jigsaw").decide(_async_pace_state(80.0)) if isinstance(d, RunStage)]
     assert stage and set(stage[0].devices) == {0, 1, 2, 3}
 
