@@ -234,7 +234,11 @@ pipeline's next rollout take its whole home while a generated batch waits to be 
 the width it started with (on: it grows at micro-batch boundaries onto devices owners with
 slack lend it, and they reclaim them at a boundary); "no bulk_width" launches rollout
 replicas at the spec's width whatever the observed context (on: the width whose decoded
-token costs least at the batch the KV cache holds); "no keep_critical_loans" lets an owner
+token costs least at the batch the KV cache holds); "no fill_width" prices that width at
+the batch the KV cache holds even where a few requests fill the home's free devices (on:
+a step's rollout off the critical path at the batch its replicas there run; (a)-(f)
+unchanged, its effect on the synthetic and random mixes is in docs/simulator.md);
+"no keep_critical_loans" lets an owner
 whose running stage may not grow take its lent devices back from the critical pipeline (on:
 only owners that would use them reclaim them from it); "no wait_for_home" starts a step's
 rollout on whatever replicas are free (on: it waits when home devices for as many more are

@@ -423,6 +423,25 @@ def test_a_long_context_rollout_decodes_on_wider_replicas():
     assert widths(15150.0, bulk_width=False) == {1}
 
 
+def test_a_small_rollout_off_the_critical_path_decodes_at_the_width_its_home_fills():
+    # 32 samples of a 7B on a 4-device home: one-device replicas would run 8 each (a step
+    # reading the weights for 8 sequences, 6.7 ms, 0.84 device-ms a token at the observed
+    # 750-token context), one 4-device replica runs all 32 (3.5 ms, 0.43 device-ms a token).
+    # The batch the cache holds (256 at either width) made the narrowest width cheapest
+    def launched(p0_step, p1_step, **opts):
+        pipes = [pipeline(i, range(4 * i, 4 * i + 4), gen_next=k, train_next=k, version=k, steps={k: step(k)})
+                 for i, k in enumerate((p0_step, p1_step))]
+        out = get_policy("jigsaw", **opts).decide(state(pipes))
+        return [d.devices for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0"]
+
+    # p0 a step ahead: p1 is projected last, p0's rollout stays on its home
+    assert launched(1, 0) == [(0, 1, 2, 3)]
+    assert launched(1, 0, fill_width=False) == [(0,), (1,), (2,), (3,)]
+    # p0 a step behind, projected last: its rollout is spread for speed
+    # (``critical_spread``), not held to its home, and keeps the width its cache prices
+    assert launched(0, 1) == [(0,), (1,), (2,), (3,)]
+
+
 def _critical_borrower_state(p1_ready):
     """p0 (projected last at its observed pace) runs update_actor on its home 0-3 and on
     p1's devices 4-5; p1 (with slack) runs old_log_prob on 6-7, or (``p1_ready``) has its

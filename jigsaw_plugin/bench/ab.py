@@ -16,7 +16,7 @@ __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "ru
 # --ablate flips one jigsaw mechanism from its default: these are on by default (switched off) ...
 ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_passes", "lend_to_critical",
              "reshard_in_place", "async_reserve", "critical_loans",
-             "bulk_width", "keep_critical_loans", "wait_for_home", "idle_spread", "critical_spread",
+             "bulk_width", "fill_width", "keep_critical_loans", "wait_for_home", "idle_spread", "critical_spread",
              "spread_in_tail", "predicted_pace", "fastest_width", "reprice_on_change", "concurrent_stages", "reward_wait",
              "early_in_reward_wait", "early_in_tool_calls", "grow_at_home", "tool_wait",
              "critical_claim")

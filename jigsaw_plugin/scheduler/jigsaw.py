@@ -144,6 +144,11 @@ class JigsawConfig:
     # so far (long contexts: a wider replica's cache holds more sequences per copy of the
     # weights); the spec's width until a trajectory has finished (docs/simulator.md)
     bulk_width: bool = True
+    # a rollout off the critical path fills its home's free devices, so with few requests
+    # each replica holds few: its width is priced at the batch it will run there (several
+    # narrow replicas of 8 each, or one wide one of 32), not at the batch its cache holds
+    # (docs/simulator.md)
+    fill_width: bool = True
     # a critical pipeline's training gang (projected last at the pipelines' observed paces)
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
@@ -2021,18 +2026,28 @@ class Jigsaw(Policy):
         spec's width and its doublings (within a node, no wider than the model's KV heads,
         which a wider replica would copy, and only widths vLLM can shard it over) whose decoded token costs within 5% of the
         cheapest, at the batch its KV cache holds at the context observed so far (the
-        requests outstanding at most). A long context fills a narrow replica's cache with a
+        requests outstanding at most; ``fill_width``: a step's rollout off the critical
+        path at the batch its requests give the replicas its home's free devices hold,
+        since it fills them: 32 requests on 4 devices run 8 a one-device replica, where a
+        4-device replica runs all 32 with a faster step and a cheaper token). A long context fills a narrow replica's cache with a
         few sequences, each decode step reading the weights for them alone; a wider replica
         holds more sequences per copy of the weights. Before any trajectory has finished
         (no context observed) the spec's width: the prior, the length budget, would widen
         every rollout."""
         got = rnd.bulk_tp.get(p.name)
         if got is None:
-            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd.state, p)
+            # ``fill_width``: a step's rollout off the critical path starts on its home's free
+            # devices (the spreads and loans serve the critical one's)
+            fills = 0
+            if self.config.fill_width and not p.generating and not self._paced_critical(rnd, p):
+                fills = sum(1 for d in rnd.home[p.name][0] if d in rnd.free)
+            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd.state, p, fills)
         return got
 
-    def _cheapest_width(self, state, p) -> int:
-        """``_bulk_tp``'s choice, computed once a round."""
+    def _cheapest_width(self, state, p, fills: int = 0) -> int:
+        """``_bulk_tp``'s choice, computed once a round. ``fills``: the devices the
+        rollout's replicas will fill (0: as many replicas as its requests need), so that
+        each width is priced at the batch its replicas will run."""
         base = rollout_tp(p, state.cost)
         if not (self.config.bulk_width and self.config.resize) or p.lengths.observed == 0:
             return base
@@ -2043,7 +2058,9 @@ class Jigsaw(Policy):
         for w in m.tp_widths(min(state.gpus_per_node, max(base, m.kv_heads))):
             if w < base:
                 continue
-            b = min(_batch_held(state, m, w, ctx), n)
+            # the batch each replica runs: what its cache holds, or fewer where the requests
+            # are spread over ``fills // w`` replicas
+            b = min(_batch_held(state, m, w, ctx), n / max(1, fills // w))
             per_token[w] = cost.decode_step_s(m, w, b, b * ctx) * w / b
         if not per_token:
             return base
