@@ -2029,9 +2029,10 @@ class Jigsaw(Policy):
         requests outstanding at most; ``fill_width``: a step's rollout off the critical
         path at the batch its requests give the replicas its home's free devices hold,
         since it fills them: 32 requests on 4 devices run 8 a one-device replica, where a
-        4-device replica runs all 32 with a faster step and a cheaper token). A long context fills a narrow replica's cache with a
-        few sequences, each decode step reading the weights for them alone; a wider replica
-        holds more sequences per copy of the weights. Before any trajectory has finished
+        4-device replica runs all 32 with a faster step and a cheaper token). A long
+        context fills a narrow replica's cache with a few sequences, each decode step
+        reading the weights for them alone; a wider replica holds more sequences per copy
+        of the weights. Before any trajectory has finished
         (no context observed) the spec's width: the prior, the length budget, would widen
         every rollout."""
         got = rnd.bulk_tp.get(p.name)
