@@ -437,8 +437,8 @@ def test_a_small_rollout_off_the_critical_path_decodes_at_the_width_its_home_fil
     # p0 a step ahead: p1 is projected last, p0's rollout stays on its home
     assert launched(1, 0) == [(0, 1, 2, 3)]
     assert launched(1, 0, fill_width=False) == [(0,), (1,), (2,), (3,)]
-    # p0 a step behind, projected last: its rollout is spread for speed
-    # (``critical_spread``), not held to its home, and keeps the width its cache prices
+    # p0 a step behind, projected last: the critical rollout is the one the spreads may
+    # widen beyond its home, so its width stays priced at the batch its cache holds
     assert launched(0, 1) == [(0,), (1,), (2,), (3,)]
 
 
