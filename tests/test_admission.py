@@ -11,7 +11,7 @@ from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import AdmissionLimit, LaunchReplica, get_policy
-from jigsaw_plugin.scheduler.admission import admissible, launch_limit, peak_kv_tokens
+from jigsaw_plugin.scheduler.admission import admissible, fitting, launch_limit, peak_kv_tokens
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -64,6 +64,44 @@ def test_admissible_is_the_longest_prefix_that_fits():
         k = admissible(held, left, running, cap)
         fits = [j for j in range(n - running + 1) if peak_kv_tokens(held[:running + j], left[:running + j]) <= cap]
         assert k == (max(fits) if fits else 0)
+
+
+def test_fitting_is_the_longest_prefix_that_fits_running_ones_included():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        n = int(rng.integers(1, 30))
+        held = rng.integers(50, 500, n).astype(float)
+        left = rng.integers(10, 2000, n).astype(float)
+        cap = float(rng.integers(200, 20000))
+        fits = [k for k in range(n + 1) if peak_kv_tokens(held[:k], left[:k]) <= cap]
+        assert fitting(held, left, cap) == max(fits)
+    # 4 running that together outgrow the cache: fewer than the running ones fit
+    held, left = np.full(6, 1000.0), np.full(6, 1000.0)
+    assert fitting(held, left, 6_000.0) == 3
+    assert admissible(held, left, 4, 6_000.0) == 0
+    shape = np.ones(10)
+    assert fitting(held, left, 6_000.0, shape) == 3
+
+
+def test_a_margin_above_the_expected_peak_admits_fewer_where_lengths_are_uncertain():
+    # 100 waiting sequences of 200 tokens, 1,000 predicted each, lengths spread as a long tail
+    shape = np.sort(np.array([0.2] * 6 + [1.0, 1.5, 2.5, 3.3]))
+    shape = shape / shape.mean()
+    held, left = np.full(100, 200.0), np.full(100, 1000.0)
+    at_mean = fitting(held, left, 40_000.0, shape)
+    assert fitting(held, left, 40_000.0, shape, margin_sd=2.0) < fitting(held, left, 40_000.0, shape, margin_sd=1.0) < at_mean
+    # the margin is the standard deviation of the sum: by brute force over the draws of 3,
+    # at the times the peak is evaluated (up to the longest prediction's longest draw)
+    t = np.linspace(0.0, 1000.0 * shape[-1], 48)
+    k = 3
+    draws = np.array(np.meshgrid(*[shape] * k)).reshape(k, -1)  # every joint draw of 3 sequences
+    kv = ((200.0 + t[None, None, :]) * (draws[:, :, None] * 1000.0 > t[None, None, :])).sum(axis=0)
+    sd = kv.std(axis=0)
+    peak = (kv.mean(axis=0) + sd).max()
+    assert fitting(held[:k], left[:k], peak + 1e-6, shape, margin_sd=1.0) == k
+    assert fitting(held[:k], left[:k], peak * 0.999, shape, margin_sd=1.0) < k
+    # lengths known exactly (every draw the mean): no variance, no margin
+    assert fitting(held, left, 40_000.0, np.ones(10), margin_sd=2.0) == fitting(held, left, 40_000.0, np.ones(10))
 
 
 def test_launch_limit_from_observed_lengths():
@@ -212,6 +250,18 @@ def test_expected_peak_admits_more_than_point_predictions_of_long_tailed_lengths
     assert point < spread <= 36
     # every draw the mean: the expected peak is the point one
     assert abs(admissible(held, left, 4, 20_000.0, np.ones(10)) - point) <= 1
+
+
+def test_a_replica_whose_running_sequences_outgrow_its_cache_sheds_them():
+    # 8 running at 1,100 tokens, each predicted 1,000 more (a peak of 16,800) in a
+    # 12,000-token cache: the engine will preempt some whatever is admitted; the limit
+    # falls to the 5 that fit (peak 10,500), so that what it preempts is not let back in
+    # as each sequence ends, to be preempted and re-prefilled again
+    rep = _replica(0, 8, 2, 100, 1000, 1000.0, 12_000.0)
+    state = _state([rep], final_context=2000.0)
+    assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(state)) == {0: 5}
+    # switched off: the limit holds at what runs (nothing more admitted, nothing shed)
+    assert _limits(get_policy("jigsaw", multiplex=False, admission=True, shed_admission=False).decide(state)) == {0: 8}
 
 
 def test_no_limit_where_everything_fits_at_the_mean_final_context():

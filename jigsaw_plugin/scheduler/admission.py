@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["peak_kv_tokens", "admissible", "expected_kv", "spread_of", "launch_limit"]
+__all__ = ["peak_kv_tokens", "admissible", "fitting", "expected_kv", "kv_moments", "spread_of", "launch_limit"]
 
 
 def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
@@ -36,33 +36,50 @@ def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
 
 
 def admissible(held: np.ndarray, remaining: np.ndarray, running: int, capacity: float,
-               shape: np.ndarray | None = None) -> int:
+               shape: np.ndarray | None = None, margin_sd: float = 0.0) -> int:
     """How many of the waiting sequences (after the ``running`` first ones of ``held`` /
     ``remaining``, in the order the engine admits them) can join the running ones with the
-    set's KV peak within ``capacity``. A sequence added never lowers the peak.
+    set's KV peak within ``capacity`` (0 where the running ones alone overflow it)."""
+    return max(0, fitting(held, remaining, capacity, shape, margin_sd) - running)
+
+
+def fitting(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray | None = None,
+            margin_sd: float = 0.0) -> int:
+    """The most sequences, the first ones of ``held`` / ``remaining`` (running, then waiting
+    in the order the engine admits them), whose set's KV peak stays within ``capacity``. A
+    sequence added never lowers the peak. Fewer than the running ones: the running set
+    itself is expected to overflow the cache, and an engine that then admits whatever a
+    finished sequence frees preempts again and again (each preemption re-prefills the
+    sequence's whole context later); a batch limit at this count sheds the excess instead.
 
     ``shape``: the sorted lengths of recently finished sequences over their mean (a unit-mean
     sample of how lengths spread), or None. With it, each sequence's remaining tokens are
     taken as its prediction times a draw of that spread, and the peak is that of the
     expected KV (``expected_kv``): a point prediction treats every sequence as ending at its
     mean, which for long-tailed lengths overstates the peak several times over (most end
-    well before the mean and free their cache for the few that run long). Without it, the
-    peak of the point predictions (``peak_kv_tokens``), by bisection."""
-    waiting = len(held) - running
-    if waiting <= 0:
+    well before the mean and free their cache for the few that run long). ``margin_sd``:
+    the peak is taken that many standard deviations above the expected KV (each sequence
+    still running or not as an independent draw; ``kv_moments``): a set admitted up to its
+    expected peak overflows about half the time, and each overflow preempts a sequence
+    that is re-prefilled later. Without ``shape``, the peak of the point predictions
+    (``peak_kv_tokens``), by bisection."""
+    n = len(held)
+    if n == 0:
         return 0
     if shape is not None and len(shape):
         t = _grid(remaining, shape)
-        curves = expected_kv(held, remaining, shape, t)
-        total = np.cumsum(curves[running:], axis=0) + curves[:running].sum(axis=0)
-        peaks = total.max(axis=1)  # the peak with the first k + 1 waiting ones, k = 0, 1, ...
+        mean, var = kv_moments(held, remaining, shape, t)
+        total = np.cumsum(mean, axis=0)  # the first k + 1, k = 0, 1, ...
+        if margin_sd > 0:
+            total += margin_sd * np.sqrt(np.cumsum(var, axis=0))
+        peaks = total.max(axis=1)
         return int(np.searchsorted(np.maximum.accumulate(peaks), capacity, side="right"))
-    lo, hi = 0, waiting  # lo fits (or is 0); find the largest k that fits
     if peak_kv_tokens(held, remaining) <= capacity:
-        return waiting
+        return n
+    lo, hi = 0, n  # lo fits (or is 0); find the largest k that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if peak_kv_tokens(held[:running + mid], remaining[:running + mid]) <= capacity:
+        if peak_kv_tokens(held[:mid], remaining[:mid]) <= capacity:
             lo = mid
         else:
             hi = mid
@@ -83,10 +100,19 @@ def expected_kv(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray, t: n
     """Each sequence's expected KV (tokens) after ``t`` decode steps, one row per sequence:
     it holds ``held + t`` tokens while it still runs, which it does with probability
     ``P(X > t / remaining)`` for ``X`` drawn from ``shape``."""
+    return kv_moments(held, remaining, shape, t)[0]
+
+
+def kv_moments(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray,
+               t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, variance) of each sequence's KV after ``t`` decode steps (``expected_kv``):
+    ``held + t`` tokens with probability ``p`` that it still runs, else none."""
     r = np.maximum(np.asarray(remaining, float), 1.0)
     x = t[None, :] / r[:, None]
     running = 1.0 - np.searchsorted(shape, x, side="right") / len(shape)
-    return (np.asarray(held, float)[:, None] + t[None, :]) * running
+    kv = np.asarray(held, float)[:, None] + t[None, :]
+    mean = kv * running
+    return mean, mean * kv * (1.0 - running)
 
 
 def spread_of(lengths: np.ndarray) -> np.ndarray | None:

@@ -73,7 +73,7 @@ import numpy as np
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, early_stages, may_run_alongside, runs_on_gang
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
-from jigsaw_plugin.scheduler.admission import admissible, launch_limit, spread_of
+from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
 from jigsaw_plugin.scheduler.decisions import (
@@ -270,6 +270,14 @@ class JigsawConfig:
     # the cache are preempted and recomputed. Off by default: mixed on the synthetic mixes
     # (docs/simulator.md, "Admission limits")
     admission: bool = False
+    # ... and where the running sequences alone are expected to outgrow the cache, the limit
+    # falls below them: the engine preempts the excess once, and re-admits nothing until
+    # the rest fit (without it, every sequence that ends lets a preempted one back in, to
+    # be preempted and re-prefilled again)
+    shed_admission: bool = True
+    # ... the peak taken this many standard deviations above the expected KV: admitted up to
+    # its expected peak, a replica overflows about half the time (docs/simulator.md)
+    admission_margin_sd: float = 1.0
 
     def __post_init__(self) -> None:
         # each knob within the range its rule reads it in (a negative width or a slack of
@@ -1375,8 +1383,9 @@ class Jigsaw(Policy):
 
     def _limit_admission(self, rnd, out) -> None:
         """Each replica with requests waiting admits them only while the expected KV peak
-        of what it then runs stays within its cache (``admission.admissible`` on the
-        requests' predicted remaining tokens, spread as the pipeline's recent lengths); a
+        of what it then runs stays within its cache (``admission.fitting`` on the
+        requests' predicted remaining tokens, spread as the pipeline's recent lengths;
+        below its running sequences where they alone outgrow it, ``shed_admission``); a
         replica whose requests would all fit even at the pipeline's mean final context is
         not read (no prediction asked): no sequence's expected KV peak exceeds that mean."""
         state = rnd.state
@@ -1398,7 +1407,9 @@ class Jigsaw(Policy):
                 running = sum(1 for q in views if not q.queued)
                 if shape is _UNSET:
                     shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
-                n = running + admissible(held, left, running, r.kv_capacity, shape)
+                n = fitting(held, left, r.kv_capacity, shape, self.config.admission_margin_sd)
+                if n < running and not self.config.shed_admission:
+                    n = running  # the running set overflows; admit nothing more, shed nothing
                 limit = None if n >= min(top, len(views)) else max(1, n)
                 if limit != _limit_of(r, top):
                     out.append(AdmissionLimit(r.id, limit))
