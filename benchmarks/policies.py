@@ -134,15 +134,19 @@ def _rerun(all_jobs: list, jigsaw: bool) -> list:
 
 
 def _add_ablation(all_jobs: list, name: str) -> list:
-    """Run only the jobs of a newly added ablation ``name``; every other run is the saved
-    one (the saved file holds the job list without it, in the same order)."""
+    """Run only the jobs of ablation ``name``; every other run is the saved one. The saved
+    file holds the job list in the same order, without the ablation (newly added) or with
+    it (re-run in place: its rule changed)."""
     import json
 
     saved = json.loads(RESULTS.read_text())
     new = [j for j in all_jobs if _is_jigsaw(j) and j[2] is not None and set(j[2]) == {name}]
+    fresh = iter(run_many(new))
+    if len(saved) == len(all_jobs):
+        return [next(fresh) if j in new else old for j, old in zip(all_jobs, saved)]
     if len(saved) + len(new) != len(all_jobs):
         raise SystemExit(f"{RESULTS}: {len(saved)} saved runs + {len(new)} new != {len(all_jobs)} jobs")
-    fresh, kept = iter(run_many(new)), iter(saved)
+    kept = iter(saved)
     return [next(fresh) if j in new else next(kept) for j in all_jobs]
 
 
@@ -151,7 +155,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
     """``reuse``: render the runs saved by the last call (benchmarks/results/policies.json);
     ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
     ``baselines_only``: re-run only the baselines, jigsaw's from the saved file;
-    ``add_ablation``: run only a newly added ablation's jobs, the rest from the saved file."""
+    ``add_ablation``: run only one ablation's jobs (new, or re-run), the rest from the saved file."""
     import json
 
     if reuse or jigsaw_only or add_ablation:

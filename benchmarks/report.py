@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     """``--only policies``: re-run the policy tables alone (the other sections are kept);
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
     ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
-    ``--add-ablation NAME``: run only a newly added ablation's runs, the others from the saved file."""
+    ``--add-ablation NAME``: run only one ablation's runs (newly added, or re-run after its rule
+    changed), the others from the saved file."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     # decision latency and simulator speed: their own scripts' blocks (MEASURED_BLOCKS); the
@@ -296,9 +297,10 @@ reclaiming), "with priority" whole-run completion priority, "with balance" makes
 shares (each round the pool re-apportioned so the pipelines are projected to finish
 together), "with colocate" two pipelines' tail replicas on one device with the KV cache
 split (docs/colocation.md), "with admission" batch limits on rollout replicas so that the
-expected KV peak of what each runs stays within its cache (docs/simulator.md, "Admission
-limits"). These five are built, unit-tested and off by default because these runs or the
-synthetic mixes measured them slower or mixed across the workloads (docs/simulator.md).
+expected KV peak of what each runs, one standard deviation above it, stays within its cache,
+below what runs where that alone outgrows it (docs/simulator.md, "Admission limits"). These
+five are built, unit-tested and off by default because these runs or the synthetic mixes
+measured them slower or mixed across the workloads (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)
 

@@ -53,28 +53,21 @@ def test_peak_matches_stepping_the_cache():
         assert peak_kv_tokens(held, left) == pytest.approx(_brute_peak(held, left))
 
 
-def test_admissible_is_the_longest_prefix_that_fits():
+def test_admissible_and_fitting_are_the_longest_prefixes_that_fit():
+    # admissible: of the waiting ones after the running; fitting: of all, running included
     rng = np.random.default_rng(1)
     for _ in range(50):
         n = int(rng.integers(2, 30))
         held = rng.integers(50, 500, n).astype(float)
         left = rng.integers(10, 2000, n).astype(float)
         running = int(rng.integers(1, n))
-        cap = float(rng.integers(500, 20000))
-        k = admissible(held, left, running, cap)
-        fits = [j for j in range(n - running + 1) if peak_kv_tokens(held[:running + j], left[:running + j]) <= cap]
-        assert k == (max(fits) if fits else 0)
-
-
-def test_fitting_is_the_longest_prefix_that_fits_running_ones_included():
-    rng = np.random.default_rng(2)
-    for _ in range(50):
-        n = int(rng.integers(1, 30))
-        held = rng.integers(50, 500, n).astype(float)
-        left = rng.integers(10, 2000, n).astype(float)
         cap = float(rng.integers(200, 20000))
         fits = [k for k in range(n + 1) if peak_kv_tokens(held[:k], left[:k]) <= cap]
         assert fitting(held, left, cap) == max(fits)
+        assert admissible(held, left, running, cap) == max(0, max(fits) - running)
+
+
+def test_fewer_than_the_running_ones_fit_where_they_alone_outgrow_the_cache():
     # 4 running that together outgrow the cache: fewer than the running ones fit
     held, left = np.full(6, 1000.0), np.full(6, 1000.0)
     assert fitting(held, left, 6_000.0) == 3
