@@ -11,7 +11,7 @@ from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import AdmissionLimit, LaunchReplica, get_policy
-from jigsaw_plugin.scheduler.admission import admissible, fitting, launch_limit, peak_kv_tokens
+from jigsaw_plugin.scheduler.admission import fitting, launch_limit, peak_kv_tokens
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -53,8 +53,9 @@ def test_peak_matches_stepping_the_cache():
         assert peak_kv_tokens(held, left) == pytest.approx(_brute_peak(held, left))
 
 
-def test_admissible_and_fitting_are_the_longest_prefixes_that_fit():
-    # admissible: of the waiting ones after the running; fitting: of all, running included
+def test_fitting_is_the_longest_prefix_that_fits():
+    # of all the sequences, running included; the waiting ones admissible after the running
+    # ones are the rest of it
     rng = np.random.default_rng(1)
     for _ in range(50):
         n = int(rng.integers(2, 30))
@@ -64,14 +65,14 @@ def test_admissible_and_fitting_are_the_longest_prefixes_that_fit():
         cap = float(rng.integers(200, 20000))
         fits = [k for k in range(n + 1) if peak_kv_tokens(held[:k], left[:k]) <= cap]
         assert fitting(held, left, cap) == max(fits)
-        assert admissible(held, left, running, cap) == max(0, max(fits) - running)
+        assert max(0, fitting(held, left, cap) - running) == max(0, max(fits) - running)
 
 
 def test_fewer_than_the_running_ones_fit_where_they_alone_outgrow_the_cache():
     # 4 running that together outgrow the cache: fewer than the running ones fit
     held, left = np.full(6, 1000.0), np.full(6, 1000.0)
     assert fitting(held, left, 6_000.0) == 3
-    assert admissible(held, left, 4, 6_000.0) == 0
+    assert max(0, fitting(held, left, 6_000.0) - 4) == 0  # no waiting one admissible
     shape = np.ones(10)
     assert fitting(held, left, 6_000.0, shape) == 3
 
@@ -228,7 +229,7 @@ def test_a_replica_whose_waiting_requests_would_overflow_its_cache_is_limited():
     views = rep.requests
     held = np.array([v.context_tokens + v.generated for v in views], float)
     left = np.array([v.predicted_remaining for v in views], float)
-    assert _limits(out) == {0: 4 + admissible(held, left, 4, 12_000.0)}  # no history: point predictions
+    assert _limits(out) == {0: fitting(held, left, 12_000.0)}  # no history: point predictions
     assert 4 < _limits(out)[0] < 10
 
 
@@ -238,11 +239,11 @@ def test_expected_peak_admits_more_than_point_predictions_of_long_tailed_lengths
     shape = np.sort(np.array([0.1] * 8 + [4.6, 4.6])) / np.mean([0.1] * 8 + [4.6, 4.6])
     held = np.full(40, 200.0)
     left = np.full(40, 1000.0)
-    point = admissible(held, left, 4, 20_000.0)
-    spread = admissible(held, left, 4, 20_000.0, shape)
-    assert point < spread <= 36
+    point = fitting(held, left, 20_000.0)
+    spread = fitting(held, left, 20_000.0, shape)
+    assert point < spread <= 40
     # every draw the mean: the expected peak is the point one
-    assert abs(admissible(held, left, 4, 20_000.0, np.ones(10)) - point) <= 1
+    assert abs(fitting(held, left, 20_000.0, np.ones(10)) - point) <= 1
 
 
 def test_a_replica_whose_running_sequences_outgrow_its_cache_sheds_them():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["peak_kv_tokens", "admissible", "fitting", "expected_kv", "kv_moments", "spread_of", "launch_limit"]
+__all__ = ["peak_kv_tokens", "fitting", "kv_moments", "spread_of", "launch_limit"]
 
 
 def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
@@ -35,14 +35,6 @@ def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
     return float(np.max(np.cumsum(h) + np.arange(1, len(h) + 1) * r))
 
 
-def admissible(held: np.ndarray, remaining: np.ndarray, running: int, capacity: float,
-               shape: np.ndarray | None = None, margin_sd: float = 0.0) -> int:
-    """How many of the waiting sequences (after the ``running`` first ones of ``held`` /
-    ``remaining``, in the order the engine admits them) can join the running ones with the
-    set's KV peak within ``capacity`` (0 where the running ones alone overflow it)."""
-    return max(0, fitting(held, remaining, capacity, shape, margin_sd) - running)
-
-
 def fitting(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray | None = None,
             margin_sd: float = 0.0) -> int:
     """The most sequences, the first ones of ``held`` / ``remaining`` (running, then waiting
@@ -55,7 +47,7 @@ def fitting(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.
     ``shape``: the sorted lengths of recently finished sequences over their mean (a unit-mean
     sample of how lengths spread), or None. With it, each sequence's remaining tokens are
     taken as its prediction times a draw of that spread, and the peak is that of the
-    expected KV (``expected_kv``): a point prediction treats every sequence as ending at its
+    expected KV (``kv_moments``): a point prediction treats every sequence as ending at its
     mean, which for long-tailed lengths overstates the peak several times over (most end
     well before the mean and free their cache for the few that run long). ``margin_sd``:
     the peak is taken that many standard deviations above the expected KV (each sequence
@@ -96,17 +88,11 @@ def _grid(remaining: np.ndarray, shape: np.ndarray) -> np.ndarray:
     return np.linspace(0.0, max(top, 1.0), _POINTS)
 
 
-def expected_kv(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Each sequence's expected KV (tokens) after ``t`` decode steps, one row per sequence:
-    it holds ``held + t`` tokens while it still runs, which it does with probability
-    ``P(X > t / remaining)`` for ``X`` drawn from ``shape``."""
-    return kv_moments(held, remaining, shape, t)[0]
-
-
 def kv_moments(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray,
                t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, variance) of each sequence's KV after ``t`` decode steps (``expected_kv``):
-    ``held + t`` tokens with probability ``p`` that it still runs, else none."""
+    """(mean, variance) of each sequence's KV (tokens) after ``t`` decode steps, one row
+    per sequence: it holds ``held + t`` tokens while it still runs, which it does with
+    probability ``p = P(X > t / remaining)`` for ``X`` drawn from ``shape``, else none."""
     r = np.maximum(np.asarray(remaining, float), 1.0)
     x = t[None, :] / r[:, None]
     running = 1.0 - np.searchsorted(shape, x, side="right") / len(shape)
@@ -116,7 +102,7 @@ def kv_moments(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray,
 
 
 def spread_of(lengths: np.ndarray) -> np.ndarray | None:
-    """``admissible``'s ``shape``: the lengths sorted, over their mean (None: none or all 0)."""
+    """``fitting``'s ``shape``: the lengths sorted, over their mean (None: none or all 0)."""
     lengths = np.asarray(lengths, float)
     mean = float(lengths.mean()) if len(lengths) else 0.0
     return np.sort(lengths) / mean if mean > 0 else None
