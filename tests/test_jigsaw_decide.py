@@ -216,6 +216,45 @@ def test_width_bounds_the_candidate_gangs_the_lookahead_weighs():
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
 
 
+def _narrow_home_beside_a_finished_owners_devices(predicted, p2_started=None):
+    """p0's update_actor over 8M tokens is ready on its 2-device home; p1 has finished, and
+    its home (devices 2-5) runs p2's rollout replicas, each with one request predicted to
+    end in ``predicted`` tokens, as p2's home (6, 7) does. With
+    ``p2_started``, p2 has trained its first of two steps and started its second then: its
+    pace projects its finish at twice that."""
+    specs = small_workload(gpus=8, pipelines=3, prompts=8, samples=4, algorithms=("grpo",),
+                           agentic=(False,)).pipelines
+    p0 = pipeline(0, (0, 1), gen_next=1, stage_next=3, spec=specs[0],
+                  steps={0: step(0, done=32, rewarded=32, tokens=8_000_000)})
+    p1 = dataclasses.replace(pipeline(1, range(2, 6), gen_next=2, train_next=2, spec=specs[1]), done=True)
+    tails = [replica("p2", 10 + d, (d,), generated=[500], predicted=[predicted]) for d in range(2, 8)]
+    p2 = pipeline(2, (6, 7), replicas=tails, gen_next=1, generating=True, spec=specs[2], steps={0: step(0, done=26)})
+    if p2_started is not None:
+        p2 = dataclasses.replace(p2, gen_next=2, train_next=1, version=1, rollout_version=1,
+                                 steps={1: _paced(step(1, done=26), p2_started)})
+    return state([p0, p1, p2], busy=_busy_with_replicas([p2]))
+
+
+def test_a_ready_stage_waits_for_devices_a_finished_owner_frees_in_a_moment():
+    # on its two home devices the pass's first micro-batch alone runs longer than the
+    # whole pass on seven once p2's tails end in a moment: it waits for them; with the rule
+    # off, or when the tails run for long, it starts now on its home
+    gang = lambda out: [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    decide = lambda predicted, **kw: get_policy("jigsaw", migration=False, **kw).decide(
+        _narrow_home_beside_a_finished_owners_devices(predicted))
+    assert gang(decide(1)) == []
+    assert gang(decide(1, wait_for_freed=False)) == [(0, 1)]
+    assert gang(decide(200_000)) == [(0, 1)]
+
+
+def test_a_ready_stage_off_the_critical_path_does_not_wait_for_freed_devices():
+    # p2's pace projects it to finish long after p0's pass on its two devices would end:
+    # p0 is off the critical path and starts now, whatever a wait would save it
+    state_ = _narrow_home_beside_a_finished_owners_devices(1, p2_started=1e6)
+    out = get_policy("jigsaw", migration=False).decide(state_)
+    assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1)]
+
+
 def _update_actor_running(devices, t=100.0, left=6, resize_to=None):
     """p0's update_actor of step 0 running micro-batch by micro-batch on ``devices``."""
     rs = RunningStageView(0, "update_actor", tuple(devices), resize_to, left, 8, t + 5.0, True)

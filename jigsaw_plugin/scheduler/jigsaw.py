@@ -178,6 +178,14 @@ class JigsawConfig:
     priority: bool = False  # serve the pipeline furthest from whole-run completion first (off: furthest in its step; on measured 2-5% slower on (a), so off by default)
     horizon_s: float = 600.0  # how far ahead the look-ahead projects
     width: int = 4  # candidate plans per ready stage (start now, or wait for 1..width-1 more devices)
+    # ... and a ready stage whose start-now plan would end past the job set's projected
+    # finish (the latest at the observed paces) waits for busy devices outside its home
+    # whose owners have finished, when waiting for the first k of them ends at least
+    # ``wait_gain`` sooner (off: with ``admission`` on, an 8B update started on its 2-device
+    # home while 74 such devices freed within 40 s; its first micro-batch ran 1,092 s,
+    # held-out mix s6052 +61%)
+    wait_for_freed: bool = True
+    wait_gain: float = 0.1
     tail_requests: int = 32  # a replica with at most this many requests decodes well below its ideal batch
     min_gain: float = 2.0  # migrate when freed device-seconds >= min_gain x the move's cost
     latency_slack: float = 0.05  # a move may stretch a critical pipeline's generation by this much
@@ -302,7 +310,7 @@ class JigsawConfig:
 
 _COUNT_KNOBS = ("width", "tail_requests", "widen_requests", "max_widen")
 _FRACTION_KNOBS = ("home_wait", "min_share", "latency_slack", "max_slack", "idle_spread_gain", "alongside_gain",
-                   "early_from", "early_chunk")
+                   "early_from", "early_chunk", "wait_gain")
 _FACTOR_KNOBS = ("loan_margin", "spread_cost")  # multiples of a duration or of the ideal token cost
 
 
@@ -1733,6 +1741,8 @@ class Jigsaw(Policy):
                 best = (end, i)
         if best is None or best[1] > 0:
             return ()  # waiting for busy home devices finishes sooner
+        if self.config.wait_for_freed and self._freed_soon_sooner(rnd, p, stage, len(now), later, best[0]):
+            return ()  # waiting for devices that free up soon, and that no one takes back, finishes sooner
         if unnarrowed:
             return tuple(self._affinity(rnd, p, now, "train"))
         narrow = self._no_slower_gang(rnd, p, stage, now)
@@ -1743,6 +1753,42 @@ class Jigsaw(Policy):
             if narrow:
                 return narrow
         return self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
+
+    def _freed_soon_sooner(self, rnd, p, stage, g: int, home_later: list, end_now: float) -> bool:
+        """``wait_for_freed``: a gang of the ``g`` devices free to ``p`` now, projected to
+        end at ``end_now`` (seconds from now), would end past the job set's projected
+        finish (``_paced_last``: the latest at the observed paces), so would move it, and
+        later than one that waits for the first k of the busy devices outside its home whose
+        owner has finished (or never had them) and starts on those, the ``g`` and the home
+        devices free by then, by ``wait_gain``. The look-ahead's candidates wait for home
+        devices only; these devices go to whoever is ready when they free up, and a pass
+        started on a narrow home grows onto them only at its first micro-batch boundary.
+        Off the critical path the rule measured chaotic (docs/simulator.md)."""
+        state = rnd.state
+        if state.t + end_now <= self._paced_last(rnd):
+            return False  # the narrow start does not move the job set's projected finish
+        home = set(rnd.home[p.name][1])
+        pipelines = state.pipelines
+        spare = [d for d in range(len(state.devices)) if d not in rnd.free and d not in home
+                 and ((o := rnd.owner.get(d)) is None or pipelines[o].done)]
+        spare = self._on_trainer_site(state, spare)
+        if not spare:
+            return False
+        total = g + len(home_later) + len(spare)
+        if self._stage_s(state, p, stage, total) >= end_now:
+            return False  # no wait, however long, ends sooner: the pass on all of them does not
+        soon = sorted(self._busy_for_s(state, d) for d in spare)
+        k = 1
+        while True:
+            wait = soon[k - 1]
+            if wait >= end_now:
+                return False
+            joined = sum(1 for x in home_later if x <= wait)
+            if wait + self._stage_s(state, p, stage, g + joined + k) < end_now * (1 - self.config.wait_gain):
+                return True
+            if k == len(soon):
+                return False
+            k = min(len(soon), 2 * k)
 
     def _run_alongside(self, rnd, p, out) -> bool:
         """``concurrent_stages``: start ``p``'s next stage (the log-prob pass, the critic's
