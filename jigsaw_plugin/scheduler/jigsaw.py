@@ -54,6 +54,8 @@ runs much slower than on its static share; every device its owner is not using i
   site (scheduler/activation.py);
 - look-ahead: a ready stage weighs ``width`` candidate plans (start now and grow at
   micro-batch boundaries as home devices free, or wait for the i-th) by projected end;
+  one whose start now would move the job set's projected finish also weighs waiting for
+  devices that finished pipelines' homes free soon (``wait_for_freed``);
 - stages side by side (``concurrent_stages``): the log-prob pass beside the reference
   pass, a PPO step's critic update beside the actor's, each on a gang of its own, where
   splitting the devices ends the pair ``alongside_gain`` sooner than running it in turn;
