@@ -1780,17 +1780,14 @@ class Jigsaw(Policy):
         if self._stage_s(state, p, stage, total) >= end_now:
             return False  # no wait, however long, ends sooner: the pass on all of them does not
         soon = sorted(self._busy_for_s(state, d) for d in spare)
-        k = 1
-        while True:
+        for k in sorted({min(len(soon), 2 ** i) for i in range(len(soon).bit_length() + 1)}):  # 1, 2, 4, ... all
             wait = soon[k - 1]
             if wait >= end_now:
                 return False
             joined = sum(1 for x in home_later if x <= wait)
             if wait + self._stage_s(state, p, stage, g + joined + k) < end_now * (1 - self.config.wait_gain):
                 return True
-            if k == len(soon):
-                return False
-            k = min(len(soon), 2 * k)
+        return False
 
     def _run_alongside(self, rnd, p, out) -> bool:
         """``concurrent_stages``: start ``p``'s next stage (the log-prob pass, the critic's
