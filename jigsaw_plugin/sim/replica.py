@@ -182,9 +182,14 @@ class Replica:
         return self.tick_epoch
 
     def observe(self, t: float):
-        self.sync(t)
-        step = self.step_s or self._decode_s(max(1, self.n), self.kv_tokens)
-        return ReplicaObs.build(self.n, len(self.queue), self.kv_tokens, float(self.cap), self.max_seqs, step,
+        # every replica reports every round (1,024 at 1024 GPUs): the KV figure once, the
+        # sync only where time moved
+        if t > self.t_sync:
+            self.sync(t)
+        n = self.n
+        kv = self._base + n * self.p  # ``kv_tokens``
+        step = self.step_s or self._decode_s(max(1, n), kv)
+        return ReplicaObs.build(n, len(self.queue), kv, float(self.cap), self.max_seqs, step,
                                 max(0.0, self.busy_until - t))
 
     def request_rows(self, t: float) -> list:
