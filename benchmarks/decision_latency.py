@@ -320,36 +320,25 @@ cheaper without changing a decision is in docs/predictor.md ("What a round costs
 
 Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
 state build and of the policy, the slowest 1% of a case's rounds; timers included, about
-1 us a timed call), on the build of stop 35 (this one, stop 36, adds one look-ahead per
-round a pair's first stage is ready, `concurrent_stages`; not broken down again):
+1 us a timed call; measured in stop 53 on the build before its change to the simulated
+replicas' reports, below):
 
-* 64 / 8, the first 400 rounds (`--breakdown --cases 64x8 --rounds 400 --cpu-budget 40`):
-  the slowest rounds (6.4 ms on average) are rounds in which the tail consolidation
-  (`Jigsaw._consolidate_tails`) reads the predicted drains of 5 pipelines whose engines'
-  request counts changed since they were last read (this benchmark's pipelines are copies
-  of two and reach their rollout tails together). Each first read gathers its pipeline's
-  rows: 5.6 ms of the round, of which 4.2 predictor calls 2.0 ms, the replicas whose
-  requests changed read again 1.8 ms (their requests' fields from the simulator's replicas
-  0.9 ms), and staleness checks, aggregates, finished rows and the predictor's batch the
-  rest. Outside the gathers: the views of the 64 replicas (0.3 ms every round).
-* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`; 5,620
-  rounds): the slowest 1% take 4.6 ms on average: 4.8 gathers 3.8 ms, of which 3.1
-  predictor calls 1.5 ms and replicas read again 1.2 ms.
+* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`; 5,432
+  rounds): the slowest 1% take 5.7 ms on average, nearly all in the tail consolidation's
+  first reads of the pipelines whose engines' request counts changed: 4.6 gathers 4.6 ms,
+  of which 3.1 predictor calls 1.6 ms and the replicas whose requests changed read again
+  1.6 ms (their requests' fields from the simulator's replicas 1.0 ms). Outside the
+  gathers: the views of the 64 replicas (0.4 ms every round).
 * 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
-  400`; the first rollout's tails, from about 2.8 simulated seconds): the slowest 1% take
-  7.4 ms on average (19.4 ms on the build before): the consolidation 4.1 ms, pricing 71
-  tails (554 before) with 98 drain reads and 3.3 gathers (29 before; 2.1 predictor calls
-  1.2 ms), and the views of all 1,024 replicas 2.8 ms, every round.
+  400`; the first rollout's tails, from about 2.9 simulated seconds): the slowest 1% take
+  16.1 ms on average: the views of all 1,024 replicas 8.6 ms (5.4 ms on average over all
+  rounds; 2.8 ms in the runs of stop 36), the consolidation 5.2 ms (46 tails priced, 62
+  drain reads, 2.0 gathers 3.1 ms), the tail widening 0.7 ms.
 
-What stop 35 changed: the tail consolidation prices a pipeline's tails only where its
-engines' request counts or its finished trajectories changed since its requests were last
-read (`reprice_on_change`, on by default; docs/simulator.md); every round re-priced every
-pipeline with a tail, nearly always to turn the same tails away. What stop 36 changes:
-`concurrent_stages` (docs/simulator.md) runs the log-prob and reference passes side by side
-where a split pays, so this benchmark's GRPO pipelines make other decisions, and a round in
-which a pair's first stage is ready runs the look-ahead once more to price the split. The
-tables below are of this build (stop 36); the medians of alternated repeats under them
-compare it with stop 35's build (38f4596): the same within the machine's noise. One
+What stop 53 changed: a simulated replica's report (`Replica.observe`) computes its KV
+figure once and skips the sync where time has not moved (the same report; every
+decision and makespan unchanged): the snapshot of a stopped 1024 / 32 run 2.9 -> 2.7 ms
+(medians of two alternated runs each). The tables below are of that build. One
 invocation's figures move by 10-30% with the shared machine's load from run to run (more
 at 1024 / 32, whose runs take a minute or two each).
 
@@ -361,28 +350,31 @@ at 1024 / 32, whose runs take a minute or two each).
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,620
-rounds, 290 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,432
+rounds, 287 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
-table reads too), and the medians of alternated runs of stop 35's build (38f4596) and of
-this one where given (`--repeats`; both ran the same 5,620 rounds over the whole 64 / 8
-run: no pair of this benchmark's pipelines split).
+table reads too).
 {notes}
-What is left. At 64 / 8 the target (1 ms) is not met: over the whole run the decision
-p99 is 3.1-3.5 ms in runs of stops 35 and 36 (the policy's own 0.9 ms; 3.75 ms in stop 47,
-the policy's own 1.07 ms: the policy alone is past it too), over the first 400
-rounds about 5 ms. A
-slow round is nearly all state build: the consolidation's first reads of the pipelines
-whose requests changed gather them, each with about one predictor call of 300-500 us
-(some 250 numpy calls whatever the batch) and its changed replicas read again. Meeting it
-needs predictions that are not made in the round that first reads them (refreshed as
-requests finish, between rounds) or a predictor call an order of magnitude cheaper on a
-few groups; neither is built (re-pricing each pipeline's tails at most once a simulated
-second gave 612 / 2,892 us at p50 / p99, but slower makespans: docs/simulator.md, stop 47). At 1024 / 32 the target is met over the first 400 rounds
-and over 16,000 rounds into the first rollout's tails (6.5-6.9 ms in the runs of stops 35
-and 36; the build before stop 35 gave 10.0-12.6 ms): what is left of a slow round is the views of 1,024 replicas (2.8 ms every
-round) and the few gathers a change brings.
+What is left. Neither target is met on this build. At 64 / 8 (1 ms) the median round is
+already about 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
+times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
+1 ms by itself (0.9 ms in the runs of stop 36), and a slow round adds the consolidation's
+gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
+batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
+predictions that are not made in the round that first reads them (refreshed as requests
+finish, between rounds) or a predictor call an order of magnitude cheaper on a few groups,
+and a round without a Python pass over every replica; none is built (re-pricing each
+pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p99, but
+slower makespans: docs/simulator.md, stop 47). At 1024 / 32 (10 ms) the first 400 rounds
+are within it, but 16,000 rounds into the first rollout's tails are not: 6.5-6.9 ms in the
+runs of stops 35 and 36, 12.7-12.9 ms on the builds of stop 53 (the docs showed stop 36's
+figures until then). What grew is the views of the 1,024 replicas, every round (2.8 ms on
+average then, 5.4 ms in stop 53's breakdown), and the consolidation's pricing in the tails
+(4.1 -> 5.2 ms in the slowest 1%); the mechanisms added between were measured on the
+makespans and at 64 / 8, not on this case. Getting back under it needs the replicas'
+reports and views built without a Python call per replica each round (arrays the executor
+keeps, advanced in one pass); not built.
 """
 
 
