@@ -328,7 +328,7 @@ replicas' reports, below):
   first reads of the pipelines whose engines' request counts changed: 4.6 gathers 4.6 ms,
   of which 3.1 predictor calls 1.6 ms and the replicas whose requests changed read again
   1.6 ms (their requests' fields from the simulator's replicas 1.0 ms). Outside the
-  gathers: the views of the 64 replicas (0.4 ms every round).
+  gathers: the views of the 64 replicas (0.2 ms a round on average, 0.4 ms in the slowest).
 * 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
   400`; the first rollout's tails, from about 2.9 simulated seconds): the slowest 1% take
   16.1 ms on average: the views of all 1,024 replicas 8.6 ms (5.4 ms on average over all
