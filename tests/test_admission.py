@@ -270,7 +270,8 @@ def test_no_limit_on_an_executor_without_the_capability_or_with_the_switch_off()
     rep = _replica(0, 4, 6, 100, 1000, 1000.0, 12_000.0)
     assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(
         _state([rep], final_context=2000.0, admission_limits=False))) == {}
-    assert _limits(get_policy("jigsaw", multiplex=False, admission=False).decide(_state([rep], final_context=2000.0))) == {}
+    off = get_policy("jigsaw", multiplex=False, admission=False)
+    assert _limits(off.decide(_state([rep], final_context=2000.0))) == {}
     # on by default (since stop 52)
     assert _limits(get_policy("jigsaw", multiplex=False).decide(_state([rep], final_context=2000.0))) == {0: 7}
 

@@ -187,7 +187,7 @@ class Replica:
         if t > self.t_sync:
             self.sync(t)
         n = self.n
-        kv = self._base + n * self.p  # ``kv_tokens``
+        kv = self.kv_tokens
         step = self.step_s or self._decode_s(max(1, n), kv)
         return ReplicaObs.build(n, len(self.queue), kv, float(self.cap), self.max_seqs, step,
                                 max(0.0, self.busy_until - t))
