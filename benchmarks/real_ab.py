@@ -370,7 +370,7 @@ def agentic_note(data: dict) -> list[str]:
                    if frac < 0.2 else
                    "That idle time is what multiplexing could fill. ")
                 + f"The jigsaw policy "
-                f"keeps a generating pipeline's last replica even with nothing in flight (scheduler/jigsaw.py, "
+                f"keeps a generating pipeline's last replica even with nothing in flight (scheduler/jigsaw/policy.py, "
                 f"`_retire_drained`: trajectories in tool calls come back to it), so such gaps are not lent in "
                 f"any case."]
     mk = r["makespan_s"]["baseline"]

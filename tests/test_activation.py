@@ -143,11 +143,8 @@ def test_a_bad_replica_size_is_a_clear_error():
 
 def test_the_jigsaw_policy_keeps_training_on_the_trainer_site_and_bills_elastic_workers_held():
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.scheduler.jigsaw import JigsawConfig
     from jigsaw_plugin.sim import Simulation
 
-    if "cost_aware" not in {f.name for f in dataclasses.fields(JigsawConfig)}:
-        pytest.skip("scheduler/jigsaw.py does not call scheduler/activation.py yet (the hunk is with the lead)")
     # 32 prompts: the training passes are long enough for the critical pipeline's running
     # stage to grow (critical_loans) onto free devices, which must stay on the trainer site
     w = workload([dict(TRAINER, count=2, gpus_per_node=2), spot("cheap", 1.2, count=4), remote(0.3, count=2)],

@@ -1,4 +1,4 @@
-"""The tail pricing's pre-filters (scheduler/jigsaw.py, ``_price_move``, ``_Ends``) turn
+"""The tail pricing's pre-filters (scheduler/jigsaw/tails.py, ``_price_move``; ``round.Ends``) turn
 away only what the full pricing turns away: a width on which even the tail's own longest
 request at its own batch ends past the bound takes no destination, and the bound and the
 latest ends are computed once per pipeline a round (again only after a move)."""
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from jigsaw_plugin.costmodel import CostModel
 from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
-from jigsaw_plugin.scheduler.jigsaw import Jigsaw, _Ends
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+from jigsaw_plugin.scheduler.jigsaw.round import Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
 from sim_helpers import full_tail_pricing
 
@@ -58,7 +59,7 @@ def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_th
     live = [tail, *narrow, wide]
     cost = _CountingCost()
     state = SimpleNamespace(cost=cost, t=0.0)
-    ends = _Ends(0.05)
+    ends = Ends(0.05)
     got = policy._price_move(state, p, tail, live, ends, {}, set(), {1, 2})
     drains = {r.id: r.predicted_drain_s() for r in live}
     assert COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0) \
@@ -75,7 +76,7 @@ def test_when_every_width_is_hopeless_the_siblings_are_not_priced():
     tail = _replica(1, 4, 8_000.0, 300.0, step_s=0.0068)
     live = [tail] + [_replica(i, 40, 40_000.0, 200.0, step_s=0.00737) for i in range(2, 30)]
     cost = _CountingCost()
-    got = policy._price_move(SimpleNamespace(cost=cost, t=0.0), p, tail, live, _Ends(0.05), {}, set(), {1})
+    got = policy._price_move(SimpleNamespace(cost=cost, t=0.0), p, tail, live, Ends(0.05), {}, set(), {1})
     drains = {r.id: r.predicted_drain_s() for r in live}
     assert got is None and full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05) is None
     assert cost.steps == 1  # the width's floor step only, not 28 siblings' two steps each
@@ -96,7 +97,7 @@ def test_a_move_ending_just_inside_the_bound_is_still_made():
     floor_end = COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0)
     assert 0.99 * bound < floor_end < bound
     want = full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05)
-    got = policy._price_move(SimpleNamespace(cost=COST, t=0.0), p, tail, live, _Ends(0.05), {}, set(), {1})
+    got = policy._price_move(SimpleNamespace(cost=COST, t=0.0), p, tail, live, Ends(0.05), {}, set(), {1})
     assert want is not None and want[0] is empty
     assert got is not None and got[0] is empty and got[1] == want[1]
 
@@ -131,7 +132,7 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
         for src in live:
             if src.load > 32:
                 continue
-            got = policy._price_move(state, p, src, live, _Ends(slack, dict(drains)), extra, set(), widths)
+            got = policy._price_move(state, p, src, live, Ends(slack, dict(drains)), extra, set(), widths)
             want = full_tail_pricing(policy, COST, p, src, live, drains, extra, set(), slack)
             assert (got is None) == (want is None)
             if got is not None:
@@ -159,7 +160,7 @@ def _round(replicas):
 
 def _full_consolidation(policy, p, slack):
     """The consolidation with the full pricing, every drain read up front and the bound
-    computed again for every tail (the pricing before ``_Ends``)."""
+    computed again for every tail (the pricing before ``Ends``)."""
     cfg = policy.config
     live = [r for r in p.replicas if r.load]
     tails = [r for r in live if not r.queued and r.load <= cfg.tail_requests
@@ -186,7 +187,7 @@ def _full_consolidation(policy, p, slack):
 
 def test_the_consolidation_makes_the_moves_of_the_full_pricing_round_after_round():
     """Several moves in one pipeline's round change the bound and the latest ends: what
-    ``_Ends`` keeps is computed again after each, as the full pricing does per tail."""
+    ``Ends`` keeps is computed again after each, as the full pricing does per tail."""
     policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(11)
     several = 0

@@ -1,4 +1,4 @@
-"""What the jigsaw policy's tail consolidation reads (scheduler/jigsaw.py, ``_consolidate_tails``
+"""What the jigsaw policy's tail consolidation reads (scheduler/jigsaw/tails.py, ``_consolidate_tails``
 and ``_price_move``): the engines' reports before any prediction, no request views, and
 a pricing that skips work without changing its answer."""
 
@@ -10,7 +10,8 @@ import pytest
 from jigsaw_plugin.costmodel import CostModel
 from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
-from jigsaw_plugin.scheduler.jigsaw import Jigsaw, _Ends
+from jigsaw_plugin.scheduler.jigsaw import Jigsaw
+from jigsaw_plugin.scheduler.jigsaw.round import Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
 from sim_helpers import full_tail_pricing
 
@@ -56,7 +57,7 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
         extra = {r.id: (rng.randint(0, 20), rng.uniform(0.0, 4000.0)) for r in live if rng.random() < 0.3}
         slack = rng.choice((0.05, 0.2, 1.0))
         # the drains read as the pricing needs them (the consolidation's way), or all given
-        lazy = _Ends(slack, {} if rng.random() < 0.5 else dict(ends))
+        lazy = Ends(slack, {} if rng.random() < 0.5 else dict(ends))
         got = policy._price_move(state, p, src, live, lazy, extra, set(), {r.tp for r in live})
         want = full_tail_pricing(policy, state.cost, p, src, live, ends, extra, set(), slack)
         assert (got is None) == (want is None)

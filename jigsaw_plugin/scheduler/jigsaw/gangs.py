@@ -1,0 +1,390 @@
+"""Training gangs: the look-ahead's start-now-or-wait choice and its width, placement on
+nodes, stages run alongside each other, and early forward passes.
+
+A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins fit."""
+
+from __future__ import annotations
+
+from jigsaw_plugin.algorithms import FORWARD_STAGES, early_stages, may_run_alongside
+from jigsaw_plugin.scheduler.activation import trainer_site
+from jigsaw_plugin.scheduler.decisions import RunStage
+from jigsaw_plugin.scheduler.estimates import rollout_tp
+from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, STAGE_TIMES_KEPT, prefix_fastest
+
+__all__ = ["TrainingGangs"]
+
+
+class TrainingGangs:
+    """``Jigsaw``'s training gangs: when a ready stage starts, on which devices."""
+
+    def _on_trainer_site(self, state, devices: list) -> list:
+        """``devices`` a training stage may take: those on the trainer's site where the pool
+        is heterogeneous and ``cost_aware`` (a gang priced at its slowest class should not
+        reach a spot or remote worker), all of them otherwise."""
+        if not self._cost_aware(state):
+            return devices
+        site = trainer_site(state)
+        return [d for d in devices if d in site]
+
+    def _affinity(self, rnd, p, devices, kind) -> list:
+        state = rnd.state
+        home = set(rnd.home[p.name][0 if kind == "rollout" else 1])
+
+        def key(d):
+            dev = state.devices[d]
+            resident = p.name in dev.resident if kind == "rollout" else dev.train_resident == p.name
+            return (d not in home, not resident, d)
+
+        return sorted(devices, key=key)
+
+    def _node_group(self, rnd, p, devices, w) -> tuple:
+        """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
+        preferring the pipeline's home and resident devices; () when no node has ``w``. A
+        width wider than a node (a spec's ``rollout_tp``, or a model no node holds) takes
+        whole nodes, as its replicas at launch do."""
+        by_node = self._by_node(rnd.state, self._affinity(rnd, p, devices, "rollout"))
+        gpn = max(1, rnd.state.gpus_per_node)
+        if w > gpn:
+            whole = [ds for ds in by_node.values() if len(ds) == gpn]
+            if w % gpn or len(whole) < w // gpn:
+                return ()
+            return tuple(d for ds in whole[:w // gpn] for d in ds)
+        for node in sorted(by_node, key=lambda n: -len(by_node[n])):
+            if len(by_node[node]) >= w:
+                return tuple(by_node[node][:w])
+        return ()
+
+    @staticmethod
+    def _pass_tokens(p, stage) -> int:
+        """The tokens ``stage`` of the step to train next reads: a forward pass what early
+        passes did not read, an update the whole batch."""
+        s = p.steps[p.train_next]
+        return s.tokens - s.covered.get(stage, 0) if stage in FORWARD_STAGES else s.tokens
+
+    def _stage_s(self, state, p, stage, g) -> float:
+        """The pass's time on ``g`` devices (infinite on fewer than hold its state)."""
+        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        return price(p.model, g, self._pass_tokens(p, stage))
+
+    def _layout_s(self, state, p, stage, devices) -> float:
+        """The pass's time on exactly ``devices``: in the sharding layouts their nodes allow
+        (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``), where
+        ``_stage_s`` prices a width as it would be placed at best."""
+        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
+
+    @staticmethod
+    def _by_node(state, devices) -> dict:
+        """``devices`` grouped by node, each group in the order given."""
+        by_node: dict[int, list] = {}
+        for d in devices:
+            by_node.setdefault(state.devices[d].node, []).append(d)
+        return by_node
+
+    def _nodes(self, state, devices) -> tuple:
+        """``devices``' count on each node they span (``CostModel.train_s``'s ``nodes``)."""
+        return tuple(len(ds) for ds in self._by_node(state, devices).values())
+
+    def _packed(self, rnd, p, stage, devices, keep=()) -> tuple:
+        """Of ``devices`` (in the order given, best first), the gang that runs the pass
+        soonest, fewer devices on a tie: all of them, or for each hybrid shard size ``s``,
+        the multiples of ``s`` each node holds, in node-local groups (a gang that cannot form
+        them shards over all its devices, across the node NICs, which fewer devices in
+        groups can beat). ``keep``: devices the gang holds already and keeps (a growing
+        stage); a size whose groups would drop one of them is skipped."""
+        state = rnd.state
+        devices = tuple(devices)
+        if len(devices) <= 1 or not state.cost.f.hybrid_shard:
+            return devices
+        by_node = self._by_node(state, devices)
+        held = set(keep)
+        best_t, best = self._layout_s(state, p, stage, devices), devices
+        top = min(max(1, state.gpus_per_node), len(devices) - 1)
+        for size in range(top, state.cost.stage_min_gang(p.model, stage) - 1, -1):
+            kept = set()
+            for ds in by_node.values():
+                kept.update(ds[:len(ds) // size * size])
+            if not kept or held - kept or len(kept) == len(devices):
+                continue
+            sub = tuple(d for d in devices if d in kept)
+            t = self._layout_s(state, p, stage, sub)
+            if t < best_t * (1 - 1e-9) or (t <= best_t * (1 + 1e-9) and len(sub) < len(best)):
+                best_t, best = t, sub
+        return best
+
+    def _take(self, rnd, p, stage, devices, g: int) -> tuple:
+        """``g`` of ``devices`` placed for the layout ``_stage_s`` assumes of that width: in
+        whole node-local groups of its hybrid shard size, the nodes with the most of
+        ``devices`` first; the first ``g`` where the whole gang shards (or no groups fit)."""
+        state = rnd.state
+        devices = list(devices)
+        cost = state.cost
+        update = stage not in FORWARD_STAGES
+        price = cost.forward_s if not update else cost.train_s
+        tokens = self._pass_tokens(p, stage)
+        size = min(cost.shard_sizes(p.model, g, update),
+                   key=lambda x: (price(p.model, g, tokens, nodes=(x,) * (g // x)), -x))
+        if size >= g:
+            return tuple(devices[:g])
+        out: list = []
+        for ds in sorted(self._by_node(state, devices).values(), key=len, reverse=True):
+            n = min(len(ds) // size * size, g - len(out))
+            out += ds[:n // size * size]
+            if len(out) == g:
+                return tuple(out)
+        return tuple(devices[:g])
+
+    def _early_passes(self, rnd, out) -> None:
+        """Run a forward pass over a generating step's finished trajectories on devices left
+        free this round (its home's, then devices lent for as long as its rollout is
+        projected to run), once the rollout is down to its tail or, under
+        ``early_in_reward_wait``, the step waits on its rewards (for as long as
+        ``_reward_wait_s`` projects), for a pipeline on the job set's critical path at its
+        observed pace. The stage's own pass after the tail then
+        reads only the rest: the step's chain shortens by what was read early, on devices
+        that would otherwise wait for the tail. The narrowest gang that reads all the
+        finished tokens before the rollout is projected to end; else every free device,
+        reading what it can by then (a pass still running when the batch is complete would
+        hold the stage back), if that is at least ``early_min_fixed`` times the pass's
+        fixed cost."""
+        state, cfg = rnd.state, self.config
+        for p in state.order:
+            s = p.steps.get(p.train_next)
+            if (p.done or p.stage_running or p.alongside_stage is not None or not rnd.free or s is None
+                    or s.rewarded >= s.samples
+                    or s.gen_done < cfg.early_from * s.samples):
+                continue
+            stage = self._early_stage(p, s)
+            tp = rollout_tp(p, state.cost)
+            if stage is None or len(rnd.free) < tp or not self._in_tail(p):
+                continue
+            if not self._paced_critical(rnd, p):
+                continue  # a pipeline off the critical path would take devices the critical one could use
+            in_tools = s.samples - s.gen_done > p.load()
+            if in_tools and not cfg.early_in_tool_calls:
+                continue  # trajectories in tool calls come back for their next turn: not a tail
+            # the rollout's projected end reads its requests' predictions: only now; a step
+            # generated in full waits on its rewards for about as long as its earlier steps did
+            drain = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            if in_tools:  # ... and one with trajectories in tool calls waits on them too
+                drain = max(drain, self._tool_calls_left_s(p))
+            if cfg.early_in_reward_wait:
+                drain = max(drain, self._reward_wait_s(p, state.t))
+            home = set(rnd.share[p.name])
+            pool = [d for d in sorted(rnd.free) if d in home]
+            pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
+            pool = self._on_trainer_site(state, pool)
+            need = state.cost.stage_min_gang(p.model, stage)
+            if len(pool) < max(tp, need):
+                continue  # fewer devices than hold the model's weights
+            tokens = s.finished_tokens - s.covered.get(stage, 0)
+            price = lambda g, n: state.cost.forward_s(p.model, g, n)
+            fixed = state.cost.f.train_stage_overhead_s
+            # the narrowest gang that reads them all before the rollout is projected to end
+            # (a pass's fixed cost is paid per device); else all free devices, reading what
+            # they can by then (a pass still running when the batch is complete would hold
+            # the stage back), if that is worth a pass's fixed cost
+            g = next((g for g in range(need, len(pool) + 1) if price(g, tokens) <= drain), 0)
+            chunk = tokens
+            if not g:
+                g = len(pool)
+                chunk = int(tokens * (drain - fixed) / max(1e-9, price(g, tokens) - fixed))
+                if chunk <= 0 or price(g, chunk) - fixed < cfg.early_min_fixed * fixed:
+                    continue
+            devs = tuple(self._affinity(rnd, p, pool, "train")[:g])
+            out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True,
+                                tokens=0 if chunk >= tokens else chunk))
+            rnd.free.difference_update(devs)
+
+    def _early_stage(self, p, s) -> str | None:
+        """The first forward stage (before any stage that needs the whole batch) with enough
+        finished tokens its early passes have not read."""
+        for stage in early_stages(p.stages):
+            if s.finished_tokens - s.covered.get(stage, 0) >= self.config.early_chunk * max(1, s.finished_tokens):
+                return stage
+        return None
+
+    def _gang(self, rnd, p, unnarrowed: bool = False) -> tuple:
+        """The devices ``p``'s next stage starts on now, () to wait; ``unnarrowed``: every
+        device the look-ahead would start it with, before the width rules narrow it."""
+        state, free = rnd.state, rnd.free
+        stage = p.next_stage
+        home = rnd.home[p.name][1]
+        home_free = [d for d in home if d in free]
+        if stage == "weight_sync":
+            devs = home_free or self._lendable(rnd, p, 5.0)
+            return tuple(self._affinity(rnd, p, devs, "train")[:1])
+        if not self.config.resize:
+            return tuple(home) if len(home_free) == len(home) else ()
+        room = self._rollout_room(rnd, p)
+        if room:  # the rollout's part of the home stays free for it (async_reserve)
+            leave = set(self._affinity(rnd, p, home_free, "rollout")[:room])
+            home = [d for d in home if d not in leave]
+            home_free = [d for d in home_free if d not in leave]
+        loans = self.config.loans
+        # with micro-batch loans a loan need only last one micro-batch: its owner reclaims it
+        # at a boundary; without, it must outlast the whole stage
+        g_est = max(1, len(home))
+        duration = (self._micro_batch_s(state, p, stage, g_est) if loans else self._stage_s(state, p, stage, g_est))
+        lent = self._lendable(rnd, p, duration, training=True)
+        home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
+        now = home_free + [d for d in lent if d not in home_free]
+        if not self.config.lookahead:
+            return tuple(now) if len(now) >= state.cost.stage_min_gang(p.model, stage) else ()
+        # look-ahead: start now with what is free (and, with loans, grow at the first
+        # micro-batch boundary onto the home devices free by then), or wait for the i-th
+        # busy home device and start bigger; pick the earliest projected end
+        later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
+        best = None
+        for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate plans
+            wait = later[i - 1] if i else 0.0
+            if wait > self.config.horizon_s:
+                break
+            g = len(now) + i
+            if g == 0:
+                continue
+            whole = self._gang_s(rnd, p, stage, g)
+            if whole == INF:
+                continue  # too few devices to hold the pass's state
+            end = wait + whole
+            if loans and i == 0:
+                first = self._micro_batch_s(state, p, stage, g)
+                joined = sum(1 for x in later if x <= first)
+                rest = (MICRO_BATCHES - 1) / MICRO_BATCHES
+                end = min(end, first + rest * self._stage_s(state, p, stage, g + joined))
+            if best is None or end < best[0] - 1e-9:
+                best = (end, i)
+        if best is None or best[1] > 0:
+            return ()  # waiting for busy home devices finishes sooner
+        if self.config.wait_for_freed and self._freed_soon_sooner(rnd, p, stage, len(now), later, best[0]):
+            return ()  # waiting for devices that free up soon, and that no one takes back, finishes sooner
+        if unnarrowed:
+            return tuple(self._affinity(rnd, p, now, "train"))
+        narrow = self._no_slower_gang(rnd, p, stage, now)
+        if narrow:
+            return narrow
+        if self.config.idle_spread and all(o.done for o in state.order if o is not p):
+            narrow = self._fastest_gang(rnd, p, stage, now, best[0])
+            if narrow:
+                return narrow
+        return self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
+
+    def _freed_soon_sooner(self, rnd, p, stage, g: int, home_later: list, end_now: float) -> bool:
+        """``wait_for_freed``: a gang of the ``g`` devices free to ``p`` now, projected to
+        end at ``end_now`` (seconds from now), would end past the job set's projected
+        finish (``_paced_last``: the latest at the observed paces), so would move it, and
+        later than one that waits for the first k of the busy devices outside its home whose
+        owner has finished (or never had them) and starts on those, the ``g`` and the home
+        devices free by then, by ``wait_gain``. The look-ahead's candidates wait for home
+        devices only; these devices go to whoever is ready when they free up, and a pass
+        started on a narrow home grows onto them only at its first micro-batch boundary.
+        Off the critical path the rule measured chaotic (docs/simulator.md)."""
+        state = rnd.state
+        if state.t + end_now <= self._paced_last(rnd):
+            return False  # the narrow start does not move the job set's projected finish
+        home = set(rnd.home[p.name][1])
+        pipelines = state.pipelines
+        spare = [d for d in range(len(state.devices)) if d not in rnd.free and d not in home
+                 and ((o := rnd.owner.get(d)) is None or pipelines[o].done)]
+        spare = self._on_trainer_site(state, spare)
+        if not spare:
+            return False
+        total = g + len(home_later) + len(spare)
+        if self._stage_s(state, p, stage, total) >= end_now:
+            return False  # no wait, however long, ends sooner: the pass on all of them does not
+        soon = sorted(self._busy_for_s(state, d) for d in spare)
+        for k in sorted({min(len(soon), 2 ** i) for i in range(len(soon).bit_length() + 1)}):  # 1, 2, 4, ... all
+            wait = soon[k - 1]
+            if wait >= end_now:
+                return False
+            joined = sum(1 for x in home_later if x <= wait)
+            if wait + self._stage_s(state, p, stage, g + joined + k) < end_now * (1 - self.config.wait_gain):
+                return True
+        return False
+
+    def _run_alongside(self, rnd, p, out) -> bool:
+        """``concurrent_stages``: start ``p``'s next stage (the log-prob pass, the critic's
+        update) on a gang of its own and its partner (the reference pass, the actor's
+        update; ``algorithms.ALONGSIDE``) beside it, the devices the look-ahead would
+        start the first with split so that the later of the two ends soonest (each at its
+        fastest width within its part), when that beats the two one after the other on all
+        of them by ``alongside_gain``. True if it did."""
+        state, cfg = rnd.state, self.config
+        stage = p.next_stage
+        if not (cfg.concurrent_stages and state.concurrent_stages and cfg.resize and cfg.lookahead
+                and may_run_alongside(stage, p.stages, p.stage_next)):
+            return False
+        pool = self._gang(rnd, p, unnarrowed=True)
+        n = len(pool)
+        if n < 2:
+            return False
+        partner = p.stages[p.stage_next + 1]
+        first = prefix_fastest(self._stage_times(rnd, p, stage, n)[:n])
+        second = prefix_fastest(self._stage_times(rnd, p, partner, n)[:n])
+        # (end, width of the first, width of the second) for each split k | n - k
+        end, w1, w2 = min((max(first[k - 1][0], second[n - k - 1][0]), first[k - 1][1], second[n - k - 1][1])
+                          for k in range(1, n))
+        if end == INF or end > (first[n - 1][0] + second[n - 1][0]) * (1 - cfg.alongside_gain):
+            return False
+        gpn = max(1, state.gpus_per_node)
+        a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
+        rest = [d for d in pool if d not in a]
+        b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or self._take(rnd, p, partner, rest, w2)
+        out.append(RunStage(p.name, p.train_next, stage, tuple(a), colocated=False, alongside=True))
+        out.append(RunStage(p.name, p.train_next, partner, tuple(b), colocated=False))
+        rnd.free.difference_update(a)
+        rnd.free.difference_update(b)
+        return True
+
+    def _no_slower_gang(self, rnd, p, stage, devices: list) -> tuple:
+        """``fastest_width``: the narrowest gang of the fastest width below ``len(devices)``
+        when every one of ``devices`` would make the pass slower (few tokens a device leave
+        it bound by parameter all-gathers, over the node NICs once it outgrows a node); ()
+        when all of them are the fastest."""
+        if not self.config.fastest_width or len(devices) < 2:
+            return ()
+        state = rnd.state
+        full = self._stage_s(state, p, stage, len(devices))
+        fastest = self._gang_s(rnd, p, stage, len(devices))
+        if fastest >= full * (1 - 1e-9):
+            return ()
+        return self._fastest_gang(rnd, p, stage, devices, fastest)
+
+    def _gang_s(self, rnd, p, stage, g: int) -> float:
+        """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
+        gang they hold (any width up to ``g``: FSDP shards over any count)."""
+        if not self.config.fastest_width:
+            return self._stage_s(rnd.state, p, stage, g)
+        return min(self._stage_times(rnd, p, stage, g)[:g])
+
+    def _stage_times(self, rnd, p, stage, upto: int) -> list:
+        """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
+        (maybe more: callers slice), each width priced once for what the pass reads: the
+        look-ahead and the width rules read every width below a gang's, every round the
+        stage waits."""
+        key = (rnd.state.cost, p.model, stage, self._pass_tokens(p, stage))
+        times = self._widths_s.get(key)
+        if times is None:
+            if len(self._widths_s) >= STAGE_TIMES_KEPT:
+                self._widths_s.clear()
+            times = self._widths_s[key] = []
+        while len(times) < upto:
+            times.append(self._stage_s(rnd.state, p, stage, len(times) + 1))
+        return times
+
+    def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:
+        """The narrowest gang of fewer than ``now`` devices that ends no later than ``end``,
+        on one node where it fits; () if none: for ``fastest_width`` (``end`` the fastest
+        width's time) and for the run's last pipeline (``idle_spread``: ``end`` the
+        look-ahead's best with all of them). A gang's time is not monotone in its
+        width: few tokens a device leave a pass bound by its parameter all-gathers, which
+        cross the node NICs once the gang outgrows a node (a 14B update over 64K tokens: 4.7 s
+        on one 4-device node, 29 s on 16 devices over four). The narrowest gang that merely
+        matches the whole width's end is for the last pipeline only: while others run, such
+        a gang changes who gets which devices when, and measured chaotic (docs/simulator.md)."""
+        gpn = max(1, rnd.state.gpus_per_node)
+        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
+            if t <= end + 1e-9:
+                group = self._node_group(rnd, p, now, g) if g <= gpn else ()
+                return group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
+        return ()

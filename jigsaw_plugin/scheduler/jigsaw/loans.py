@@ -1,0 +1,247 @@
+"""Lending a pipeline's home devices and getting them back: how long an owner can spare
+them, micro-batch loans that grow running stages, and reclaims at a boundary.
+
+A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins fit."""
+
+from __future__ import annotations
+
+import math
+
+from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
+from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
+from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES
+
+__all__ = ["Loans"]
+
+
+class Loans:
+    """``Jigsaw``'s loans: what an owner can lend, for how long, and its reclaims."""
+
+    def _needed_in_s(self, rnd, owner: str) -> float:
+        """When the owner of a home device is projected to want it back."""
+        got = rnd.need.get(owner)
+        if got is not None:
+            return got
+        state = rnd.state
+        o = state.pipelines[owner]
+        if o.done:
+            got = INF
+        elif self._wants_home_now(rnd, o) or o.next_stage:
+            got = 0.0
+        elif o.stage_running or o.alongside_stage is not None:
+            ends = [e for e in (o.running_stage_end_t, o.alongside_end_t) if e is not None]
+            got = max(0.0, min(ends) - state.t) if ends else 0.0
+        elif o.generating:
+            got = max((r.predicted_drain_s() for r in o.replicas), default=0.0)
+            if (self.config.tool_wait and o.lengths.tool_s > 0 and self._between_turns(o) > 0
+                    and not self._paced_critical(rnd, o)):
+                # trajectories in tool calls come back for more turns: the rollout, and the
+                # training after it, are that far off at least, whatever the replicas hold now
+                # (an owner on the critical path keeps its claim: its next turns would wait
+                # for a loan to end, and they set the makespan)
+                got = max(got, self._tool_calls_left_s(o))
+        elif self.config.reward_wait:
+            got = self._reward_wait_s(o, state.t)
+        else:
+            got = 0.0
+        rnd.need[owner] = got
+        return got
+
+    def _paused(self, rnd, p) -> bool:
+        rs = p.running_stage
+        return rs is not None and rs.resizable and not rnd.stage_devices(p)
+
+    def _wants_home_now(self, rnd, o) -> bool:
+        """``o`` has work ready that its home devices should run now: a ready stage, a stage
+        paused or still able to grow, a rollout to start or requests waiting for a replica."""
+        rs = o.running_stage
+        if rs is not None and rs.resizable and (rs.micro_batches_left >= 2 or not rnd.stage_devices(o)):
+            return True
+        return self._has_ready_work(o)
+
+    def _would_use_home(self, rnd, o) -> bool:
+        """As ``_wants_home_now``, but a running stage counts only where it would take the
+        devices: paused, or able to grow this round (``_stage_may_grow``)."""
+        rs = o.running_stage
+        if rs is not None and rs.resizable and (not rnd.stage_devices(o) or (
+                rs.micro_batches_left >= 2 and self._stage_may_grow(rnd, o))):
+            return True
+        return self._has_ready_work(o)
+
+    def _stage_may_grow(self, rnd, p) -> bool:
+        """``p``'s running stage may grow at its boundaries onto lent devices: every stage
+        with ``loans``, the critical pipeline's alone with ``critical_loans`` (onto its own
+        home's free devices, every stage may: ``grow_at_home``)."""
+        return self.config.loans or self._paced_critical(rnd, p)
+
+    def _has_ready_work(self, o) -> bool:
+        """A ready stage, a rollout to start or requests waiting for a replica."""
+        stage = o.next_stage
+        if runs_on_gang(stage):
+            return True
+        return (self._may_start_gen(o) and not o.generating) or o.pending > 0
+
+    def _lendable(self, rnd, p, duration, training: bool = False) -> list:
+        """Free devices outside ``p``'s home whose owners can spare them for ``duration``;
+        for a ``training`` gang of a pipeline on the job set's critical path at its observed
+        pace (``lend_to_critical``), also devices of owners off it, however soon they want
+        them back: such an owner has slack, the borrower sets the makespan."""
+        if not self.config.multiplex:
+            return []
+        state = rnd.state
+        mine = set(rnd.share[p.name])
+        out = []
+        critical = training and self.config.lend_to_critical and self._paced_critical(rnd, p)
+        if training and not critical and self._claim_s(rnd, p) < self.config.loan_margin * duration:
+            return []  # the critical pipeline's gang is ready sooner and would borrow them
+        for d in sorted(rnd.free):
+            if d in mine:
+                continue
+            owner = rnd.owner.get(d)
+            if owner is None:
+                out.append(d)
+            elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
+                out.append(d)
+            elif critical and not self._paced_critical(rnd, state.pipelines[owner]):
+                out.append(d)
+        return out
+
+    def _claim_s(self, rnd, p) -> float:
+        """``critical_claim``: seconds until a pipeline other than ``p`` on the critical
+        path at its observed pace has a training stage ready, where it is in its host-side
+        stage (the advantage computation, on no device) and a training stage on devices
+        follows; infinite otherwise. What it runs next is read from its stage order, and when
+        the host stage ends from the executor's report of the stage running: the policy
+        predicts nothing here."""
+        if not (self.config.critical_claim and self.config.lookahead):
+            return math.inf
+        if rnd.claim is None:
+            rnd.claim = (math.inf, None)
+            state = rnd.state
+            for c in state.order:
+                if c.done or not c.stage_running or c.running_stage_end_t is None:
+                    continue
+                k = c.stage_next
+                after = c.stages[k + 1] if k + 1 < len(c.stages) else None
+                if c.stages[k] not in HOST_STAGES or not runs_on_gang(after) or not self._paced_critical(rnd, c):
+                    continue
+                rnd.claim = min(rnd.claim, (max(0.0, c.running_stage_end_t - state.t), c.name),
+                                key=lambda x: x[0])
+        wait, claimant = rnd.claim
+        return math.inf if claimant == p.name else wait
+
+    def _reclaim(self, rnd, out) -> None:
+        """Owners with work ready get their lent home devices back: a borrowing stage shrinks
+        at its next micro-batch boundary; a borrowed replica's requests move to a sibling."""
+        state = rnd.state
+        shrink: dict[str, set] = {}
+        replicas: set = set()
+        for o in state.order:
+            if o.done or not self._wants_home_now(rnd, o):
+                continue
+            # an owner that would leave the devices idle lets the critical pipeline keep them
+            yields = self.config.keep_critical_loans and not self._would_use_home(rnd, o)
+            for d in rnd.share[o.name]:
+                task = state.devices[d].task
+                if task is None or task.pipeline == o.name:
+                    continue
+                if yields and self._paced_critical(rnd, state.pipelines[task.pipeline]):
+                    continue
+                if task.kind == "stage":
+                    shrink.setdefault(task.pipeline, set()).add(d)
+                elif task.kind == "replica" and task.replica is not None:
+                    replicas.add(task.replica)
+        for q, devs in shrink.items():
+            qv = state.pipelines[q]
+            if qv.running_stage is None or not qv.running_stage.resizable:
+                continue
+            base = rnd.stage_devices(qv)
+            new = tuple(x for x in base if x not in devs)
+            if len(new) < state.cost.stage_min_gang(qv.model, qv.running_stage.stage):
+                new = ()  # what is left cannot hold its state: it pauses until devices free up
+            if new != base:
+                rnd.resize(out, qv, new)
+                # devices a pending resize claimed but the stage never ran on are released at
+                # once (both executors): this round's gangs may take them
+                rnd.free.update(d for d in base if d not in new and d not in qv.running_stage.devices)
+        if self.config.migration:
+            for rid in sorted(replicas):
+                self._evict_replica(rnd, state.replicas.get(rid), out)
+
+    def _evict_replica(self, rnd, src, out) -> None:
+        """Move a borrowed replica's requests to a sibling with room, then retire it. The
+        room counts what this round's earlier moves send the sibling (``rnd.moved_in``):
+        the engines' reports do not show them yet."""
+        if src is None or src.retiring or src.id in rnd.gone:
+            return
+        p = rnd.state.pipelines[src.pipeline]
+        ctx = sum(r.kv_tokens for r in src.requests) if src.load else 0
+        moved = rnd.moved_in
+        for dst in sorted((r for r in p.replicas if r is not src and not r.retiring and r.id not in rnd.gone),
+                          key=lambda r: r.load + moved.get(r.id, (0, 0.0))[0]):
+            n_in, kv_in = moved.get(dst.id, (0, 0.0))
+            if dst.load + n_in + src.load <= dst.max_seqs and dst.kv_tokens + kv_in + ctx <= 0.9 * dst.kv_capacity:
+                out.append(RetireReplica(src.id))
+                if src.load:
+                    out.append(Migrate(src.id, dst.id))
+                    moved[dst.id] = (n_in + src.load, kv_in + ctx)
+                rnd.gone.add(src.id)
+                return
+
+    def _micro_batch_s(self, state, p, stage, g) -> float:
+        rs = p.running_stage
+        mbs = rs.micro_batches if rs is not None else MICRO_BATCHES
+        return self._stage_s(state, p, stage, g) / max(1, mbs)
+
+    def _grow_stages(self, rnd, out) -> None:
+        """Running stages take the free devices left, furthest-from-completion first: their
+        own home devices, then devices lent for at least a micro-batch. With ``loans`` off
+        and ``critical_loans`` on, only the critical pipeline's stage grows, and onto the
+        devices ``lend_to_critical`` lends it; with ``grow_at_home``, the others onto their
+        own home's free devices alone."""
+        state, cfg = rnd.state, self.config
+        lending = cfg.multiplex and (cfg.loans or cfg.critical_loans)
+        running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
+                   and p.running_stage.micro_batches_left >= 2
+                   and (cfg.grow_at_home or self._stage_may_grow(rnd, p))]
+        running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
+        for p in running:
+            if not rnd.free:
+                return
+            rs = p.running_stage
+            base = rnd.stage_devices(p)
+            if not base:
+                continue  # paused: served as a "resume" demand
+            home = set(rnd.share[p.name])
+            own = [d for d in sorted(rnd.free) if d in home]
+            g0 = len(base)
+            lend = []
+            if lending and self._stage_may_grow(rnd, p):
+                lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
+                                      training=not cfg.loans)
+            add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
+            if not add:
+                continue
+            left = rs.micro_batches_left - 1  # the one in progress keeps its width
+            now = left * self._layout_s(state, p, rs.stage, base) / rs.micro_batches
+            grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
+                                     keep=base)
+            add = [d for d in grown_set if d not in base]
+            if not add:
+                continue
+            switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
+            grown = switch + left * self._layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
+            if now - grown <= switch:
+                continue
+            rnd.resize(out, p, grown_set)
+            rnd.free.difference_update(add)
+
+    def _resume_devices(self, rnd, p) -> tuple:
+        rs = p.running_stage
+        own = [d for d in sorted(rnd.free) if d in set(rnd.share[p.name])]
+        lend = self._lendable(rnd, p, self._micro_batch_s(rnd.state, p, rs.stage, max(1, len(own))))
+        devs = self._on_trainer_site(rnd.state, own + [d for d in lend if d not in own])
+        if len(devs) < rnd.state.cost.stage_min_gang(p.model, rs.stage):
+            return ()  # too few to hold its state: it stays paused
+        devs = list(self._packed(rnd, p, rs.stage, devs))
+        return self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))

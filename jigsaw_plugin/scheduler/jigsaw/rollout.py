@@ -1,0 +1,423 @@
+"""Rollout replicas: how many and how wide, where they go (home first, then devices other
+pipelines can spare), a crowded critical rollout spread mid-step, and admission limits.
+
+A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins fit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from jigsaw_plugin.scheduler.activation import activate
+from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
+from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica
+from jigsaw_plugin.scheduler.estimates import gen_estimate_s, observed_stats, rollout_tp, train_estimate_s
+from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
+
+__all__ = ["RolloutReplicas"]
+
+
+class RolloutReplicas:
+    """``Jigsaw``'s rollout replicas: their count, width, devices and batch limits."""
+
+    def _launch_limits_of(self, rnd, p, widths) -> dict:
+        """Width -> the batch limit a replica of ``p`` that width starts with
+        (``admission.launch_limit`` on the pipeline's recent finished first turns; None: no
+        limit: nothing observed yet, or the engine's own is lower)."""
+        state = rnd.state
+        if p.history is None:
+            return {}
+        lengths = p.history.recent_lengths(0)
+        out = {}
+        for w in set(widths):
+            n = launch_limit(lengths, p.lengths.prompt_tokens, state.cost.kv_capacity_tokens(p.model, w))
+            out[w] = n if n is not None and n < state.max_num_seqs else None
+        return out
+
+    def _limit_before_start(self, rnd, p, live, out) -> None:
+        """A step's requests reach the pipeline's live replicas as it starts, and an engine
+        admits what fits at once: each gets the launch limit of its width first."""
+        limits = self._launch_limits_of(rnd, p, [r.tp for r in live])
+        ended = ended_replicas(out)
+        for r in live:
+            if r.id in ended:
+                continue
+            n = limits.get(r.tp)
+            if n != limit_of(r, rnd.state.max_num_seqs):
+                out.append(AdmissionLimit(r.id, n))
+
+    def _limit_admission(self, rnd, out) -> None:
+        """Each replica with requests waiting admits them only while the expected KV peak
+        of what it then runs stays within its cache (``admission.fitting`` on the
+        requests' predicted remaining tokens, spread as the pipeline's recent lengths;
+        below its running sequences where they alone outgrow it, ``shed_admission``); a
+        replica whose requests would all fit even at the pipeline's mean final context is
+        not read (no prediction asked): no sequence's expected KV peak exceeds that mean."""
+        state = rnd.state
+        top = state.max_num_seqs
+        ended = ended_replicas(out)
+        for p in state.order:
+            final = p.lengths.context_tokens  # mean tokens a trajectory holds at its end
+            shape = UNSET
+            for r in p.replicas:
+                if r.retiring or r.id in ended or not r.queued or r.id in rnd.moved_in:
+                    continue
+                if r.load * final <= r.kv_capacity:
+                    if limit_of(r, top) is not None:
+                        out.append(AdmissionLimit(r.id, None))
+                    continue
+                views = r.requests
+                held = np.fromiter((q.context_tokens + q.generated for q in views), float, len(views))
+                left = np.fromiter((q.predicted_remaining for q in views), float, len(views))
+                running = sum(1 for q in views if not q.queued)
+                if shape is UNSET:
+                    shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
+                n = fitting(held, left, r.kv_capacity, shape, self.config.admission_margin_sd)
+                if n < running and not self.config.shed_admission:
+                    n = running  # the running set overflows; admit nothing more, shed nothing
+                limit = None if n >= min(top, len(views)) else max(1, n)
+                if limit != limit_of(r, top):
+                    out.append(AdmissionLimit(r.id, limit))
+
+    def _spread_batch(self, state, p, tp: int, context: float) -> int:
+        """The smallest batch at which a decoded token costs at most ``spread_cost`` x its
+        cost at the engine's largest batch: replicas below it waste device-seconds."""
+        cost, top = state.cost, state.max_num_seqs
+        ideal = cost.decode_step_s(p.model, tp, top, top * context) / top
+        b = top
+        while b > 1 and cost.decode_step_s(p.model, tp, b // 2, b // 2 * context) / (b // 2) <= self.config.spread_cost * ideal:
+            b //= 2
+        return b
+
+    def _wanted_replicas(self, rnd, p) -> int:
+        state = rnd.state
+        tp = self._bulk_tp(rnd, p)
+        home = rnd.home[p.name][0]
+        if not self.config.resize:
+            return max(1, len(home) // tp)
+        ctx = max(1.0, p.lengths.context_tokens)
+        per = batch_held(state, p.model, tp, ctx)
+        outstanding = p.load() if p.generating else p.spec.samples_per_step
+        want = max(math.ceil(outstanding / per), len(home) // tp, 1)
+        if self._borrows() and not p.generating:
+            # a step's rollout starts on more than its home: as many replicas as keep each
+            # near its ideal batch (later, consolidation shrinks it as the batch thins)
+            spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
+            if self._last_left(state, p):
+                spread = min(spread, self._fast_batch(state, p, tp, ctx / 2))
+            want = max(want, math.ceil(outstanding / max(1, spread)))
+        return want
+
+    def _grow_fills(self, rnd, p) -> int:
+        """New replicas the requests waiting for a batch slot fill (a "grow" demand, whose
+        ``LaunchReplica`` takes them: ``rebalance``): each admits as many as an engine's
+        batch and KV cache hold at the context its running requests hold now, as the
+        engine admits them. A replica launched beyond them starts empty and is retired the
+        next round: on a synthetic mix (s21) a rollout waiting for 3,051 slots grew onto its
+        whole home of 32 devices and its first three new replicas admitted them all; 4,802
+        of the run's 5,066 replicas were closed so, 350 with this count (docs/simulator.md,
+        "Growing a rollout")."""
+        live = [r for r in p.replicas if not r.retiring]
+        waiting = p.pending + sum(r.queued for r in live)
+        if not waiting:
+            return 0
+        state, tp = rnd.state, self._bulk_tp(rnd, p)
+        running = sum(r.running for r in live)
+        ctx = sum(r.kv_tokens for r in live) / running if running else p.lengths.context_tokens
+        return math.ceil(waiting / batch_held(state, p.model, tp, max(1.0, ctx)))
+
+    def _last_left(self, state, p) -> bool:
+        """``p`` is the run's last unfinished pipeline, synchronous (an asynchronous one's
+        next step could use the devices its rollout frees), and ``idle_spread`` is on."""
+        return (self.config.idle_spread and all(o.done for o in state.order if o is not p)
+                and p.spec.mode == "sync")
+
+    def _fast_batch(self, state, p, tp: int, context: float) -> int:
+        """Sequences a replica takes at the step's start under ``idle_spread``: those that
+        keep its decoding batch at the size below which halving it shortens a decode step
+        by less than ``idle_spread_gain`` (smaller batches buy little speed). A multi-turn
+        trajectory decodes for only part of its time, the rest in tool calls (observed mean
+        latency x turns after the first), so a replica takes that many more."""
+        cost, b = state.cost, state.max_num_seqs
+        keep = 1.0 - self.config.idle_spread_gain
+        while b > 1 and cost.decode_step_s(p.model, tp, b // 2, b // 2 * context) <= keep * cost.decode_step_s(
+                p.model, tp, b, b * context):
+            b //= 2
+        lens = p.lengths
+        tools = lens.tool_s * max(0.0, lens.turns - 1.0)
+        if tools <= 0.0:
+            return b
+        decoding = lens.generated_tokens * cost.decode_step_s(p.model, tp, b, b * context)
+        return math.ceil(b * (decoding + tools) / max(decoding, 1e-9))
+
+    def _spread_pick(self, rnd):
+        """(pipeline, batch) for ``critical_spread``: the pipeline projected to finish last
+        (``_projected_finish_t``: at its observed pace, or from its observed lengths; no
+        length prediction is read), if it is generating and no batch of it waits to be
+        trained, and the batch its replicas aim at (``_fast_batch`` at the context its
+        running requests hold); None otherwise. Once a round."""
+        if rnd.spread is not UNSET:
+            return rnd.spread
+        rnd.spread = None
+        cfg = self.config
+        if not (cfg.critical_spread and cfg.migration and self._borrows()):  # borrowing needs multiplex
+            return None
+        state = rnd.state
+        left = [q for q in state.order if not q.done]
+        if not left:
+            return None
+        p = max(left, key=lambda q: self._projected_finish_t(rnd, q))
+        if not p.generating or self._rollout_cap(rnd, p) is not None:
+            return None  # its rollout is not what sets the makespan now, or a batch of it waits to be trained
+        if not any(r.running for r in p.replicas if not r.retiring):
+            return None
+        rnd.spread = (p, self._aim_batch(rnd, p, self._bulk_tp(rnd, p)))
+        return rnd.spread
+
+    def _crowd_at(self, rnd, p, width: int) -> int | None:
+        """The batch at which a width-``width`` replica of ``p`` counts as crowded, where
+        ``p`` is the pipeline ``critical_spread`` serves (None otherwise): twice the batch a
+        spread aims at (on that width under ``spread_in_tail``; at the launch width
+        without). No tail merge leaves a replica of it that crowded: a spread would undo it."""
+        pick = self._spread_pick(rnd) if self.config.critical_spread else None
+        if pick is None or pick[0] is not p:
+            return None
+        return 2 * (self._aim_batch(rnd, p, width) if self.config.spread_in_tail else pick[1])
+
+    def _aim_batch(self, rnd, p, width: int) -> int:
+        """The batch a spread of ``p`` (the pipeline ``critical_spread`` serves) aims at on
+        a width-``width`` replica (``_fast_batch`` at the context its running requests
+        hold), once a round per width."""
+        got = rnd.aim.get(width)
+        if got is None:
+            ctx = running_context([r for r in p.replicas if not r.retiring])
+            got = rnd.aim[width] = self._fast_batch(rnd.state, p, width, ctx)
+        return got
+
+    def _spread_critical(self, rnd, out) -> None:
+        """``critical_spread``: the crowded rollout furthest from completing takes free
+        devices its home has and devices whose owners can spare them until it drains, as
+        new replicas that take running requests from the most loaded (``LaunchReplica``
+        with ``spread``). A replica is crowded at twice the batch a spread aims at
+        (``_crowd_at``), and the tail consolidation merges none of the pipeline's replicas
+        into a crowded one (no spread and merge in turn); under ``spread_in_tail`` a tail
+        spreads too (where ``_widen_tails`` has not re-sharded it this round)."""
+        if not rnd.free or not any(
+                not p.done and p.generating and any(not r.retiring for r in p.replicas) for p in rnd.state.order):
+            return
+        pick = self._spread_pick(rnd)
+        if pick is None:
+            return
+        p, batch = pick
+        state, cost, cfg = rnd.state, rnd.state.cost, self.config
+        if p.pending or (self._in_tail(p) and not cfg.spread_in_tail):
+            return  # a tail is re-sharded wider instead (``_widen_tails``)
+        live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
+        if not live or max(r.running for r in live) < 2 * batch:
+            return
+        load = sum(r.load for r in live)
+        want = math.ceil(load / batch) - len(live)
+        if want <= 0:
+            return
+        drain, last = max(((r.predicted_drain_s(), r) for r in live), key=lambda x: x[0])
+        if last.running < 2 * batch:
+            return  # the replica that ends last is not crowded: a spread would not end it sooner
+        if cfg.spread_in_tail and last.running < self._crowd_at(rnd, p, last.tp):
+            return  # nor at its own width (a re-shard made it wider)
+        tp = self._bulk_tp(rnd, p)
+        pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
+        pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
+        groups = self._take_groups(rnd, p, pool, [d for r in live for d in r.devices], tp, [], want)
+        if not groups:
+            return
+        ctx = running_context(live)
+        per = max(1.0, load / (len(live) + len(groups)))
+        step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
+        # a replica runs what its KV cache holds and queues the rest: its drain is its load in
+        # waves of that batch. The slower of the relieved replica and a new one on its own
+        # width (narrower than a widened tail's: the requests it takes decode slower there)
+        waves_now_s = step_now * last.load / max(1, last.running)
+        waves_new_s = max(self._waves_s(state, p, w, per, ctx) for w in (last.tp, tp))
+        saved = drain * (1.0 - waves_new_s / waves_now_s)
+        price = cost.context_switch_s(p.model, tp, train_state=False) + cost.migration_s(p.model, tp, per * ctx)
+        if saved < cfg.min_gain * price:
+            return
+        for g in groups:
+            out.append(LaunchReplica(p.name, g, spread=True))
+            rnd.free.difference_update(g)
+
+    @staticmethod
+    def _waves_s(state, p, width: int, load: float, ctx: float) -> float:
+        """Seconds a width-``width`` replica of ``p`` takes per token of its ``load``
+        requests at context ``ctx``: a decode step of the batch its KV cache holds (at most
+        ``max_num_seqs``), once per wave of that batch the load makes."""
+        run = max(1.0, min(load, batch_held(state, p.model, width, max(ctx, 1.0))))
+        return state.cost.decode_step_s(p.model, width, round(run), run * ctx) * load / run
+
+    def _home_returning(self, rnd, p, now: int, want: int) -> bool:
+        """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,
+        while busy home devices for at least as many more are projected free within
+        ``home_wait`` of its projected generation (``wait_for_home``)."""
+        cfg = self.config
+        if not (cfg.wait_for_home and cfg.lookahead) or now >= want or self._rollout_cap(rnd, p) is not None:
+            return False  # (an asynchronous rollout held to part of its home takes no more)
+        state = rnd.state
+        tp = self._bulk_tp(rnd, p)
+        horizon = cfg.home_wait * gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
+        # busy when the round began (devices this round's decisions took are not coming back)
+        soon = sum(1 for d in rnd.share[p.name]
+                   if state.devices[d].task is not None and self._returns_in_s(rnd, d) <= horizon)
+        return min(want - now, soon // tp) >= max(1, now)
+
+    def _bulk_tp(self, rnd, p) -> int:
+        """The width a rollout's replicas decode on (``bulk_width``): the narrowest of the
+        spec's width and its doublings (within a node, no wider than the model's KV heads,
+        which a wider replica would copy, and only widths vLLM can shard it over) whose decoded token costs within 5% of the
+        cheapest, at the batch its KV cache holds at the context observed so far (the
+        requests outstanding at most; ``fill_width``: a step's rollout off the critical
+        path at the batch its requests give the replicas its home's free devices hold,
+        since it fills them: 32 requests on 4 devices run 8 a one-device replica, where a
+        4-device replica runs all 32 with a faster step and a cheaper token). A long
+        context fills a narrow replica's cache with a few sequences, each decode step
+        reading the weights for them alone; a wider replica holds more sequences per copy
+        of the weights. Before any trajectory has finished
+        (no context observed) the spec's width: the prior, the length budget, would widen
+        every rollout."""
+        got = rnd.bulk_tp.get(p.name)
+        if got is None:
+            # ``fill_width``: a step's rollout off the critical path starts on its home's free
+            # devices (the spreads and loans serve the critical one's)
+            fills = 0
+            if self.config.fill_width and not p.generating and not self._paced_critical(rnd, p):
+                fills = sum(1 for d in rnd.home[p.name][0] if d in rnd.free)
+            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd.state, p, fills)
+        return got
+
+    def _cheapest_width(self, state, p, fills: int = 0) -> int:
+        """``_bulk_tp``'s choice, computed once a round. ``fills``: the devices the
+        rollout's replicas will fill (0: as many replicas as its requests need), so that
+        each width is priced at the batch its replicas will run."""
+        base = rollout_tp(p, state.cost)
+        if not (self.config.bulk_width and self.config.resize) or p.lengths.observed == 0:
+            return base
+        cost, m = state.cost, p.model
+        ctx = max(1.0, p.lengths.context_tokens)
+        n = max(1, p.load() if p.generating else p.spec.samples_per_step)
+        per_token = {}
+        for w in m.tp_widths(min(state.gpus_per_node, max(base, m.kv_heads))):
+            if w < base:
+                continue
+            # the batch each replica runs: what its cache holds, or fewer where the requests
+            # are spread over ``fills // w`` replicas
+            b = min(batch_held(state, m, w, ctx), n / max(1, fills // w))
+            per_token[w] = cost.decode_step_s(m, w, b, b * ctx) * w / b
+        if not per_token:
+            return base
+        cheapest = min(per_token.values())
+        return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
+
+    def _cost_aware(self, state) -> bool:
+        """Whether rollout goes on activation's devices and training on the trainer's site
+        (a pool of more than one device class)."""
+        return self.config.cost_aware and len(state.classes) > 1
+
+    def _borrows(self) -> bool:
+        """Rollout replicas go beyond the home only where the look-ahead can tell how long
+        their owners can spare the devices (greedy borrowing starved (c)'s trainers: -66%)."""
+        cfg = self.config
+        return cfg.borrow and cfg.multiplex and cfg.resize and cfg.lookahead
+
+    def _rollout_cap(self, rnd, p) -> int | None:
+        """Home devices an asynchronous pipeline's rollout may hold while a batch of it waits
+        to be trained (``async_reserve``); None: no cap.
+
+        Under a staleness bound the next step's rollout overlaps this step's training, and
+        the two share the home. A training gang cannot grow once started, a rollout can add
+        replicas at any time: so the gang's part is kept free for it, and the rollout gets
+        the split of the home that balances the next step's generation against this step's
+        training (both projected from the lengths observed so far; a whole number of
+        replicas, at least one). While no batch waits (the step to train next is still
+        generating) the rollout is what holds the training back: no cap. A step generated
+        in full counts as waiting while its rewards are computed (a sandbox): the gang
+        will want its part when they are in, and a rollout started in the wait would hold it."""
+        if p.name in rnd.rollout_cap:
+            return rnd.rollout_cap[p.name]
+        cap = None
+        s = p.steps.get(p.train_next)
+        cfg = self.config
+        if (cfg.async_reserve and cfg.resize and p.spec.mode == "async" and not p.done
+                and s is not None and s.gen_done >= s.samples):
+            cost, stats = rnd.state.cost, observed_stats(p)
+            tp = self._bulk_tp(rnd, p)
+            n = len(rnd.share[p.name])
+            cap = tp
+            if n > tp:
+                cap = min(range(tp, n, tp), key=lambda r: (max(gen_estimate_s(p, cost, r, stats),
+                                                               train_estimate_s(p, cost, n - r, stats)), r))
+        rnd.rollout_cap[p.name] = cap
+        return cap
+
+    def _rollout_room(self, rnd, p) -> int:
+        """Free home devices a training gang of ``p`` leaves for its rollout: what its
+        rollout cap allows beyond the replicas it holds, when the rollout wants devices now
+        (its next step may start, or requests wait for a replica)."""
+        cap = self._rollout_cap(rnd, p)
+        if cap is None:
+            return 0
+        wants = (self._may_start_gen(p) and not p.generating) or p.pending > 0 or any(r.queued for r in p.replicas)
+        if not wants:
+            return 0
+        return self._under_cap(rnd, p, cap, self._bulk_tp(rnd, p))
+
+    def _under_cap(self, rnd, p, cap: int, tp: int) -> int:
+        """Home devices ``p``'s rollout may still take under ``cap``: whole replicas."""
+        return max(0, (cap - self._rollout_held(rnd, p)) // tp * tp)
+
+    @staticmethod
+    def _rollout_held(rnd, p) -> int:
+        """Home devices ``p``'s live rollout replicas hold."""
+        mine = set(rnd.share[p.name])
+        return sum(1 for r in p.replicas if not r.retiring for d in r.devices if d in mine)
+
+    def _replica_devices(self, rnd, p, want) -> list:
+        if want <= 0:
+            return []
+        state, free = rnd.state, rnd.free
+        tp = self._bulk_tp(rnd, p)
+        home = rnd.home[p.name][0]
+        if self.config.resize:  # idle training-home devices may serve the rollout too
+            home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
+        avail = [d for d in home if d in free]
+        cap = self._rollout_cap(rnd, p)
+        if cap is not None:  # the rest of the home is its training gang's (async_reserve)
+            avail = avail[:self._under_cap(rnd, p, cap, tp)]
+        if self._cost_aware(state):
+            avail = list(activate(state, p, avail, tp).devices)
+        if not self.config.resize and len(avail) < want * tp:
+            return []
+        groups = [tuple(avail[i:i + tp]) for i in range(0, len(avail) - tp + 1, tp)][:want]
+        if len(groups) < want and self._borrows():
+            # the rest on other pipelines' spare devices, for as long as the rollout is projected to run
+            if p.generating:
+                duration = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
+            else:
+                duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
+            taken = {d for g in groups for d in g}
+            pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
+            groups = self._take_groups(rnd, p, pool, taken, tp, groups, want)
+        return groups
+
+    def _take_groups(self, rnd, p, pool: list, held, tp: int, groups: list, want: int) -> list:
+        """``groups`` and more ``tp``-wide groups of ``pool``, each on one node, up to
+        ``want``; on a cost-aware pool only the devices activation picks beside the ``held``
+        ones (the cheapest that keep the learner fed, activation.py)."""
+        if self._cost_aware(rnd.state):
+            pool = [d for d in activate(rnd.state, p, [*held, *pool], tp).devices if d not in held]
+        while len(groups) < want:
+            g = self._node_group(rnd, p, pool, tp)
+            if not g:
+                break
+            groups.append(g)
+            pool = [d for d in pool if d not in g]
+        return groups
