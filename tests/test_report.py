@@ -284,6 +284,19 @@ def test_the_readme_lists_every_mechanism_ablate_accepts():
     assert all(hasattr(JigsawConfig(), name) for name in listed)
 
 
+def test_docs_simulator_has_a_row_for_every_switch_of_the_jigsaw_policy():
+    # docs/simulator.md's table is where each mechanism is explained: a switch added to
+    # JigsawConfig without a row there is undocumented
+    import dataclasses
+
+    from jigsaw_plugin.scheduler.jigsaw import JigsawConfig
+
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    switches = [f.name for f in dataclasses.fields(JigsawConfig) if f.type in (bool, "bool")]
+    assert len(switches) > 30
+    assert [name for name in switches if f"\n| `{name}`" not in text] == []
+
+
 def test_ablate_flips_each_mechanism_from_its_default():
     from jigsaw_plugin.bench.ab import ablation_options
     from jigsaw_plugin.errors import SpecError
