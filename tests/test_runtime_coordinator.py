@@ -15,7 +15,6 @@ import pytest
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.runtime.liveness import HeartbeatBook, LivenessSettings
 
-from jigsaw_plugin.events import EventRecorder
 from jigsaw_plugin.manager import Emitter, get_plugin_manager, register
 from jigsaw_plugin.runtime.coordinator import (
     CoordinatorDied,

@@ -16,4 +16,4 @@ else:
     try:
         _plugin.load()
     except Exception as _e:
-        _plugin._report("entry point", _e)
+        _plugin.report_failure("entry point", _e)

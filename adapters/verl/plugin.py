@@ -50,7 +50,8 @@ def verl_version() -> str | None:
         return None
 
 
-def _report(what: str, exc: BaseException) -> None:
+def report_failure(what: str, exc: BaseException) -> None:
+    """A failure of ``what`` kept in ``ERRORS`` (the trainer then refuses to start) and printed."""
     message = f"{type(exc).__name__}: {exc}"
     ERRORS.append((what, message))
     tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3))
@@ -66,7 +67,7 @@ def guarded(what: str, fn):
             LOADED[what] = result
             return result
         except Exception as e:
-            _report(what, e)
+            report_failure(what, e)
             return None
 
     return run

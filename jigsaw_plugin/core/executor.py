@@ -310,6 +310,13 @@ class ExecutorCore:
         if self.hooks is not None:
             getattr(self.hooks, name)(**kw)
 
+    def announce_pipelines(self) -> None:
+        """Each pipeline registered and started (the hooks' record of a run begins with
+        them), in the workload's order: the first thing either loop does."""
+        for p in self.order:
+            self._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
+            self._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
+
     def device_views(self) -> tuple:
         if self._device_views is None or self._device_views[0] != self._devices_version:
             gpn = max(1, self.gpus_per_node)

@@ -38,7 +38,6 @@ import numpy as np
 
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler.state import (
-    DeviceView,
     LengthSummary,
     PipelineView,
     ReplicaView,

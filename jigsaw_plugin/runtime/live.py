@@ -47,7 +47,8 @@ class LiveReplica:
         self.retiring = False
         self.start_t = 0.0
 
-    def _records(self) -> list:
+    def records(self) -> list:
+        """The router's records of the requests on this engine."""
         return self.router.records_on(self.id)
 
     @property
@@ -61,7 +62,7 @@ class LiveReplica:
     predicted_work = 0.0  # the router routes live requests itself (least in flight, sticky)
 
     def observe(self, t: float) -> ReplicaObs:
-        recs = self._records()
+        recs = self.records()
         load = self.load
         running = min(load, self.max_seqs)
         kv = float(sum(len(r.prompt) + len(r.prefix) + len(r.live) for r in recs))
@@ -70,7 +71,7 @@ class LiveReplica:
 
     def request_rows(self, t: float) -> list:
         rows = []
-        for rec in self._records():
+        for rec in self.records():
             rid = RequestId.parse(rec.request_id)
             # the user's budget, never the record's max_tokens (the engine's stop length)
             budget, submit_t = self._budgets.get(rec.request_id, (self._max_len, t))
@@ -82,7 +83,7 @@ class LiveReplica:
         """New weights arrived mid-generation: abort every running segment; the router
         resumes each with its tokens so far (sticky: on this replica), and the engine
         recomputes their KV under the new weights (AReaL's interruptible rollout)."""
-        segments = [(self.router.engine(self.id), f"{r.request_id}#{r.segments}") for r in self._records()]
+        segments = [(self.router.engine(self.id), f"{r.request_id}#{r.segments}") for r in self.records()]
         if segments and self.spawn is not None:
             async def abort_all():
                 for engine, segment in segments:
@@ -365,7 +366,7 @@ class LiveExecutor(ExecutorCore):
         router = self.routers[src.pipeline]
         wanted = set(d.requests) if d.requests else None
         aborts = []
-        for rec in src._records():
+        for rec in src.records():
             if wanted is None or str(RequestId.parse(rec.request_id).trajectory) in wanted:
                 pending = router.begin_migrate(rec.request_id, dst.id)
                 if pending is not None:
@@ -504,13 +505,13 @@ class LiveExecutor(ExecutorCore):
             return 0
         router = self.routers[rep.pipeline]
         self._retire(rep)
-        records = rep._records()
+        records = rep.records()
         targets = [(rec.request_id, rep) for rec in records]
         if not keep_tokens:
             steps = {RequestId.parse(rec.request_id).step for rec in records}
             for other in self.pipelines[rep.pipeline].replicas:
                 if other is not rep:
-                    targets += [(r.request_id, other) for r in other._records()
+                    targets += [(r.request_id, other) for r in other.records()
                                 if RequestId.parse(r.request_id).step in steps]
         aborts = [a for a in (router.begin_evict(rid, keep_tokens) for rid, _ in targets) if a is not None]
         for engine, segment in aborts:
@@ -525,9 +526,7 @@ class LiveExecutor(ExecutorCore):
     async def run(self, max_rounds: int = 8) -> None:
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
-        for p in self.order:  # as the simulator's loop does
-            self._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
-            self._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
+        self.announce_pipelines()
         self._error = None
         while not all(p.done for p in self.order):
             if self._error is not None:

@@ -10,7 +10,6 @@ sampler, so the same seed gives the same result.
 from __future__ import annotations
 
 import heapq
-import time
 
 from jigsaw_plugin.core.pipelines import static_shares  # noqa: F401  (re-exported)
 from jigsaw_plugin.sim.world import PolicyViolation, World  # noqa: F401
@@ -62,9 +61,7 @@ class Simulation:
 
     def run(self) -> dict:
         w, heap = self.world, self._heap
-        for p in self.pipelines:
-            w._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
-            w._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
+        w.announce_pipelines()
         self._decide()
         while heap:
             t, _, _, ev = heapq.heappop(heap)
