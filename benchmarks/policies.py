@@ -185,7 +185,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         results = run_many(all_jobs)
         dump(results, RESULTS)  # kept: a later failure of the report must not cost the runs
     sections, summary = [], {}
-    main_rows, abl_rows, lat_rows, bound_rows, pred_rows, gap_rows = [], [], [], [], [], []
+    main_rows, abl_cols, lat_rows, bound_rows, pred_rows, gap_rows = [], [], [], [], [], []
     for key, (fname, title) in WORKLOADS.items():
         start, n = spans[key]
         rs = results[start:start + n]
@@ -226,7 +226,8 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
                 f"{jig['gpu_busy_fraction']:.2f} (verl {by['verl-sync']['gpu_busy_fraction']:.2f})"]
         main_rows.append(row)
         shown = [a for name, a in zip(ABLATIONS, abl) if name in SHOWN_ABLATIONS]
-        abl_rows.append([f"({key})", f"{sps:.1f}"] + [
+        # one column per workload: a row per mechanism reads down (36 columns did not)
+        abl_cols.append([f"{sps:.1f}"] + [
             f"{a['samples_per_s']:.1f} ({100 * (a['samples_per_s'] / sps - 1):+.0f}%)" for a in shown + [oracle]])
         for name, r in (("verl-sync", by["verl-sync"]), ("jigsaw", jig)):
             row = gap_row(f"({key})", name, r)
@@ -267,10 +268,12 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
                         "decode and prefill (small batches, KV reads, re-prefill, replicas waiting on tools); "
                         "training passes above their compute and fixed cost on the fewest devices (the fixed "
                         "cost paid on wider gangs, gangs past their cheapest width, context switches); weight syncs.\n\n" + md_table(GAP_HEAD, gap_rows))
+    names = ["jigsaw (defaults)"] + [_label(a) for a in SHOWN_ABLATIONS] + ["ORACLE lengths"]
+    abl_rows = [[name] + [col[i] for col in abl_cols] for i, name in enumerate(names)]
     sections.append("Ablations: jigsaw samples/s with one mechanism switched off, or on where it is off by default "
                     "(\"with ...\"; change vs jigsaw's defaults); the last "
-                    "column is the ORACLE ablation: true remaining lengths instead of the predictor.\n\n" +
-                    md_table(["workload", "jigsaw"] + [_label(a) for a in SHOWN_ABLATIONS] + ["ORACLE lengths"], abl_rows))
+                    "row is the ORACLE ablation: true remaining lengths instead of the predictor.\n\n" +
+                    md_table(["mechanism"] + [f"({key})" for key in WORKLOADS], abl_rows))
     sections.append("The length predictor (the default) against the oracle ablation, and its accuracy at the "
                     "policy's decision points (remaining tokens of in-flight requests, scored when they end).\n\n" +
                     md_table(["workload", "jigsaw (predictor) samples/s", "jigsaw (ORACLE) samples/s",
