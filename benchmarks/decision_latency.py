@@ -363,7 +363,7 @@ table reads too).
 What is left. At 64 / 8 (1 ms) the median round is
 already about 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
 times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
-1 ms by itself (0.9 ms in the runs of stop 36), and a slow round adds the consolidation's
+1 ms by itself (1.1 ms in stop 53's run; 0.9 ms in stop 36's), and a slow round adds the consolidation's
 gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
 batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
 predictions that are not made in the round that first reads them (refreshed as requests
