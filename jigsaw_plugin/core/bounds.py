@@ -44,14 +44,31 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, may_run_alongside
 
-__all__ = ["Bounds", "compute_bounds", "gap_breakdown", "rollout_split", "idle_gaps", "idle_gap_label",
-           "IDLE_GAP_EDGES_S"]
+__all__ = ["Bounds", "ChainFloor", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
+           "idle_gap_label", "IDLE_GAP_EDGES_S"]
 
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
 
 _TP = (1, 2, 4, 8, 16, 32, 64)
 _INF = float("inf")
+
+
+@dataclass(frozen=True)
+class ChainFloor:
+    """One pipeline's chain floor (``critical_path_s`` is the largest sum) in its parts:
+    the generation on the chain (a synchronous pipeline's every step's longest trajectory,
+    an asynchronous one's first step's), the training side (passes on their fastest gangs,
+    their fixed costs, the advantage computation) and the weight syncs between steps."""
+
+    pipeline: str
+    generation_s: float
+    training_s: float
+    weight_sync_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.generation_s + self.training_s + self.weight_sync_s
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,7 @@ class Bounds:
     ideal_rollout_device_s: float = 0.0  # the decode + prefill part of ideal_device_s
     ideal_training_device_s: float = 0.0  # the training-pass part
     ideal_prefill_device_s: float = 0.0  # the prefill part of ideal_rollout_device_s
+    chains: tuple = ()  # each pipeline's chain floor, in parts (``ChainFloor``)
 
     def as_dict(self) -> dict:
         return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
@@ -135,25 +153,26 @@ def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     return kv_tokens * model.kv_bytes_per_token * per_byte, steps
 
 
-def _step_fixed_s(ex, p, last: bool) -> float:
-    """Seconds of a step's training chain no device count shortens: each training-side
-    stage's fixed cost (every stage runs once after the step's last trajectory ends, or
-    after the previous stage: an early pass cannot cover the last trajectory), the
-    advantage computation, and the weight sync that must end before the next step's
-    rollout (none after the last step). Each at its least over the pool's device classes
-    and over the sync's link options."""
+def _step_fixed_s(ex, p, last: bool) -> tuple[float, float]:
+    """Seconds of a step's training chain no device count shortens, as (training side,
+    weight sync): each training-side stage's fixed cost (every stage runs once after the
+    step's last trajectory ends, or after the previous stage: an early pass cannot cover the
+    last trajectory) and the advantage computation; the weight sync that must end before
+    the next step's rollout (none after the last step). Each at its least over the pool's
+    device classes and over the sync's link options."""
     costs = _class_costs(ex)
     # a stage run alongside the next pays its fixed cost while its partner pays its own
     fixed = -min(c.f.train_stage_overhead_s for c in costs) * len(_alongside(ex, p))
+    sync = 0.0
     for stage in p.stages:
         if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
             fixed += min(c.f.train_stage_overhead_s for c in costs)
         elif stage in HOST_STAGES:
             fixed += ex.cost.f.adv_s
         elif stage == "weight_sync" and not last:
-            fixed += min(c.weight_sync_s(p.model, colocated, cross) for c in costs
-                         for colocated in (True, False) for cross in (True, False))
-    return fixed
+            sync += min(c.weight_sync_s(p.model, colocated, cross) for c in costs
+                        for colocated in (True, False) for cross in (True, False))
+    return fixed, sync
 
 
 def _alongside(ex, p) -> list:
@@ -221,6 +240,7 @@ def compute_bounds(ex) -> Bounds:
     rollout_ideal = 0.0
     prefill_ideal = 0.0
     critical = 0.0
+    chains = []
     for p in ex.order:
         m = p.model
         limit = _width_limit(costs, p, gpn)
@@ -228,7 +248,7 @@ def compute_bounds(ex) -> Bounds:
         tail_token = min(_tail_token_s(c, m, limit) for c in costs)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
-        chain = 0.0
+        chain_gen = chain_train = chain_sync = 0.0  # the chain's parts (``ChainFloor``)
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
         batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
@@ -265,15 +285,20 @@ def compute_bounds(ex) -> Bounds:
             waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
             if p.spec.mode == "sync" or i == 0:
-                chain += longest
-            chain += train + _step_fixed_s(ex, p, last=i == len(steps) - 1)
+                chain_gen += longest
+            fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
+            chain_train += train + fixed
+            chain_sync += weight_sync
+        chains.append(ChainFloor(p.name, chain_gen, chain_train, chain_sync))
+        chain = chain_gen + chain_train + chain_sync
         if not sync:
             decode = max(batched, reads + decode_steps * weights_s)
             ideal += decode
             rollout_ideal += decode
         critical = max(critical, chain)
     work = ideal / gpus
-    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal, prefill_ideal)
+    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal, prefill_ideal,
+                  tuple(chains))
 
 
 def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
@@ -327,6 +352,80 @@ def rollout_split(ex, bounds: Bounds, held_s: float) -> dict | None:
         "by_width": {str(tp): {"decode_memory_bound_device_s": v[0], "decode_compute_bound_device_s": v[1],
                                "prefill_device_s": v[2], "empty_device_s": v[3]} for tp, v in sorted(record.items())},
     }
+
+
+#: the parts of a pipeline's time in ``chain_split``, the one on its chain first: a
+#: synchronous step's training waits for its rollout, an asynchronous pipeline's chain is
+#: its training (its rollouts run ahead, beside it)
+_CHAIN_ORDER = {"sync": ("generation", "training", "weight_sync"), "async": ("training", "weight_sync", "generation")}
+
+
+def chain_split(ex, bounds: Bounds) -> dict:
+    """Where each pipeline's time from the run's start to its finish went, beside its chain
+    floor (``bounds.chains``), from the executor's record (``ex.trace``): each instant is
+    counted once, as the first of ``_CHAIN_ORDER`` that any of the pipeline's tasks was
+    running then: generation (a rollout replica held, its trajectories' tool calls
+    included), training (a training-side stage, early passes and a stage alongside the
+    next included), a weight sync; else waiting (nothing of it running: its next stage or
+    rollout waiting for devices, or its rewards). The pipeline that finished last is the
+    makespan's chain: its parts above their floors are where that chain lost time."""
+    spans: dict[str, dict[str, list]] = {}
+    for name, category, _, start, end in ex.trace:
+        if end <= start:
+            continue
+        kind = "generation" if category == "rollout" else "weight_sync" if category == "weight_sync" else "training"
+        spans.setdefault(name.rsplit(" ", 2)[0], {}).setdefault(kind, []).append((start, end))
+    floors = {c.pipeline: c for c in bounds.chains}
+    out = {}
+    for p in ex.order:
+        finish = p.finished_t or 0.0
+        mine = spans.get(p.name, {})
+        taken: list = []  # instants already counted, merged
+        parts = {}
+        for kind in _CHAIN_ORDER["sync" if p.spec.mode == "sync" else "async"]:
+            spans_of = _merged([(a, min(b, finish)) for a, b in mine.get(kind, ()) if a < finish])
+            parts[f"{kind}_s"] = _length(spans_of) - _overlap(spans_of, taken)
+            taken = _merged(taken + spans_of)
+        parts["waiting_s"] = max(0.0, finish - _length(taken))
+        floor = floors.get(p.name)
+        out[p.name] = {"finish_s": finish, **parts,
+                       "floor_s": floor.total_s if floor else 0.0,
+                       "generation_floor_s": floor.generation_s if floor else 0.0,
+                       "training_floor_s": floor.training_s if floor else 0.0,
+                       "weight_sync_floor_s": floor.weight_sync_s if floor else 0.0}
+    return out
+
+
+def _merged(spans: list) -> list:
+    """``(start, end)`` spans as the sorted, disjoint spans of their union."""
+    out: list = []
+    for a, b in sorted(spans):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans: list) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _overlap(x: list, y: list) -> float:
+    """Seconds in both of two merged span lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def idle_gaps(ex, makespan: float) -> dict:

@@ -134,7 +134,7 @@ def _replica_launches(ex) -> dict:
 
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     """``ex``: a finished ``ExecutorCore`` (the simulator's World or the live executor)."""
-    from jigsaw_plugin.core.bounds import compute_bounds, gap_breakdown, idle_gaps
+    from jigsaw_plugin.core.bounds import chain_split, compute_bounds, gap_breakdown, idle_gaps
 
     versions = getattr(ex, "sample_versions", None)
     pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None)
@@ -160,6 +160,7 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
         "bounds": bounds.as_dict(),
         "gap_breakdown": gap_breakdown(ex, bounds, makespan),
         "idle_gaps": idle_gaps(ex, makespan),
+        "chain_split": chain_split(ex, bounds),
         "active_samples_per_s": _active_samples_per_s(ex),
         "pipelines": pipes,
         "predictor": ex.prediction_log.summary(ex.predictor_name),
