@@ -272,6 +272,25 @@ def test_report_and_summary_show_where_the_gap_went_not_a_raw_dict(bench_dir):
     assert f"  idle                {b['idle_device_s']:>14.0f}{c['idle_device_s']:>14.0f}" in text
 
 
+def test_report_and_summary_show_where_the_last_pipelines_time_went(bench_dir):
+    from jigsaw_plugin.bench.ab import format_ab
+    from jigsaw_plugin.core.result import last_chain
+
+    result = json.loads((bench_dir / "result.json").read_text())
+    name, chain = last_chain(result["candidate"])
+    assert chain["finish_s"] == pytest.approx(result["candidate"]["makespan_s"])
+    report = (bench_dir / "report.md").read_text()
+    assert f": {name} s (floor) |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| training |"))
+    assert f"| {chain['training_s']:,.0f} ({chain['training_floor_s']:,.0f}) |" in row
+    text = format_ab(result)
+    assert "last pipeline's chain s (floor):" in text
+    assert f"{chain['generation_s']:.0f} ({chain['generation_floor_s']:.0f})" in text
+    # a result saved before chain_split existed: no rows, no error
+    old = {side: {k: v for k, v in result[side].items() if k != "chain_split"} for side in ("baseline", "candidate")}
+    assert "last pipeline's chain" not in format_ab({**result, **old})
+
+
 def test_the_readme_lists_every_mechanism_ablate_accepts():
     # the README's `jigsaw bench ... [--ablate a|b|...]` line is where users find the switches
     import re

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.bench.spans import Timeline
+from jigsaw_plugin.core.result import CHAIN_PARTS, last_chain
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
@@ -173,6 +174,22 @@ def _breakdown_rows(b: dict, c: dict) -> list[str]:
     return rows
 
 
+def _chain_rows(b: dict, c: dict) -> list[str]:
+    """Where each run's last pipeline's time to its finish went (``chain_split``), each part
+    beside its floor in brackets."""
+    lb, lc = last_chain(b), last_chain(c)
+    if lb is None or lc is None:
+        return []
+    (nb, cb), (nc, cc) = lb, lc
+    rows = ["last pipeline's chain s (floor):", f"  {'pipeline':<20}{nb[:13]:>14}{nc[:13]:>14}"]
+    for label, key in (("finish", "finish"), *CHAIN_PARTS):
+        floor = "floor" if key == "finish" else f"{key}_floor"
+        cells = [f"{x[f'{key}_s']:.0f} ({x[f'{floor}_s']:.0f})" for x in (cb, cc)]
+        rows.append(f"  {label:<20}{cells[0]:>14}{cells[1]:>14}")
+    rows.append(f"  {'waiting':<20}{cb['waiting_s']:>14.0f}{cc['waiting_s']:>14.0f}")
+    return rows
+
+
 def format_ab(ab: dict) -> str:
     b, c = ab["baseline"], ab["candidate"]
     lines = [
@@ -187,6 +204,7 @@ def format_ab(ab: dict) -> str:
            f"{'samples per cost':<22}{b['cost']['samples_per_cost']:>14.1f}{c['cost']['samples_per_cost']:>14.1f}"]
           if b.get("cost") and c.get("cost") else []),
         *_breakdown_rows(b, c),
+        *_chain_rows(b, c),
         "mean step s per pipeline:",
     ]
     for name, bp in b["pipelines"].items():

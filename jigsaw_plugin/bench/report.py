@@ -12,6 +12,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.figures import render_figures
 from jigsaw_plugin.bench.perfetto import write_perfetto_trace
 from jigsaw_plugin.bench.rundir import SIDES, SavedRun
+from jigsaw_plugin.core.result import CHAIN_PARTS, last_chain
 
 __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
 
@@ -137,6 +138,27 @@ def _breakdown_lines(b: dict, c: dict) -> list[str]:
     return lines
 
 
+def _chain_lines(b: dict, c: dict) -> list[str]:
+    """Where each run's last pipeline (the makespan's chain) spent its time to its finish
+    (``chain_split``), each part beside its floor."""
+    lb, lc = last_chain(b), last_chain(c)
+    if lb is None or lc is None:
+        return []
+    (nb, cb), (nc, cc) = lb, lc
+    lines = ["", "## Where the last pipeline's time went", "",
+             "The pipeline that finished last in each run, its time from the start to its finish split by what "
+             "of it ran (each instant once: generation, training, weight sync, else waiting), in brackets the "
+             "floor of each part: its own chain in the makespan lower bound (docs/simulator.md, "
+             "\"Bounds and effective utilisation\", `chain_split`).", "",
+             f"| | {_name(b)}: {nb} s (floor) | {_name(c)}: {nc} s (floor) |", "|---|---|---|"]
+    for label, key in (("finish", "finish"), *CHAIN_PARTS):
+        floor = "floor" if key == "finish" else f"{key}_floor"
+        cells = [f"{_fmt(x[f'{key}_s'], 0)} ({_fmt(x[f'{floor}_s'], 0)})" for x in (cb, cc)]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    lines.append(f"| waiting | {_fmt(cb['waiting_s'], 0)} | {_fmt(cc['waiting_s'], 0)} |")
+    return lines
+
+
 def _real_run_lines(bench: dict) -> list[str]:
     if bench.get("backend") != "ray" or "ratios_per_repeat" not in bench:
         return []
@@ -190,6 +212,7 @@ def report_markdown(saved: SavedRun, figures: list[str], traces: dict[str, str])
             f"{pb.get('context_switches', 0)} / {pc.get('context_switches', 0)} | "
             f"{pb.get('max_staleness', 0)} / {pc.get('max_staleness', 0)} |")
     lines += _breakdown_lines(b, c)
+    lines += _chain_lines(b, c)
     lines += _real_run_lines(bench)
     lines += ["", "## Figures", ""]
     lines += [f"![{Path(f).stem}]({f})" for f in figures]

@@ -6,7 +6,11 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "cost_result", "staleness_histogram", "STAGE_KEYS", "ELASTIC_ASSUMES"]
+__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "CHAIN_PARTS", "STAGE_KEYS",
+           "ELASTIC_ASSUMES"]
+
+#: the parts of ``chain_split`` that have a floor beside them (``waiting_s`` has none)
+CHAIN_PARTS = (("generation", "generation"), ("training", "training"), ("weight sync", "weight_sync"))
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
 
@@ -130,6 +134,16 @@ def _replica_launches(ex) -> dict:
     rows = [row for row in ex.trace if row[1] == "rollout"]
     return {"replicas_closed": len(rows),
             "replicas_closed_at_launch": sum(1 for row in rows if row[4] - row[3] <= 1e-9)}
+
+
+def last_chain(result: dict) -> tuple[str, dict] | None:
+    """The pipeline of ``result`` that finished last (the makespan's chain) and its
+    ``chain_split`` entry; None where the result has none (one saved before it existed)."""
+    chains = result.get("chain_split")
+    if not chains:
+        return None
+    name = max(chains, key=lambda n: chains[n]["finish_s"])
+    return name, chains[name]
 
 
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
