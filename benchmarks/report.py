@@ -109,6 +109,27 @@ def _decision_p99() -> dict | None:
     return got if {(64, 8), (1024, 32)} <= set(got) else None
 
 
+def _over_seeds(key: str, which: str) -> str:
+    """`` (seeds 0-4: median M, range A - B)`` for workload ``key`` from
+    benchmarks/results/seeds.json (``benchmarks/seeds.py``): ``which`` is "ratio" (jigsaw /
+    verl-sync) or "gap" (gap recovered); "" where not saved."""
+    import json
+
+    import seeds
+
+    path = ROOT / "benchmarks" / "results" / "seeds.json"
+    by_seed = json.loads(path.read_text()).get(key) if path.exists() else None
+    if not by_seed:
+        return ""
+    figs = [f for f in (seeds.figures(runs) for runs in by_seed.values()) if f[1] is not None]
+    vals = sorted(f[0] if which == "ratio" else f[1] for f in figs)
+    if len(vals) < 2:
+        return ""
+    fmt = (lambda v: f"{v:.2f}x") if which == "ratio" else (lambda v: f"{v:.0%}")
+    mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    return f" (seeds {min(by_seed, key=int)}-{max(by_seed, key=int)}: median {fmt(mid)}, {fmt(vals[0])} - {fmt(vals[-1])})"
+
+
 # the decision-latency block's longer runs (its ``--also`` files): the whole run at 64 / 8,
 # 16,000 rounds at 1024 / 32 (into the first rollout's tails, where the slow rounds are)
 LONG_LATENCY_RUNS = {(64, 8): ("whole run", "decision_latency_whole_64x8.json"),
@@ -202,12 +223,14 @@ the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync
 |---|---|---|---|
 """ + "\n".join(
         f"| jigsaw / verl-sync >= 1.7x (or >= 85% of the bound's {summary[k]['bound_ratio']:.2f}x) | ({k}) | "
-        f"{summary[k]['vs_verl_sync']:.2f}x (tuned baseline {summary[k]['vs_tuned_verl_sync']:.2f}x) | "
+        f"{summary[k]['vs_verl_sync']:.2f}x (tuned baseline {summary[k]['vs_tuned_verl_sync']:.2f}x)"
+        f"{_over_seeds(k, 'ratio')} | "
         f"{'yes' if summary[k]['vs_verl_sync'] >= min(1.7, 0.85 * summary[k]['bound_ratio']) else 'no'} |"
         for k in ("a", "b")
     ) + "\n" + "\n".join(
         f"| gap to the makespan lower bound recovered >= 70% | ({k}) | "
-        f"{'-' if summary[k]['gap_recovered'] is None else format(summary[k]['gap_recovered'], '.0%')} | "
+        f"{'-' if summary[k]['gap_recovered'] is None else format(summary[k]['gap_recovered'], '.0%')}"
+        f"{_over_seeds(k, 'gap')} | "
         f"{'yes' if (summary[k]['gap_recovered'] or 0) >= 0.7 else 'no'} |"
         for k in ("a", "b", "c", "d")
     ) + f"""

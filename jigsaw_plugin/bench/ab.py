@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.bench.spans import Timeline
-from jigsaw_plugin.core.result import CHAIN_PARTS, last_chain
+from jigsaw_plugin.core.result import chain_rows, last_chain
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
@@ -182,11 +182,9 @@ def _chain_rows(b: dict, c: dict) -> list[str]:
         return []
     (nb, cb), (nc, cc) = lb, lc
     rows = ["last pipeline's chain s (floor):", f"  {'pipeline':<20}{nb[:13]:>14}{nc[:13]:>14}"]
-    for label, key in (("finish", "finish"), *CHAIN_PARTS):
-        floor = "floor" if key == "finish" else f"{key}_floor"
-        cells = [f"{x[f'{key}_s']:.0f} ({x[f'{floor}_s']:.0f})" for x in (cb, cc)]
+    for (label, sb, fb), (_, sc, fc) in zip(chain_rows(cb), chain_rows(cc)):
+        cells = [f"{v:.0f}" + (f" ({f:.0f})" if f is not None else "") for v, f in ((sb, fb), (sc, fc))]
         rows.append(f"  {label:<20}{cells[0]:>14}{cells[1]:>14}")
-    rows.append(f"  {'waiting':<20}{cb['waiting_s']:>14.0f}{cc['waiting_s']:>14.0f}")
     return rows
 
 

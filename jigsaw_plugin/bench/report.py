@@ -12,7 +12,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.figures import render_figures
 from jigsaw_plugin.bench.perfetto import write_perfetto_trace
 from jigsaw_plugin.bench.rundir import SIDES, SavedRun
-from jigsaw_plugin.core.result import CHAIN_PARTS, last_chain
+from jigsaw_plugin.core.result import chain_rows, last_chain
 
 __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
 
@@ -151,11 +151,9 @@ def _chain_lines(b: dict, c: dict) -> list[str]:
              "floor of each part: its own chain in the makespan lower bound (docs/simulator.md, "
              "\"Bounds and effective utilisation\", `chain_split`).", "",
              f"| | {_name(b)}: {nb} s (floor) | {_name(c)}: {nc} s (floor) |", "|---|---|---|"]
-    for label, key in (("finish", "finish"), *CHAIN_PARTS):
-        floor = "floor" if key == "finish" else f"{key}_floor"
-        cells = [f"{_fmt(x[f'{key}_s'], 0)} ({_fmt(x[f'{floor}_s'], 0)})" for x in (cb, cc)]
+    for (label, sb, fb), (_, sc, fc) in zip(chain_rows(cb), chain_rows(cc)):
+        cells = [_fmt(v, 0) + (f" ({_fmt(f, 0)})" if f is not None else "") for v, f in ((sb, fb), (sc, fc))]
         lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
-    lines.append(f"| waiting | {_fmt(cb['waiting_s'], 0)} | {_fmt(cc['waiting_s'], 0)} |")
     return lines
 
 

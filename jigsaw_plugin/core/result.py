@@ -6,11 +6,8 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "CHAIN_PARTS", "STAGE_KEYS",
+__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "chain_rows", "STAGE_KEYS",
            "ELASTIC_ASSUMES"]
-
-#: the parts of ``chain_split`` that have a floor beside them (``waiting_s`` has none)
-CHAIN_PARTS = (("generation", "generation"), ("training", "training"), ("weight sync", "weight_sync"))
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
 
@@ -144,6 +141,15 @@ def last_chain(result: dict) -> tuple[str, dict] | None:
         return None
     name = max(chains, key=lambda n: chains[n]["finish_s"])
     return name, chains[name]
+
+
+def chain_rows(chain: dict) -> list[tuple[str, float, float | None]]:
+    """A ``chain_split`` entry as (label, seconds, its floor or None) rows, as the bench
+    summary and report.md print them: its finish, its parts, the waiting (no floor)."""
+    rows = [("finish", chain["finish_s"], chain["floor_s"])]
+    rows += [(label, chain[f"{key}_s"], chain[f"{key}_floor_s"])
+             for label, key in (("generation", "generation"), ("training", "training"), ("weight sync", "weight_sync"))]
+    return rows + [("waiting", chain["waiting_s"], None)]
 
 
 def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
