@@ -31,6 +31,11 @@ def test_live_run_processes_every_sample_once(policy):
         assert pr["steps"] == 2
         assert pr["max_staleness"] <= bound[name]
     assert r["scheduler"]["decisions"] > 0
+    # where each pipeline's time went, from the live executor's record as from the simulator's
+    for name, c in r["chain_split"].items():
+        parts = [c[k] for k in ("generation_s", "training_s", "weight_sync_s", "waiting_s")]
+        assert min(parts) >= -1e-6 and sum(parts) == pytest.approx(c["finish_s"]), (policy, name, c)
+        assert c["generation_s"] > 0 and c["training_s"] > 0
 
 
 def test_a_live_run_emits_the_hook_events_its_sub_stage_graph_is_built_from():
