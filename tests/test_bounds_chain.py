@@ -100,3 +100,32 @@ def test_two_updates_that_cannot_hold_their_state_at_once_are_both_on_the_chain(
         chains[gpus] = pair
     assert "update_critic" in chains[8] and "update_critic" not in chains[6]
     assert "old_log_prob" in chains[6]  # forward passes hold no optimizer state: 1 device each
+
+
+def test_two_passes_side_by_side_take_at_least_the_pools_time_for_both_device_seconds():
+    # a 7B PPO step's two updates over many tokens, on one node: each scales with its gang,
+    # so two gangs side by side (each at most the pool) are no faster than the two one
+    # after the other on the whole pool; the longer alone would be about half of that
+    from jigsaw_plugin.core.bounds import _pair_s
+
+    cost, m = _h100(), model_profile("qwen2.5-7b")
+    tokens, gpus = 8.0e6, 8
+    ov = cost.f.train_stage_overhead_s
+    a = _pass_s([cost], m, "update_critic", tokens, gpus)
+    b = _pass_s([cost], m, "update_actor", tokens, gpus)
+    pair = _pair_s([cost], m, "update_critic", "update_actor", tokens, gpus, a, b)
+    assert pair > 1.8 * max(a, b)
+    # it is a lower bound: the two side by side on any split of the pool take no less
+    lo = cost.min_gang(m, update=True)
+    best_split = min(max(cost.train_s(m, g, tokens), cost.train_s(m, gpus - g, tokens)) - ov
+                     for g in range(lo, gpus - lo + 1))
+    assert pair <= best_split + 1e-9
+    # where the longer one dominates (a tiny partner), the pair is the longer one
+    assert _pair_s([cost], m, "update_critic", "update_actor", tokens, gpus, a, 0.0) >= a
+    # and a PPO pipeline alone on the node, chain-bound, is beaten by no policy
+    wl = small_workload(gpus=8, pipelines=1, prompts=16, samples=4, steps=2, median=300,
+                        models=("qwen2.5-7b",), algorithms=("ppo",), agentic=(False,), modes=("sync",),
+                        staleness=(0,))
+    for name in ("verl-sync", "jigsaw"):
+        r = Simulation(wl, get_policy(name), seed=0).run()
+        assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"] - 1e-6, name

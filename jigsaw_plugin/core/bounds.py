@@ -214,6 +214,29 @@ def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
     return best
 
 
+def _pair_s(costs, model, a: str, b: str, tokens: float, gpus: int, a_s: float, b_s: float) -> float:
+    """Least seconds of passes ``a`` and ``b`` run side by side, beyond the one fixed cost
+    the chain counts for the pair (``_step_fixed_s``). The longer of the two on its fastest
+    gang (``a_s``, ``b_s``: two gangs at once hold no more than the pool, so neither runs
+    faster than alone); and while both run, the pool holds every device-second of both: the
+    interval from the first start to the last end is at least their least compute
+    device-seconds (any width, ``_pass_device_s``'s figure over every width) plus the
+    fixed cost on each one's fewest devices, over the ``gpus`` devices, of which the
+    chain's one fixed cost is taken off. Where passes scale with their gang, running two
+    side by side is no faster than one after the other on the whole pool."""
+    dev_s = 0.0
+    for stage in (a, b):
+        best = _INF
+        for c in costs:
+            price = c.forward_s if stage in FORWARD_STAGES else c.train_s
+            ov = c.f.train_stage_overhead_s
+            lo = min(c.stage_min_gang(model, stage), gpus)
+            best = min(best, min(max(0.0, price(model, w, tokens) - ov) * w + ov * lo for w in range(lo, gpus + 1)))
+        dev_s += best
+    fixed = min(c.f.train_stage_overhead_s for c in costs)
+    return max(a_s, b_s, dev_s / gpus - fixed)
+
+
 def _both_fit(costs, model, a: str, b: str, gpus: int) -> bool:
     """Whether passes ``a`` and ``b`` can run at once: the pool holds a gang of each (each
     at least the devices that hold its state, ``stage_min_gang``, at its least over the
@@ -274,11 +297,14 @@ def compute_bounds(ex) -> Bounds:
                     ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
                     if stage in UPDATE_STAGES or p.spec.mode != "sync":
                         passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
-            # a pass run alongside the next overlaps it: the pair costs the longer of the two
-            # (each on its fastest gang: the two gangs are at most the pool between them, so
-            # neither is faster than its own fastest), where the pool holds both (``_alongside``)
-            train = sum(passes.values()) - sum(min(passes[p.stages[i]], passes[p.stages[i + 1]])
-                                               for i in _alongside(ex, p) if p.stages[i] in passes)
+            # a pass run alongside the next overlaps it, where the pool holds both
+            # (``_alongside``): the pair costs the longer of the two, and no less than the
+            # pool takes to hold both passes' device-seconds (``_pair_s``)
+            train = sum(passes.values())
+            for k in _alongside(ex, p):
+                a, b = p.stages[k], p.stages[k + 1]
+                if a in passes:
+                    train += _pair_s(costs, m, a, b, s.tokens, gpus, passes[a], passes[b]) - passes[a] - passes[b]
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
