@@ -8,6 +8,7 @@ policy); only wall times and decision latencies are measured and vary with machi
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import sys
@@ -109,16 +110,20 @@ def _decision_p99() -> dict | None:
     return got if {(64, 8), (1024, 32)} <= set(got) else None
 
 
+@functools.lru_cache(maxsize=1)
+def _seed_runs() -> dict:
+    """benchmarks/results/seeds.json (``benchmarks/seeds.py``), read once; {} where not saved."""
+    path = ROOT / "benchmarks" / "results" / "seeds.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _over_seeds(key: str, which: str) -> str:
     """`` (seeds 0-4: median M, range A - B)`` for workload ``key`` from
     benchmarks/results/seeds.json (``benchmarks/seeds.py``): ``which`` is "ratio" (jigsaw /
     verl-sync) or "gap" (gap recovered); "" where not saved."""
-    import json
-
     import seeds
 
-    path = ROOT / "benchmarks" / "results" / "seeds.json"
-    by_seed = json.loads(path.read_text()).get(key) if path.exists() else None
+    by_seed = _seed_runs().get(key)
     if not by_seed:
         return ""
     figs = [f for f in (seeds.figures(runs) for runs in by_seed.values()) if f[1] is not None]

@@ -52,29 +52,25 @@ def figures(runs: dict) -> tuple[float, float | None]:
 
 
 def render(data: dict) -> str:
-    rows, spread = [], []
+    rows, spread, widths = [], [], {}
     for k, by_seed in data.items():
-        ratios, gaps = [], []
-        for seed, runs in by_seed.items():
-            r, g = figures(runs)
-            ratios.append(r)
-            if g is not None:
-                gaps.append(g)
-        per_seed = "; ".join(f"{seed}: {figures(runs)[0]:.2f}x / {figures(runs)[1]:.0%}"
-                             for seed, runs in by_seed.items() if figures(runs)[1] is not None)
+        figs = {seed: figures(runs) for seed, runs in by_seed.items()}  # seed -> (ratio, gap recovered)
+        ratios = [r for r, _ in figs.values()]
+        gaps = [g for _, g in figs.values() if g is not None]
+        per_seed = "; ".join(f"{seed}: {r:.2f}x / {g:.0%}" for seed, (r, g) in figs.items() if g is not None)
         rows.append([f"({k})", len(by_seed), f"{statistics.median(ratios):.2f}x",
                      f"{min(ratios):.2f}x - {max(ratios):.2f}x",
                      f"{statistics.median(gaps):.0%}" if gaps else "-",
                      f"{min(gaps):.0%} - {max(gaps):.0%}" if gaps else "-", per_seed])
-        if gaps:
-            seed0 = figures(by_seed["0"])[1] if "0" in by_seed else None
-            if seed0 is not None:
-                spread.append(f"({k}) {seed0:.0%} at seed 0, median {statistics.median(gaps):.0%}")
-    widest = max(rows, key=lambda row: float(row[3].split(" - ")[1][:-1]) - float(row[3].split(" - ")[0][:-1]))
+        widths[rows[-1][0]] = (max(ratios) - min(ratios), rows[-1][3])
+        seed0 = figs.get("0", (None, None))[1]
+        if gaps and seed0 is not None:
+            spread.append(f"({k}) {seed0:.0%} at seed 0, median {statistics.median(gaps):.0%}")
+    widest = max(widths, key=lambda k: widths[k][0])
     reading = ("Gap recovered at seed 0 against its median over the seeds: " + ", ".join(spread) +
                ". Where they differ, the seed-0 figures of the tables above are one draw of that spread. "
                f"The speed-up moves more than the gap recovered where verl-sync's own makespan does with the "
-               f"draws (a chain of long tool calls and sandboxed rewards): {widest[0]} {widest[3]}.")
+               f"draws (a chain of long tool calls and sandboxed rewards): {widest} {widths[widest][1]}.")
     return f"""## The bundled workloads at other seeds (`benchmarks/seeds.py`)
 
 Every other table is seed 0. Here each workload is run again with its samples drawn
