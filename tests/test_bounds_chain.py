@@ -129,3 +129,35 @@ def test_two_passes_side_by_side_take_at_least_the_pools_time_for_both_device_se
     for name in ("verl-sync", "jigsaw"):
         r = Simulation(wl, get_policy(name), seed=0).run()
         assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"] - 1e-6, name
+
+
+class _OddWidthCost:
+    """A hand-built cost model (``_least_compute_device_s`` reads only these) on which a
+    pass's device-seconds are not monotone in its gang width: three devices run it at half
+    the device-seconds of any other width, as a hybrid-sharding layout or a micro-batch
+    count that rounds up can make a width that is no power of two the cheapest."""
+
+    f = EfficiencyFactors()
+
+    def stage_min_gang(self, model, stage):
+        return 2
+
+    def train_s(self, model, devices, tokens):
+        per_device_s = (1.0 if devices == 3 else 2.0) * tokens / devices
+        return self.f.train_stage_overhead_s + per_device_s
+
+    forward_s = train_s
+
+
+def test_a_pass_least_device_seconds_tries_every_width_not_only_powers_of_two():
+    from jigsaw_plugin.core.bounds import _pair_s
+
+    cost, m, tokens = _OddWidthCost(), model_profile("qwen2.5-7b"), 600.0
+    assert _pass_device_s([cost], m, "update_actor", tokens, 8) == pytest.approx(tokens)
+    assert _pass_device_s([cost], m, "old_log_prob", tokens, 8) == pytest.approx(tokens)
+    # on a pool too small for that width, the cheapest that fits (from the fewest that hold its state)
+    assert _pass_device_s([cost], m, "update_actor", tokens, 2) == pytest.approx(2 * tokens)
+    # the side-by-side floor counts each pass at that width too, plus its fixed cost on two devices
+    ov = cost.f.train_stage_overhead_s
+    assert _pair_s([cost], m, "update_critic", "update_actor", tokens, 8, 0.0, 0.0) == pytest.approx(
+        (2 * tokens + 2 * ov * 2) / 8 - ov)

@@ -186,18 +186,24 @@ def _alongside(ex, p) -> list:
             and _both_fit(costs, p.model, stage, p.stages[i + 1], ex.gpus)]
 
 
+def _least_compute_device_s(c, model, stage: str, tokens: float, gpus: int) -> float:
+    """Least device-seconds of a training-side pass's compute (its fixed cost taken off) on
+    cost model ``c``: every gang width from the fewest devices that hold its state
+    (``stage_min_gang``) to the pool, since a pass's device-seconds need not be monotone in
+    its width (micro-batch counts round up, a hybrid-sharding layout must divide the gang,
+    a node's edge moves its all-gathers onto the NICs): a bound that skipped a width could
+    sit above a schedule that used it."""
+    price = c.forward_s if stage in FORWARD_STAGES else c.train_s
+    ov = c.f.train_stage_overhead_s
+    lo = min(c.stage_min_gang(model, stage), gpus)
+    return min(max(0.0, price(model, w, tokens) - ov) * w for w in range(lo, gpus + 1))
+
+
 def _pass_device_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
     """Least device-seconds of a training-side pass: compute without the stage's fixed cost,
-    on a gang that holds its state (``CostModel.min_gang``: narrower ones are priced
-    infinite; the narrowest that fits is among the widths tried), over the pool's device
-    classes."""
-    best = _INF
-    for c in costs:
-        price = c.forward_s if stage in FORWARD_STAGES else c.train_s
-        floor = c.stage_min_gang(model, stage)
-        widths = sorted({1, gpus, min(floor, gpus)} | {w for w in (2, 4, 8, 16, 32, 64) if w <= gpus})
-        best = min(best, min(max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s) * w for w in widths))
-    return best
+    on a gang that holds its state, at its cheapest width (``_least_compute_device_s``),
+    over the pool's device classes."""
+    return min(_least_compute_device_s(c, model, stage, tokens, gpus) for c in costs)
 
 
 def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
@@ -226,13 +232,8 @@ def _pair_s(costs, model, a: str, b: str, tokens: float, gpus: int, a_s: float, 
     side by side is no faster than one after the other on the whole pool."""
     dev_s = 0.0
     for stage in (a, b):
-        best = _INF
-        for c in costs:
-            price = c.forward_s if stage in FORWARD_STAGES else c.train_s
-            ov = c.f.train_stage_overhead_s
-            lo = min(c.stage_min_gang(model, stage), gpus)
-            best = min(best, min(max(0.0, price(model, w, tokens) - ov) * w + ov * lo for w in range(lo, gpus + 1)))
-        dev_s += best
+        dev_s += min(_least_compute_device_s(c, model, stage, tokens, gpus)
+                     + c.f.train_stage_overhead_s * min(c.stage_min_gang(model, stage), gpus) for c in costs)
     fixed = min(c.f.train_stage_overhead_s for c in costs)
     return max(a_s, b_s, dev_s / gpus - fixed)
 
