@@ -33,6 +33,27 @@ def measure(keys: tuple) -> dict:
     return {f"{k}/{pol}": _summary(r) for (k, pol), r in zip(keys, runs)}
 
 
+def _parts(s: dict, above: float) -> str:
+    """The decode's host-side step work and all-reduces (device-s), with their share of the
+    decode above the ideal; "-" where the run did not record them."""
+    host, allreduce = s.get("decode_host_device_s"), s.get("decode_allreduce_device_s")
+    if host is None or allreduce is None:
+        return "-"
+    return f"{host:.0f} / {allreduce:.0f} ({(host + allreduce) / max(1e-9, above):.0%})"
+
+
+def _parts_range(data: dict, policy: str) -> str:
+    """The lowest and highest share of ``policy``'s decode above its ideal that its host
+    work and all-reduces take, over the workloads that recorded them."""
+    shares = []
+    for name, r in data.items():
+        s = r["rollout"]
+        if name.endswith("/" + policy) and s.get("decode_host_device_s") is not None:
+            above = s["decode_memory_bound_device_s"] + s["decode_compute_bound_device_s"] - s["ideal_decode_device_s"]
+            shares.append((s["decode_host_device_s"] + s["decode_allreduce_device_s"]) / max(1e-9, above))
+    return f"{min(shares):.0%}-{max(shares):.0%}" if shares else "n/a"
+
+
 def render(data: dict) -> str:
     rows = []
     for name, r in data.items():
@@ -43,7 +64,7 @@ def render(data: dict) -> str:
         by_width = ", ".join(f"tp{w} {v['decode_memory_bound_device_s']:.0f}" for w, v in s["by_width"].items()
                              if v["decode_memory_bound_device_s"] >= 0.5)
         rows.append([f"({key})", pol, f"{r['makespan_s']:.0f}", f"{gap:.0f}", f"{above:.0f} ({above / gap:.0%})",
-                     f"{mem / max(1e-9, mem + comp):.0%}", by_width or "-",
+                     _parts(s, above), f"{mem / max(1e-9, mem + comp):.0%}", by_width or "-",
                      f"{s['prefill_device_s']:.0f} / {s['ideal_prefill_device_s']:.0f}",
                      f"{s['empty_device_s']:.0f} ({s['empty_device_s'] / gap:.0%})", f"{s['other_device_s']:.0f}"])
     return (
@@ -56,19 +77,36 @@ def render(data: dict) -> str:
         "take to run: thin batches such as rollout tails, or long contexts), by replica width; prefill "
         "(re-prefill after a move included) against the ideal prefill; the time replicas were held with no "
         "request at all (their trajectories in tool calls, or the step's last responses decoding elsewhere); "
-        "and the rest (weight loads, requests waiting behind a prefill). The ideal decode is the bound's (docs/simulator.md): every token at the "
+        "and the rest (weight loads, requests waiting behind a prefill). Of the decode, two parts of its steps "
+        "the ideal leaves out (`CostModel.decode_step_parts`): the engine's host-side work each step "
+        "(scheduler, sampler, launches: `decode_step_overhead_s` on each of the replica's devices, the GPU "
+        "idle meanwhile) and the tensor-parallel all-reduces, with their share of the decode above the ideal. "
+        "The ideal decode is the bound's (docs/simulator.md): every token at the "
         "engine's largest batch, or the weights once a step and each token's KV once, whichever is more.\n\n"
         + md_table(["workload", "policy", "makespan s", "gap device-s", "decode above ideal device-s (share of gap)",
+                    "of which host step work / all-reduce device-s (share of the decode above ideal)",
                     "memory-bound share of decode", "memory-bound decode device-s by replica width",
                     "prefill / ideal device-s", "held empty device-s (share of gap)", "other held device-s"], rows)
         + "\n\nReading: on (a)-(d) jigsaw's decode above its ideal is about half of its whole gap, much "
-        "of it in memory-bound steps. Part of that is the cost of not knowing lengths: a synchronous step's "
-        "last responses decode a few sequences a step however they are placed, and only an order that knew "
-        "the lengths (longest first) could keep every step's batch full, as the ideal decode assumes. The "
-        "rest is the policy's trade: a thin tail re-sharded onto wider replicas (the tp4 and tp8 entries) "
+        f"of it in memory-bound steps, and {_parts_range(data, 'jigsaw')} of it (verl-sync: "
+        f"{_parts_range(data, 'verl-sync')}) is the engines' per-step host work and all-reduces. The ideal "
+        "counts neither: a replica's host work can run under another engine's kernels on the same devices "
+        "(co-location, docs/colocation.md), and one-device replicas run no all-reduce. Neither comes back "
+        "for free: two co-located replicas' GPU work adds, so both decode slower (a tail on the chain that "
+        "sets the makespan, as (f)'s SWE agent's few sequences a step on eight devices, ends later), and a "
+        "bulk batch whose size its KV cache sets halves to share the devices, so each token reads the "
+        "weights twice as often, which costs more than the host work hidden wherever reading a replica's "
+        "weight shard takes longer than its 1.6 ms of host work (the 7B on one device 5.0 ms, the 32B on "
+        "eight 2.7 ms, on H100); a tail on one device runs no all-reduce but decodes 2-4x slower than on "
+        "eight (the 7B to the 32B). That share is the part of the gap the bound leaves unpriced rather than one a schedule "
+        "recovers; what shrinks it is in the engine (CUDA graphs over several steps, scheduling overlapped "
+        "with the GPU). The rest of the decode above the "
+        "ideal: a synchronous step's last responses decode a few sequences a step however they are placed, "
+        "where the ideal has every step's batch full (an order that knew the lengths, longest first, did not "
+        "recover it: docs/simulator.md, stop 55); and the policy's trade: a thin tail re-sharded onto wider replicas (the tp4 and tp8 entries) "
         "ends the step on the critical path sooner at about twice the device-seconds a token "
         "(docs/simulator.md, `migration`); decoding them narrower saves device-seconds that no other "
-        "pipeline could use at that moment (`max_widen` 1, on the build of stop 33: (a) 2060 s against 1984 s). On (e) long "
+        "pipeline could use at that moment (`max_widen` 1, on the build of stop 56: (a) 2084 s against 1979 s). On (e) long "
         "contexts make even full batches memory-bound (the KV reads the ideal counts). Held empty: verl-sync "
         "keeps every replica of a step until its last response (41% of its gap on (f)); jigsaw retires "
         "drained replicas, but keeps an agentic pipeline's last one for the next turns of trajectories in "

@@ -1,6 +1,7 @@
 """Where a rollout's device-seconds go (``gap_breakdown["rollout"]``): decode steps bound by
 their HBM reads (too few sequences for the devices' compute), decode steps bound by their
-FLOPs, prefill, time held with no request, and the rest; and the cost model's
+FLOPs, prefill, time held with no request, and the rest; of the decode, the engines'
+host-side step work and the tensor-parallel all-reduces; and the cost model's
 ``decode_memory_bound`` that tells the two decode regimes apart."""
 
 import pytest
@@ -102,3 +103,62 @@ def test_an_executor_that_records_no_rollout_time_reports_no_split():
     assert rollout_split(SimpleNamespace(), bounds, 5.0) is None
     got = rollout_split(SimpleNamespace(rollout_time={1: [1.0, 2.0, 0.5, 0.25]}), bounds, 5.0)
     assert got["ideal_decode_device_s"] == 3.0 and got["other_device_s"] == pytest.approx(1.25)
+    assert got["decode_host_device_s"] is None  # a record without the decode's parts
+
+
+def test_a_decode_step_is_its_host_work_roofline_and_all_reduces():
+    # the three parts sum to the step's price exactly (in its order), whatever the width
+    cost = _h100()
+    for name in ("qwen2.5-7b", "qwen2.5-32b"):
+        m = model_profile(name)
+        for tp in (1, 2, 4, 8):
+            for b, kv in ((1, 0.0), (7, 3e4), (256, 1e6)):
+                parts = cost.decode_step_parts(m, tp, b, kv)
+                assert parts.total_s == cost.decode_step_s(m, tp, b, kv)
+                assert parts.host_s == cost.f.decode_step_overhead_s
+                assert (parts.allreduce_s == 0.0) == (tp == 1)
+    assert cost.decode_step_parts(model_profile("qwen2.5-7b"), 1, 0, 0.0).total_s == 0.0
+
+
+def test_the_decodes_host_work_and_all_reduces_are_recorded_as_parts_of_it():
+    # a lone request on one device: every decode step is its host work plus the weight
+    # reads (its KV a few MB): the host part is the step's overhead share of the decode
+    lone = small_workload(gpus=1, pipelines=1, prompts=1, samples=1, steps=1, agentic=(False,),
+                          algorithms=("grpo",), modes=("sync",), median=500)
+    got = _split(lone, "verl-sync")["rollout"]
+    cost, m = _h100(), model_profile(lone.pipelines[0].model)
+    share = cost.f.decode_step_overhead_s / cost.decode_step_s(m, 1, 1, 0.0)
+    assert got["decode_host_device_s"] == pytest.approx(share * got["decode_memory_bound_device_s"], rel=0.02)
+    assert got["decode_allreduce_device_s"] == 0.0
+    # jigsaw re-shards tails onto wider replicas: their steps run all-reduces, and both
+    # parts stay within the decode they are parts of, width by width
+    wl = small_workload(gpus=8, pipelines=2, prompts=16, samples=4, steps=2, median=600)
+    got = _split(wl, "jigsaw")["rollout"]
+    assert got["decode_host_device_s"] > 0.0 and got["decode_allreduce_device_s"] > 0.0
+    for tp, w in got["by_width"].items():
+        decode = w["decode_memory_bound_device_s"] + w["decode_compute_bound_device_s"]
+        assert w["decode_host_device_s"] + w["decode_allreduce_device_s"] <= decode + 1e-6
+        assert (w["decode_allreduce_device_s"] > 0.0) == (tp != "1" and decode > 0.0)
+    for key in ("decode_host_device_s", "decode_allreduce_device_s"):
+        assert sum(w[key] for w in got["by_width"].values()) == pytest.approx(got[key])
+
+
+def test_a_decode_priced_by_a_plugin_has_no_parts():
+    # a plugin's price is a total: its host work and all-reduces are not known, and the
+    # split says so (None) rather than the cost model's guess
+    from jigsaw_plugin.hookspecs import hookimpl
+    from jigsaw_plugin.manager import get_plugin_manager, register
+
+    class Decode:
+        @hookimpl(tryfirst=True)
+        def jigsaw_predict_duration(self, kind, pipeline, sizes, devices):
+            return 0.01 if kind == "decode_step" else None
+
+    wl = small_workload(gpus=1, pipelines=1, prompts=1, samples=1, steps=1, agentic=(False,),
+                        algorithms=("grpo",), modes=("sync",), median=500)
+    pm = get_plugin_manager(load_entrypoints=False)
+    register(pm, Decode(), "decode")
+    got = Simulation(wl, get_policy("verl-sync"), seed=0, pm=pm).run()["gap_breakdown"]["rollout"]
+    assert got["decode_memory_bound_device_s"] > 0.0
+    assert got["decode_host_device_s"] is None and got["decode_allreduce_device_s"] is None
+    assert got["by_width"]["1"]["decode_host_device_s"] is None

@@ -104,6 +104,8 @@ _BREAKDOWN_ROWS = (
     ("rollout replicas above the ideal decode and prefill", "rollout_above_ideal_device_s", True),
     ("- held decoding, memory-bound steps (thin batches, long contexts)", "decode_memory_bound_device_s", False),
     ("- held decoding, compute-bound steps", "decode_compute_bound_device_s", False),
+    ("- of the decoding: the engines' host-side step work (GPU idle)", "decode_host_device_s", False),
+    ("- of the decoding: tensor-parallel all-reduces", "decode_allreduce_device_s", False),
     ("- the ideal decode", "ideal_decode_device_s", False),
     ("- held prefilling (re-prefill after moves included)", "prefill_device_s", False),
     ("- the ideal prefill", "ideal_prefill_device_s", False),

@@ -362,23 +362,45 @@ def rollout_split(ex, bounds: Bounds, held_s: float) -> dict | None:
     compute: tails and thin batches), decode steps bound by their FLOPs, prefill (re-prefill
     after a move included), time held with no request at all (its trajectories in tool
     calls, or the step's last responses decoding elsewhere), and the rest (weight loads,
-    requests waiting behind a prefill, a co-located guest's share). With the ideal decode
-    and prefill beside them; by replica width as well. None where not recorded."""
+    requests waiting behind a prefill, a co-located guest's share). Of the decode, the parts
+    of its steps the ideal decode leaves out: the engines' host-side step work (the GPU idle
+    meanwhile, unless a co-located engine's kernels fill it) and the tensor-parallel
+    all-reduces. With the ideal decode and prefill beside them; by replica width as well.
+    None where not recorded."""
     record = getattr(ex, "rollout_time", None)
     if record is None:
         return None
     mem, comp, prefill, empty = (sum(v[i] for v in record.values()) for i in range(4))
+    host, allreduce = (_sum_known(v[i] if len(v) > i else None for v in record.values()) for i in (4, 5))
     return {
         "decode_memory_bound_device_s": mem,
         "decode_compute_bound_device_s": comp,
         "ideal_decode_device_s": bounds.ideal_rollout_device_s - bounds.ideal_prefill_device_s,
+        # parts of the decode above that the ideal does not count: the engines' host-side
+        # step work with the GPU idle, and the tensor-parallel all-reduces (None where a
+        # plugin priced the steps)
+        "decode_host_device_s": host,
+        "decode_allreduce_device_s": allreduce,
         "prefill_device_s": prefill,
         "ideal_prefill_device_s": bounds.ideal_prefill_device_s,
         "empty_device_s": empty,
         "other_device_s": held_s - mem - comp - prefill - empty,
         "by_width": {str(tp): {"decode_memory_bound_device_s": v[0], "decode_compute_bound_device_s": v[1],
-                               "prefill_device_s": v[2], "empty_device_s": v[3]} for tp, v in sorted(record.items())},
+                               "prefill_device_s": v[2], "empty_device_s": v[3],
+                               "decode_host_device_s": v[4] if len(v) > 4 else None,
+                               "decode_allreduce_device_s": v[5] if len(v) > 5 else None}
+                     for tp, v in sorted(record.items())},
     }
+
+
+def _sum_known(values) -> float | None:
+    """The sum, or None where any value is unknown (None)."""
+    total = 0.0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
 
 
 #: the parts of a pipeline's time in ``chain_split``, the one on its chain first: a

@@ -33,6 +33,13 @@ class Pricer:
             return self.cost.decode_step_s(self._models[pipeline], len(devices), batch, kv_tokens)
         return self._ask("decode_step", pipeline, {"batch": batch, "kv_tokens": kv_tokens}, devices)
 
+    def decode_step_parts(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float):
+        """``decode_step_s`` in the cost model's terms (``CostModel.decode_step_parts``), or
+        None where a plugin prices the step: its total says nothing of its parts."""
+        if not self._direct:
+            return None
+        return self.cost.decode_step_parts(self._models[pipeline], len(devices), batch, kv_tokens)
+
     def prefill_s(self, pipeline: str, devices: tuple, tokens: float) -> float:
         if self._direct:
             return self.cost.prefill_s(self._models[pipeline], len(devices), tokens)

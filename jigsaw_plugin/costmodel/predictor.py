@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
-__all__ = ["EfficiencyFactors", "CostModel", "HARDWARE_FACTORS", "default_factors", "cuda_graph_batch", "node_counts"]
+__all__ = ["EfficiencyFactors", "CostModel", "DecodeStepParts", "HARDWARE_FACTORS", "default_factors",
+           "cuda_graph_batch", "node_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,21 @@ def cuda_graph_batch(batch: int, max_captured: int) -> int:
     return min(max_captured, -(-batch // 8) * 8)
 
 
+class DecodeStepParts(NamedTuple):
+    """One decode step's seconds in the cost model's three terms: the engine's host-side work
+    (scheduler, sampler, kernel launches: ``decode_step_overhead_s``, the GPU idle meanwhile
+    unless another engine's kernels share it), the GPU's roofline work (weight and KV reads
+    or the batch's FLOPs, whichever is longer) and the tensor-parallel all-reduces."""
+
+    host_s: float
+    roofline_s: float
+    allreduce_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.host_s + self.roofline_s + self.allreduce_s
+
+
 def default_factors(hardware: HardwareProfile) -> EfficiencyFactors:
     return HARDWARE_FACTORS.get(hardware.name, EfficiencyFactors())
 
@@ -147,15 +164,26 @@ class CostModel:
     def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> float:
         """One decode step of ``batch`` sequences holding ``kv_tokens`` of context: the larger
         of weight + KV reads over HBM and the batched FLOPs (on the CUDA-graph bucket the
-        batch is padded to), plus the fixed per-step cost and the tensor-parallel all-reduces."""
+        batch is padded to), plus the fixed per-step cost and the tensor-parallel all-reduces
+        (``decode_step_parts`` gives the three apart)."""
         if batch <= 0:
             return 0.0
+        host, roofline, allreduce = self._decode_terms(model, tp, batch, kv_tokens)
+        return host + roofline + allreduce
+
+    def decode_step_parts(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> "DecodeStepParts":
+        """``decode_step_s`` in its three terms (they sum to it, in its order)."""
+        if batch <= 0:
+            return DecodeStepParts(0.0, 0.0, 0.0)
+        return DecodeStepParts(*self._decode_terms(model, tp, batch, kv_tokens))
+
+    def _decode_terms(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> tuple:
         mem = (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / (
             tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
         )
         padded = cuda_graph_batch(batch, self.f.cuda_graph_max_batch)
         comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
-        return self.f.decode_step_overhead_s + max(mem, comp) + self._tp_comm_s(model, tp, padded)
+        return self.f.decode_step_overhead_s, max(mem, comp), self._tp_comm_s(model, tp, padded)
 
     def decode_memory_bound(self, model: ModelProfile, batch: int, kv_tokens: float) -> bool:
         """Whether a decode step of ``batch`` sequences is bound by its HBM reads (weights and

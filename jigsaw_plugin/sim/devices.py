@@ -102,6 +102,14 @@ class ClassPricer:
     def decode_step_s(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float) -> float:
         return max(p.decode_step_s(pipeline, devices, batch, kv_tokens) for p in self._each(devices))
 
+    def decode_step_parts(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float):
+        """The parts of the slowest class's step (``decode_step_s``'s answer), or None where a
+        plugin priced one."""
+        parts = [p.decode_step_parts(pipeline, devices, batch, kv_tokens) for p in self._each(devices)]
+        if any(x is None for x in parts):
+            return None
+        return max(parts, key=lambda x: x.total_s)
+
     def prefill_s(self, pipeline: str, devices: tuple, tokens: float) -> float:
         return max(p.prefill_s(pipeline, devices, tokens) for p in self._each(devices))
 

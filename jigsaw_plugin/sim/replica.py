@@ -127,6 +127,12 @@ class Replica:
         self.decode_compute_bound_s = 0.0
         self.prefill_s = 0.0
         self.empty_s = 0.0  # held with no request: its trajectories in tool calls, or the step ending elsewhere
+        # ... and of the decode seconds above, those of the engine's host-side step work (the
+        # GPU idle meanwhile) and of the tensor-parallel all-reduces (``DecodeStepParts``);
+        # None once a plugin priced a step (its parts are not known)
+        self.decode_host_s: float | None = 0.0
+        self.decode_allreduce_s: float | None = 0.0
+        self._step_host_s = self._step_allreduce_s = 0.0  # the parts of ``step_s``
         self._prefill_until = ready_t  # when the last prefill admitted ends
         self._memory_bound = False  # the regime of the step ``step_s`` prices
         self._roofline = cost.decode_roofline(model)  # CostModel.decode_memory_bound's terms
@@ -135,12 +141,14 @@ class Replica:
         # both have sequences admitted, each step is priced with the other's GPU work added
         self.partner: Replica | None = None
 
-    def time_split(self) -> tuple[float, float, float, float]:
-        """(memory-bound decode, compute-bound decode, prefill, empty) seconds per device up to
-        ``t_sync``: a prefill still running then (its requests moved away, the replica closed)
-        counts only its part so far."""
+    def time_split(self) -> tuple:
+        """(memory-bound decode, compute-bound decode, prefill, empty, host-side step work,
+        all-reduces) seconds per device up to ``t_sync``: a prefill still running then (its
+        requests moved away, the replica closed) counts only its part so far; the last two
+        are parts of the decode (None where a plugin priced a step)."""
         ahead = max(0.0, self._prefill_until - max(self.t_sync, self.start_t + self.switch_s))
-        return (self.decode_memory_bound_s, self.decode_compute_bound_s, self.prefill_s - ahead, self.empty_s)
+        return (self.decode_memory_bound_s, self.decode_compute_bound_s, self.prefill_s - ahead, self.empty_s,
+                self.decode_host_s, self.decode_allreduce_s)
 
     def resize_cache(self, other_bytes: float) -> None:
         """Re-size the KV cache with ``other_bytes`` per device taken by others (a co-located
@@ -159,6 +167,11 @@ class Replica:
         if self._pricer is None:
             return self.cost.decode_step_s(self.model, self.tp, batch, kv)
         return self._pricer.decode_step_s(self.pipeline, self.devices, batch, kv)
+
+    def _decode_parts(self, batch: int, kv: float):
+        if self._pricer is None:
+            return self.cost.decode_step_parts(self.model, self.tp, batch, kv)
+        return self._pricer.decode_step_parts(self.pipeline, self.devices, batch, kv)
 
     def _prefill_s(self, tokens: float) -> float:
         if self._pricer is None:
@@ -271,11 +284,15 @@ class Replica:
             # not while a prefill it already counted (of requests moved away since) runs on
             self.empty_s += t - max(busy_from, self.busy_until)
         if self.n > 0 and t > start and self.step_s > 0:
-            self.p += (t - start) / self.step_s
+            steps = (t - start) / self.step_s
+            self.p += steps
             if self._memory_bound:
                 self.decode_memory_bound_s += t - start
             else:
                 self.decode_compute_bound_s += t - start
+            if self.decode_host_s is not None:
+                self.decode_host_s += steps * self._step_host_s
+                self.decode_allreduce_s += steps * self._step_allreduce_s
         self.t_sync = t
 
     def _top(self):
@@ -300,13 +317,24 @@ class Replica:
                 steps = max(room, 1.0)
         steps = min(steps, SEGMENT_STEPS)
         kv_mid = kv + self.n * steps / 2
-        self.step_s = self._decode_s(self.n, kv_mid)
+        parts = self._decode_parts(self.n, kv_mid)
+        if parts is None:  # priced by a plugin: the total alone
+            self.step_s = self._decode_s(self.n, kv_mid)
+            self.decode_host_s = self.decode_allreduce_s = None
+        else:
+            self.step_s = parts.total_s
+            self._step_host_s, self._step_allreduce_s = parts.host_s, parts.allreduce_s
         # CostModel.decode_memory_bound, inlined: it runs at every event of every replica
         weights, per_kv, per_seq = self._roofline
         self._memory_bound = weights + kv_mid * per_kv >= per_seq * cuda_graph_batch(self.n, self._graph_max)
         if self.partner is not None and self.partner.n > 0:
-            self.step_s = colocated_step_s(self.step_s, self.partner.alone_step_s(),
-                                           self.cost.f.decode_step_overhead_s)
+            alone, other = self.step_s, self.partner.alone_step_s()
+            ov = self.cost.f.decode_step_overhead_s
+            self.step_s = colocated_step_s(alone, other, ov)
+            # its host-side work runs under the partner's GPU work: only what sticks out of
+            # both engines' GPU work leaves the devices idle
+            self._step_host_s = max(0.0, min(self._step_host_s,
+                                             self.step_s - (alone - self._step_host_s) - max(0.0, other - ov)))
         return max(self.t_sync, self.busy_until) + steps * self.step_s
 
     # ---- requests ---------------------------------------------------------------------

@@ -67,7 +67,9 @@ class World(ExecutorCore):
         # (docs/colocation.md)
         self._booked: dict[int, tuple] = {}
         # replica width -> device-seconds of [memory-bound decode, compute-bound decode,
-        # prefill, empty] on the replicas holding the devices' record (result: ``rollout_time``)
+        # prefill, empty, the decode's host-side step work, its all-reduces] on the replicas
+        # holding the devices' record (result: ``rollout_time``; the last two None where a
+        # plugin priced a decode step)
         self.rollout_time: dict[int, list] = {}
         self.colocations: list[dict] = []  # one record per co-located pair launched
         super().__init__(workload, policy, seed, **kw)
@@ -186,7 +188,7 @@ class World(ExecutorCore):
         if host is not None:
             self._pair(host, rep, split)
         else:
-            self._booked[rep_id] = (self.t, 0.0, (0.0, 0.0, 0.0, 0.0))
+            self._booked[rep_id] = (self.t, 0.0, (0.0,) * 6)
         rep.busy_until = self.t + switch
         rep.switch_s = switch
         rep.start_t = self.t
@@ -343,9 +345,10 @@ class World(ExecutorCore):
             since, busy0, split0 = booked
             first = since == rep.start_t
             self.busy_s += (rep.busy_s - busy0 + (rep.switch_s if first else 0.0)) * rep.tp
-            into = self.rollout_time.setdefault(rep.tp, [0.0, 0.0, 0.0, 0.0])
+            into = self.rollout_time.setdefault(rep.tp, [0.0] * 6)
             for i, (now, then) in enumerate(zip(rep.time_split(), split0)):
-                into[i] += (now - then) * rep.tp
+                # the decode's host and all-reduce parts: None where a plugin priced a step
+                into[i] = None if now is None or then is None or into[i] is None else into[i] + (now - then) * rep.tp
             self.trace.append((f"{rep.pipeline} rollout r{rep.id}", "rollout", rep.devices, since, self.t))
         if rep.partner is not None:
             self._unpair(rep)  # the devices stay booked by the partner
