@@ -973,9 +973,13 @@ def test_a_spread_counts_the_requests_queued_behind_a_full_kv_cache():
     p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
                              done=True)
     st = state([p0, p1], busy=_busy_with_replicas([p0, p1]))
-    out = get_policy("jigsaw").decide(st)
+    # the spread rule on its own: with ``grow_on_queue`` the queued requests grow the
+    # rollout onto the free devices first, in the same round
+    out = get_policy("jigsaw", grow_on_queue=False).decide(st)
     spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
     assert spread and {x for d in spread for x in d.devices} <= {4, 5, 6, 7}
+    grown = [d for d in get_policy("jigsaw").decide(st) if isinstance(d, LaunchReplica) and d.pipeline == "p0"]
+    assert grown and {x for d in grown for x in d.devices} <= {4, 5, 6, 7}
 
 
 def test_an_agent_whose_trajectories_are_in_tool_calls_lends_its_home_for_their_turns():
@@ -1032,3 +1036,33 @@ def test_the_critical_pipelines_next_gang_is_not_lent_away_while_its_advantages_
     assert first[0] == "update_actor" and len(first[1]) > 2
     off = decide("update_actor", critical_claim=False)
     assert off["p0"][1] >= {0, 1, 4, 5, 6, 7} and off["p1"] == ("update_actor", {2, 3})
+
+
+def test_a_rollout_whose_engines_queue_requests_grows_onto_devices_left_idle():
+    # p0 (asynchronous: no rule for the run's last synchronous pipeline applies) has four
+    # one-device replicas running 40 long sequences each (their caches nearly full at a
+    # context far past the 750-token mean of the trajectories finished so far) with 30
+    # more queued on each; p1 has finished, its devices 4-7 idle. From the mean context
+    # the four replicas would hold all 280 requests; the queues say they do not
+    cap = float(COST.kv_capacity_tokens(MODEL, 1))
+    reps = []
+    for rid in range(4):
+        rows = tuple(RequestView(RequestId("p0", 0, 70 * rid + i, 0), i // 4, None, 200, 6000 if i < 40 else 0, 16000,
+                                 300.0, rid, i >= 40, 4000.0) for i in range(70))
+        src = type("Src", (), {"views": lambda self, rows=rows: rows,
+                               "predicted": lambda self: np.full(70, 4000.0)})()
+        step_s = COST.decode_step_s(MODEL, 1, 40, 0.95 * cap)
+        reps.append(ReplicaView(rid, "p0", (rid,), 40, 30, 0.95 * cap, cap, 256, False, step_s, 0.0, src))
+    spec = dataclasses.replace(SPECS[0], mode="async", staleness=1)
+    p0 = pipeline(0, range(4), replicas=reps, generating=True, gen_next=2, steps={0: step(0, samples=280, done=0)},
+                  spec=spec)
+    p1 = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
+    st = state([p0, p1], busy=_busy_with_replicas([p0]))
+
+    def grown(**opts):
+        # critical_spread off: it would spread p0, the last pipeline left, onto them anyway
+        out = get_policy("jigsaw", critical_spread=False, **opts).decide(st)
+        return {d for x in out if isinstance(x, LaunchReplica) and x.pipeline == "p0" for d in x.devices}
+
+    assert grown() and grown() <= {4, 5, 6, 7}
+    assert grown(grow_on_queue=False) == set()

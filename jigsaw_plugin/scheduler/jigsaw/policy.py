@@ -154,7 +154,13 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
             live = [r for r in p.replicas if not r.retiring]
             want = self._wanted_replicas(rnd, p) - len(live)
             if kind == "grow":
-                want = max(1, self._grow_fills(rnd, p)) if not live else min(want, self._grow_fills(rnd, p))
+                fills = self._grow_fills(rnd, p)
+                if not live:
+                    want = max(1, fills)
+                elif not cfg.grow_on_queue:
+                    want = min(want, fills)  # no more replicas than the mean finished context asks
+                else:
+                    want = fills
             groups = self._replica_devices(rnd, p, want)
             if not groups and not (kind == "gen" and live):
                 continue
