@@ -47,7 +47,8 @@ class JigsawConfig:
     # short while the long ones still run: a 32B PPO rollout's first step, the last
     # pipeline left on 20 devices, queued 10-30 requests a replica for 500 s beside 4 idle
     # devices (synthetic mix s2). Measured (stop 56): (a)-(f) unchanged; held-out mixes
-    # (seed 12000) -0.37% geometric mean, 5 faster, none slower (docs/simulator.md)
+    # (seed 12000) -0.37% geometric mean, 5 faster, none slower; the benchmark's 60
+    # synthetic mixes -0.40% (11 faster, 3 slower: s41 +6.3%) (docs/simulator.md)
     grow_on_queue: bool = True
     # a step's rollout that could start on only part of the replicas it wants waits, when
     # home devices for at least as many more are projected free within ``home_wait`` of its
