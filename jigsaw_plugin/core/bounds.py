@@ -22,9 +22,9 @@ the record, never the policy's input), priced by the run's cost model:
   replica a node allows, plus its tool and reward latencies) then its update passes, each
   on its fastest gang of at most the whole pool (``_pass_s``; its forward passes may run
   early, over the trajectories that finished before the longest: ``RunStage.early``); for
-  an asynchronous one, the first step's longest trajectory plus every step's training
-  passes, each on its fastest gang (one pass at a time per pipeline, early ones
-  included). Where the executor runs a stage alongside the next (``RunStage.alongside``:
+  an asynchronous one of staleness ``s``, the same steps in turn, except that a step's
+  generation waits only for the training of the step ``s + 1`` before it
+  (``_chain_floor``). Where the executor runs a stage alongside the next (``RunStage.alongside``:
   the log-prob pass beside the reference pass, a PPO step's critic update beside the
   actor's), the pair counts as the longer of the two where its passes are on the chain,
   and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
@@ -255,6 +255,57 @@ def _stage_fixed_device_s(costs, model, stage: str) -> float:
     return min(c.f.train_stage_overhead_s * c.stage_min_gang(model, stage) for c in costs)
 
 
+def _passes_s(ex, costs, p, passes: dict, tokens: float, gpus: int) -> float:
+    """Least seconds of ``passes`` (stage -> its least seconds) one after another, where a
+    pass run alongside the next overlaps it where the pool holds both (``_alongside``):
+    the pair costs the longer of the two, and no less than the pool takes to hold both
+    passes' device-seconds (``_pair_s``)."""
+    total = sum(passes.values())
+    for k in _alongside(ex, p):
+        a, b = p.stages[k], p.stages[k + 1]
+        if a in passes and b in passes:
+            total += _pair_s(costs, p.model, a, b, tokens, gpus, passes[a], passes[b]) - passes[a] - passes[b]
+    return total
+
+
+def _bound_staleness(p) -> int:
+    """How many steps ``p``'s generation may run ahead of its training in any run the bounds
+    hold for: none for a synchronous pipeline; for an asynchronous one its spec's
+    staleness, at least 1 (the asynchronous baselines' floor, ``scheduler/baselines.py``)."""
+    return 0 if p.spec.mode == "sync" else max(1, int(p.spec.staleness))
+
+
+def _chain_floor(name: str, links: list, staleness: int) -> ChainFloor:
+    """A pipeline's chain floor from its steps' ``links`` (longest trajectory, update
+    passes, fixed seconds, weight sync; in step order) under staleness ``s``. The executor
+    starts step k's generation only once steps 0..k-s-1 are trained and synced
+    (``ExecutorCore._open_step``), and runs step k's stages in order, each once, only once
+    step k-1's weight sync has ended and step k's batch is complete (its forward passes may
+    have read most of it early, beside anything: they are not on the chain). So, with
+    ``A_k`` a lower bound on the end of step k's weight sync and ``G_k`` on its last
+    trajectory's end:
+
+        G_k >= (A_{k-s-1}, or 0 for k <= s) + longest_k
+        A_k >= max(A_{k-1}, G_k) + updates_k + fixed_k + sync_k
+
+    and the run ends no sooner than its last step's ``A`` less that step's sync (there is
+    none). Synchronous (s = 0): each step's longest trajectory, updates, fixed costs and
+    sync in turn, as before. Asynchronous: a step more than ``s`` ahead waits for the
+    training of the step ``s + 1`` before it, so a pipeline whose trajectories are long (an
+    agent's tool calls and sandboxed rewards) has several of them on its chain, where until
+    stop 57 the first step's alone was counted (and every step's forward passes, which
+    early passes need not leave on it). The chain's parts (generation, training, weight
+    sync) are kept along the larger branch of each max."""
+    none = (0.0, 0.0, 0.0)
+    ends: list = []  # per step: (generation, training, weight sync) parts of its A
+    for k, (longest, updates, fixed, sync) in enumerate(links):
+        gate = ends[k - staleness - 1] if k > staleness else none
+        gen_end = (gate[0] + longest, gate[1], gate[2])
+        start = max(ends[k - 1] if k else none, gen_end, key=sum)
+        ends.append((start[0], start[1] + updates + fixed, start[2] + sync))
+    return ChainFloor(name, *(ends[-1] if ends else none))
+
+
 def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
     gpus, gpn = ex.gpus, ex.gpus_per_node
@@ -272,7 +323,7 @@ def compute_bounds(ex) -> Bounds:
         tail_token = min(_tail_token_s(c, m, limit) for c in costs)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
-        chain_gen = chain_train = chain_sync = 0.0  # the chain's parts (``ChainFloor``)
+        links = []  # per step: (longest trajectory, every pass, update passes, fixed, weight sync)
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
         batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
@@ -292,32 +343,22 @@ def compute_bounds(ex) -> Bounds:
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
-            passes = {}  # the chain's passes: stage -> least seconds
+            passes = {}  # every pass of the step: stage -> least seconds
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
-                    if stage in UPDATE_STAGES or p.spec.mode != "sync":
-                        passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
-            # a pass run alongside the next overlaps it, where the pool holds both
-            # (``_alongside``): the pair costs the longer of the two, and no less than the
-            # pool takes to hold both passes' device-seconds (``_pair_s``)
-            train = sum(passes.values())
-            for k in _alongside(ex, p):
-                a, b = p.stages[k], p.stages[k + 1]
-                if a in passes:
-                    train += _pair_s(costs, m, a, b, s.tokens, gpus, passes[a], passes[b]) - passes[a] - passes[b]
+                    passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
             waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
-            if p.spec.mode == "sync" or i == 0:
-                chain_gen += longest
             fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
-            chain_train += train + fixed
-            chain_sync += weight_sync
-        chains.append(ChainFloor(p.name, chain_gen, chain_train, chain_sync))
-        chain = chain_gen + chain_train + chain_sync
+            updates = _passes_s(ex, costs, p, {k: v for k, v in passes.items() if k in UPDATE_STAGES}, s.tokens, gpus)
+            links.append((longest, updates, fixed, weight_sync))
+        floor = _chain_floor(p.name, links, _bound_staleness(p))
+        chains.append(floor)
+        chain = floor.total_s
         if not sync:
             decode = max(batched, reads + decode_steps * weights_s)
             ideal += decode
