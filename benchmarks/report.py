@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
     ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
     ``--add-ablation NAME``: run only one ablation's runs (newly added, or re-run after its rule
-    changed), the others from the saved file."""
+    changed), the others from the saved file; ``--rebound``: the saved runs with their bounds
+    derived again (a change to ``core/bounds.py`` alone)."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
     # decision latency and simulator speed: their own scripts' blocks (MEASURED_BLOCKS); the
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     if only:
         added = args[args.index("--add-ablation") + 1] if "--add-ablation" in args else None
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args,
-                                    baselines_only="--baselines-only" in args, add_ablation=added)
+                                    baselines_only="--baselines-only" in args, add_ablation=added,
+                                    rebound="--rebound" in args)
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
     else:
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
