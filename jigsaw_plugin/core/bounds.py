@@ -323,7 +323,7 @@ def compute_bounds(ex) -> Bounds:
         tail_token = min(_tail_token_s(c, m, limit) for c in costs)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
-        links = []  # per step: (longest trajectory, every pass, update passes, fixed, weight sync)
+        links = []  # per step: (longest trajectory, update passes, fixed, weight sync)
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
         batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
@@ -343,19 +343,19 @@ def compute_bounds(ex) -> Bounds:
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
-            passes = {}  # every pass of the step: stage -> least seconds
+            updates = {}  # the step's update passes (on its chain): stage -> least seconds
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
-                    passes[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
+                if stage in UPDATE_STAGES:
+                    updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
             waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
             fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
-            updates = _passes_s(ex, costs, p, {k: v for k, v in passes.items() if k in UPDATE_STAGES}, s.tokens, gpus)
-            links.append((longest, updates, fixed, weight_sync))
+            links.append((longest, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
         chain = floor.total_s
