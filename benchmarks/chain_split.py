@@ -87,8 +87,9 @@ once, as the first of generation (a rollout replica held, tool calls included), 
 or for its rewards); for an asynchronous pipeline, whose chain is its training, training
 first. In brackets each part's floor: the pipeline's own chain in `critical_path_s` (a
 synchronous step's longest trajectory at batch 1 on the widest replica, with its tool
-calls and reward, for an asynchronous pipeline only that of a step that waits for the
-weight sync of the step `staleness + 1` before it; each update pass on its fastest gang of up to the whole pool,
+calls and reward, or the step's generation and forward passes at their ideal over the
+whole pool where that is longer, for an asynchronous pipeline only that of a step that
+waits for the weight sync of the step `staleness + 1` before it; each update pass on its fastest gang of up to the whole pool,
 with its fixed cost; the weight syncs). Simulated, seed 0, the default predictor; seconds.
 
 {md_table(["workload", "policy", "last pipeline", "its finish s", "its chain floor s", "makespan lower bound s",

@@ -4,6 +4,7 @@ counted in the ideal device-seconds on the fewest devices that hold its state.""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from jigsaw_plugin.core.bounds import _pass_device_s, _pass_s, _stage_fixed_device_s, compute_bounds
@@ -221,3 +222,41 @@ def _first_longest(ex) -> float:
     smp = ex.order[0].steps[0].samples
     starts = np.asarray(smp.turn_offset[:-1])
     return float(np.max(np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_no_policy_beats_a_chain_set_by_each_steps_work_rather_than_its_longest_response(mode):
+    # one pipeline alone, many short responses after long prompts: each step's prefill,
+    # decode and log-prob pass take the pool far longer than its longest response takes to
+    # decode, and all of it runs between the step's generation opening and its update
+    from jigsaw_plugin.core.bounds import _tail_token_s, _width_limit, _window_s
+    from jigsaw_plugin.scheduler import policy_names
+    from jigsaw_plugin.workload import parse_workload
+
+    wl = parse_workload({"version": 1, "cluster": {"gpus": 8, "gpu": "h100", "gpus_per_node": 8}, "pipelines": [{
+        "name": "bulk", "model": "qwen2.5-7b", "algorithm": "dapo", "mode": mode, "staleness": 1 if mode == "async" else 0,
+        "prompts_per_step": 64, "samples_per_prompt": 8, "max_response_len": 1024, "steps": 3,
+        "prompt_len": {"dist": "const", "value": 3000},
+        "response_len": {"dist": "uniform", "low": 20, "high": 120}}]})
+    ran = 0
+    for name in [n for n in policy_names() if not n.startswith("test-")]:
+        try:
+            sim = Simulation(wl, get_policy(name), seed=2)
+        except SpecError:  # a baseline that cannot split this pool as it must: not run
+            continue
+        r = sim.run()
+        ran += 1
+        b = compute_bounds(sim.world)
+        p = sim.world.order[0]
+        tail_token = _tail_token_s(sim.world.cost, p.model, _width_limit([sim.world.cost], p, 8))
+        longest = max(float(np.max(np.add.reduceat(s.samples.gen_tokens, np.asarray(s.samples.turn_offset[:-1]))))
+                      for s in p.steps.values()) * tail_token
+        # the chain's generation is each step's work over the pool (a synchronous pipeline's
+        # every step's; an asynchronous one's first step's here), not a response at batch 1
+        assert b.chains[0].generation_s > 10 * longest, (name, b.chains[0], longest)
+        if mode == "sync":
+            assert b.critical_path_s > 1.1 * b.work_s  # the work spread over the run is below it
+        assert r["makespan_s"] >= b.makespan_lower_bound_s, (name, r["makespan_s"], b)
+    assert ran >= 4
+    assert _window_s([sim.world.cost], p, 800.0, 8) == pytest.approx(
+        100.0 - sim.world.cost.f.train_stage_overhead_s)  # dapo: one forward pass (old_log_prob)

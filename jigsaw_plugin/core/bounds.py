@@ -24,7 +24,9 @@ the record, never the policy's input), priced by the run's cost model:
   early, over the trajectories that finished before the longest: ``RunStage.early``); for
   an asynchronous one of staleness ``s``, the same steps in turn, except that a step's
   generation waits only for the training of the step ``s + 1`` before it
-  (``_chain_floor``). Where the executor runs a stage alongside the next (``RunStage.alongside``:
+  (``_chain_floor``). A step's generation on the chain is also at least its work over the
+  pool: its decode, prefill and forward passes run between its generation opening and its
+  first update (``_window_s``). Where the executor runs a stage alongside the next (``RunStage.alongside``:
   the log-prob pass beside the reference pass, a PPO step's critic update beside the
   actor's), the pair counts as the longer of the two where its passes are on the chain,
   and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
@@ -58,7 +60,8 @@ _INF = float("inf")
 class ChainFloor:
     """One pipeline's chain floor (``critical_path_s`` is the largest sum) in its parts:
     the generation on the chain (a synchronous pipeline's every step's longest trajectory,
-    an asynchronous one's first step's), the training side (passes on their fastest gangs,
+    or its work over the pool where that is longer, ``_window_s``; an asynchronous one's
+    only for the steps that wait for training), the training side (passes on their fastest gangs,
     their fixed costs, the advantage computation) and the weight syncs between steps."""
 
     pipeline: str
@@ -268,6 +271,24 @@ def _passes_s(ex, costs, p, passes: dict, tokens: float, gpus: int) -> float:
     return total
 
 
+def _window_s(costs, p, device_s: float, gpus: int) -> float:
+    """A floor on the seconds from a step's generation opening to the end of its last
+    trajectory, from its work: everything the step needs before its first update (its
+    decode, prefill and forward passes: ``device_s``, at their ideal device-seconds, each
+    pass's fixed cost on its fewest devices included) runs after its generation opens (its
+    trajectories do not exist before) and before that update starts (the update reads the
+    whole batch and every forward pass's output), on at most the pool's ``gpus`` devices.
+    The chain (``_chain_floor``) adds every forward pass's fixed cost after the last
+    trajectory; taken off here (at its most: no pair run alongside), so the sum is at most
+    ``device_s / gpus`` where the work, not the longest trajectory, sets the window. This is
+    what holds a pipeline's chain up where its steps' bulk, not their longest response,
+    takes the time (a 72B DAPO pipeline alone on 32 A100: each step generates and scores
+    1,024 responses of two turns, 110 s of work on the whole pool, where its longest
+    trajectory decodes in 15 s)."""
+    forward_fixed = min(c.f.train_stage_overhead_s for c in costs) * sum(s in FORWARD_STAGES for s in p.stages)
+    return device_s / gpus - forward_fixed
+
+
 def _bound_staleness(p) -> int:
     """How many steps ``p``'s generation may run ahead of its training in any run the bounds
     hold for: none for a synchronous pipeline; for an asynchronous one its spec's
@@ -335,18 +356,26 @@ def compute_bounds(ex) -> Bounds:
             kv_s, longest_tokens = _kv_read_device_s(m, smp, per_byte)
             if sync:  # a synchronous step's decode steps are its own: its floors hold alone
                 decode = max(gen * per_token, kv_s + longest_tokens * weights_s)
+                own_decode = decode
             else:  # steps may share decode steps: only the run's floors hold (below)
                 batched += gen * per_token
                 reads += kv_s
                 decode_steps = max(decode_steps, longest_tokens)
                 decode = 0.0
+                own_decode = max(gen * per_token, kv_s)  # its tokens' share of shared steps
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
+            # the device-seconds that must run between the step's generation opening and its
+            # first update (``_window_s``): its decode and prefill, its forward passes
+            window = own_decode + fresh * prefill_per_token
             updates = {}  # the step's update passes (on its chain): stage -> least seconds
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
-                    ideal += _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
+                    pass_device_s = _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
+                    ideal += pass_device_s
+                    if stage in FORWARD_STAGES:
+                        window += pass_device_s
                 if stage in UPDATE_STAGES:
                     updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
@@ -354,6 +383,7 @@ def compute_bounds(ex) -> Bounds:
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
             waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
+            longest = max(longest, _window_s(costs, p, window, gpus))
             fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
             links.append((longest, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
         floor = _chain_floor(p.name, links, _bound_staleness(p))
