@@ -334,8 +334,11 @@ loans for every running stage (growing onto lent devices at micro-batch boundari
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish
 together), "with colocate" two pipelines' tail replicas on one device with the KV cache
-split (docs/colocation.md). These
-four are built, unit-tested and off by default because these runs or the synthetic mixes
+split (docs/colocation.md), "with orphan_spread" the step's rollout of a synchronous
+pipeline near the critical path started, while others run, on the free devices of
+pipelines that have finished too, at the batch below which halving it buys little speed
+(as `idle_spread` starts the last pipeline's). These
+five are built, unit-tested and off by default because these runs or the synthetic mixes
 measured them slower or mixed across the workloads (docs/simulator.md).
 """ + _kept_block(_marks("decision-latency")) + f"""
 ## Control plane on the EMULATED backend (runtime, not the simulator)

@@ -1066,3 +1066,31 @@ def test_a_rollout_whose_engines_queue_requests_grows_onto_devices_left_idle():
 
     assert grown() and grown() <= {4, 5, 6, 7}
     assert grown(grow_on_queue=False) == set()
+
+
+def _orphans_state(p0_steps, p2_steps):
+    """p0 (two home devices) starts a step of 512 requests at long contexts; p1 has
+    finished, its four devices free; p2 trains on the last two."""
+    spec0 = dataclasses.replace(SPECS[0], prompts_per_step=64, samples_per_prompt=8, steps=p0_steps)
+    p0 = dataclasses.replace(pipeline(0, range(2), spec=spec0),
+                             lengths=LengthSummary(100, 150.0, 2850.0, 3000.0, 1.0, 3000.0))
+    p1 = dataclasses.replace(pipeline(1, range(2, 6), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    p2 = dataclasses.replace(pipeline(1, range(6, 8), gen_next=1, stage_next=3, stage_running=True, running_end=160.0,
+                                      steps={0: step(0, done=32, rewarded=32)},
+                                      spec=dataclasses.replace(SPECS[1], steps=p2_steps)), name="p2", index=2)
+    return state([p0, p1, p2], busy={d: DeviceTask("stage", "p2", stage="update_actor") for d in (6, 7)})
+
+
+def test_the_critical_pipelines_step_starts_on_the_devices_finished_pipelines_left():
+    # p0 has ten steps ahead, p2 its last: p0 is projected last, and its step's rollout
+    # also takes p1's free devices, at the batch below which halving it buys little speed
+    def launched(st, **kw):
+        return sorted(x for d in get_policy("jigsaw", **kw).decide(st) if isinstance(d, LaunchReplica)
+                      and d.pipeline == "p0" for x in d.devices)
+
+    st = _orphans_state(10, 1)
+    assert launched(st, orphan_spread=True) == [0, 1, 2, 3]
+    assert launched(st) == [0, 1]  # off (the default): at the batch its token costs near ideal
+    # off the critical path (p2 has twenty steps ahead) it keeps that batch
+    assert launched(_orphans_state(1, 20), orphan_spread=True) == [0, 1]

@@ -22,7 +22,7 @@ ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_p
              "early_in_reward_wait", "early_in_tool_calls", "grow_at_home", "tool_wait",
              "critical_claim", "wait_for_freed", "admission", "grow_on_queue")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
-OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate")
+OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate", "orphan_spread")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
 
 

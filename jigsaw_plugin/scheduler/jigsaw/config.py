@@ -116,6 +116,13 @@ class JigsawConfig:
     # and a long context's KV reads make a smaller batch decode each token faster
     idle_spread: bool = True
     idle_spread_gain: float = 0.2
+    # while others still run, a synchronous pipeline projected to finish within
+    # ``max_slack`` of the last starts a step's rollout on the free devices of pipelines that
+    # have finished too, at that faster batch: no owner wants them back (a 32B DAPO step on
+    # 4 tp4 replicas beside 16 devices a finished pipeline left, held-out mix s8100). Off by
+    # default: the 60 synthetic mixes -0.15% geometric mean (6 faster, 2 slower), 40 held-out
+    # ones -0.23% (3 faster, none slower), but (b) +0.1% and (e) +0.2% (docs/simulator.md)
+    orphan_spread: bool = False
     # a crowded rollout on the job set's critical path (its decode batch above the one below
     # which halving it shortens a step by less than ``idle_spread_gain``) spreads onto devices
     # no owner wants back before it drains: new replicas take running requests (re-prefilled)

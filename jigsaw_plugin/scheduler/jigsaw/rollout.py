@@ -106,8 +106,27 @@ class RolloutReplicas:
             spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
             if self._last_left(state, p):
                 spread = min(spread, self._fast_batch(state, p, tp, ctx / 2))
+            elif self._orphans_spread(rnd, p):
+                # the critical pipeline's step also takes the devices finished pipelines
+                # left, at the faster batch, as the last pipeline's would
+                orphans = sum(1 for d in rnd.free if state.pipelines[rnd.owner[d]].done) // tp
+                fast = math.ceil(outstanding / max(1, min(spread, self._fast_batch(state, p, tp, ctx / 2))))
+                want = max(want, min(fast, math.ceil(outstanding / max(1, spread)) + orphans))
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
+
+    def _orphans_spread(self, rnd, p) -> bool:
+        """``orphan_spread``: ``p``, synchronous, is projected to finish within
+        ``max_slack`` of the last of the pipelines (``_projected_finish_t``) while devices
+        whose owners have finished are free: its step's rollout starts on them too (no
+        owner wants them back)."""
+        if not (self.config.orphan_spread and self.config.idle_spread) or p.spec.mode != "sync":
+            return False
+        state = rnd.state
+        if not any(state.pipelines[rnd.owner[d]].done for d in rnd.free):
+            return False
+        last = max(self._projected_finish_t(rnd, q) for q in state.order if not q.done)
+        return self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last
 
     def _grow_fills(self, rnd, p) -> int:
         """New replicas the requests waiting for a batch slot fill (a "grow" demand, whose
