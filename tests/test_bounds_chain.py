@@ -189,7 +189,6 @@ def test_no_policy_beats_the_chain_of_an_asynchronous_agent_with_long_tool_calls
     # few trajectories of several turns, each tool call 20-60 s: staleness 1 lets a step
     # start only once the step two before it is trained, so every other step's longest
     # trajectory is on the chain, far above the work spread over the pool
-    from jigsaw_plugin.scheduler import policy_names
     from jigsaw_plugin.workload import parse_workload
 
     wl = parse_workload({"version": 1, "cluster": {"gpus": 16, "gpu": "h100", "gpus_per_node": 8}, "pipelines": [{
@@ -200,12 +199,7 @@ def test_no_policy_beats_the_chain_of_an_asynchronous_agent_with_long_tool_calls
         "tool_latency_s": {"dist": "uniform", "low": 20.0, "high": 60.0},
         "observation_len": {"dist": "uniform", "low": 50, "high": 300}}]})
     ran = 0
-    for name in [n for n in policy_names() if not n.startswith("test-")]:
-        try:
-            sim = Simulation(wl, get_policy(name), seed=1)
-        except SpecError:  # a baseline that cannot split this pool as it must: not run
-            continue
-        r = sim.run()
+    for name, sim, r in _every_policy(wl, seed=1):
         ran += 1
         b = compute_bounds(sim.world)
         assert b.critical_path_s > 2 * b.work_s
@@ -213,6 +207,19 @@ def test_no_policy_beats_the_chain_of_an_asynchronous_agent_with_long_tool_calls
         assert b.chains[0].generation_s > 1.5 * _first_longest(sim.world)
         assert r["makespan_s"] >= b.makespan_lower_bound_s, (name, r["makespan_s"], b)
     assert ran >= 4
+
+
+def _every_policy(wl, seed: int):
+    """(name, simulation, result) of each registered policy run on ``wl``; a baseline that
+    cannot split the pool as it must (``SpecError``) is not run."""
+    from jigsaw_plugin.scheduler import policy_names
+
+    for name in [n for n in policy_names() if not n.startswith("test-")]:
+        try:
+            sim = Simulation(wl, get_policy(name), seed=seed)
+        except SpecError:
+            continue
+        yield name, sim, sim.run()
 
 
 def _first_longest(ex) -> float:
@@ -230,7 +237,6 @@ def test_no_policy_beats_a_chain_set_by_each_steps_work_rather_than_its_longest_
     # decode and log-prob pass take the pool far longer than its longest response takes to
     # decode, and all of it runs between the step's generation opening and its update
     from jigsaw_plugin.core.bounds import _tail_token_s, _width_limit, _window_s
-    from jigsaw_plugin.scheduler import policy_names
     from jigsaw_plugin.workload import parse_workload
 
     wl = parse_workload({"version": 1, "cluster": {"gpus": 8, "gpu": "h100", "gpus_per_node": 8}, "pipelines": [{
@@ -239,12 +245,7 @@ def test_no_policy_beats_a_chain_set_by_each_steps_work_rather_than_its_longest_
         "prompt_len": {"dist": "const", "value": 3000},
         "response_len": {"dist": "uniform", "low": 20, "high": 120}}]})
     ran = 0
-    for name in [n for n in policy_names() if not n.startswith("test-")]:
-        try:
-            sim = Simulation(wl, get_policy(name), seed=2)
-        except SpecError:  # a baseline that cannot split this pool as it must: not run
-            continue
-        r = sim.run()
+    for name, sim, r in _every_policy(wl, seed=2):
         ran += 1
         b = compute_bounds(sim.world)
         p = sim.world.order[0]
