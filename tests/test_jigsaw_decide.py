@@ -1068,9 +1068,10 @@ def test_a_rollout_whose_engines_queue_requests_grows_onto_devices_left_idle():
     assert grown(grow_on_queue=False) == set()
 
 
-def _orphans_state(p0_steps, p2_steps):
+def _orphans_state(p0_steps, p2_steps, with_p1=True):
     """p0 (two home devices) starts a step of 512 requests at long contexts; p1 has
-    finished, its four devices free; p2 trains on the last two."""
+    finished, its four devices free (``with_p1`` False: no pipeline's home holds them);
+    p2 trains on the last two."""
     spec0 = dataclasses.replace(SPECS[0], prompts_per_step=64, samples_per_prompt=8, steps=p0_steps)
     p0 = dataclasses.replace(pipeline(0, range(2), spec=spec0),
                              lengths=LengthSummary(100, 150.0, 2850.0, 3000.0, 1.0, 3000.0))
@@ -1079,7 +1080,8 @@ def _orphans_state(p0_steps, p2_steps):
     p2 = dataclasses.replace(pipeline(1, range(6, 8), gen_next=1, stage_next=3, stage_running=True, running_end=160.0,
                                       steps={0: step(0, done=32, rewarded=32)},
                                       spec=dataclasses.replace(SPECS[1], steps=p2_steps)), name="p2", index=2)
-    return state([p0, p1, p2], busy={d: DeviceTask("stage", "p2", stage="update_actor") for d in (6, 7)})
+    return state([p0, p1, p2] if with_p1 else [p0, p2],
+                 busy={d: DeviceTask("stage", "p2", stage="update_actor") for d in (6, 7)})
 
 
 def test_the_critical_pipelines_step_starts_on_the_devices_finished_pipelines_left():
@@ -1094,3 +1096,5 @@ def test_the_critical_pipelines_step_starts_on_the_devices_finished_pipelines_le
     assert launched(st) == [0, 1]  # off (the default): at the batch its token costs near ideal
     # off the critical path (p2 has twenty steps ahead) it keeps that batch
     assert launched(_orphans_state(1, 20), orphan_spread=True) == [0, 1]
+    # devices in no pipeline's home are no one's to want back either
+    assert launched(_orphans_state(10, 1, with_p1=False), orphan_spread=True) == [0, 1, 2, 3]

@@ -107,9 +107,9 @@ class RolloutReplicas:
             if self._last_left(state, p):
                 spread = min(spread, self._fast_batch(state, p, tp, ctx / 2))
             elif self._orphans_spread(rnd, p):
-                # the critical pipeline's step also takes the devices finished pipelines
-                # left, at the faster batch, as the last pipeline's would
-                orphans = sum(1 for d in rnd.free if state.pipelines[rnd.owner[d]].done) // tp
+                # a step near the critical path also takes the free devices no unfinished
+                # pipeline owns, at the faster batch, as the last pipeline's would
+                orphans = sum(1 for d in rnd.free if self._orphaned(rnd, d)) // tp
                 fast = math.ceil(outstanding / max(1, min(spread, self._fast_batch(state, p, tp, ctx / 2))))
                 want = max(want, min(fast, math.ceil(outstanding / max(1, spread)) + orphans))
             want = max(want, math.ceil(outstanding / max(1, spread)))
@@ -122,11 +122,17 @@ class RolloutReplicas:
         owner wants them back)."""
         if not (self.config.orphan_spread and self.config.idle_spread) or p.spec.mode != "sync":
             return False
-        state = rnd.state
-        if not any(state.pipelines[rnd.owner[d]].done for d in rnd.free):
+        if not any(self._orphaned(rnd, d) for d in rnd.free):
             return False
-        last = max(self._projected_finish_t(rnd, q) for q in state.order if not q.done)
+        last = max(self._projected_finish_t(rnd, q) for q in rnd.state.order if not q.done)
         return self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last
+
+    @staticmethod
+    def _orphaned(rnd, d: int) -> bool:
+        """Device ``d`` is in no unfinished pipeline's home (its owner has finished, or
+        the pool's shares leave it out)."""
+        owner = rnd.owner.get(d)
+        return owner is None or rnd.state.pipelines[owner].done
 
     def _grow_fills(self, rnd, p) -> int:
         """New replicas the requests waiting for a batch slot fill (a "grow" demand, whose
