@@ -297,8 +297,9 @@ def _bound_staleness(p) -> int:
 
 
 def _chain_floor(name: str, links: list, staleness: int) -> ChainFloor:
-    """A pipeline's chain floor from its steps' ``links`` (longest trajectory, update
-    passes, fixed seconds, weight sync; in step order) under staleness ``s``. The executor
+    """A pipeline's chain floor from its steps' ``links`` (generation floor: the longest
+    trajectory, or the step's work over the pool, ``_window_s``; update passes, fixed
+    seconds, weight sync; in step order) under staleness ``s``. The executor
     starts step k's generation only once steps 0..k-s-1 are trained and synced
     (``ExecutorCore._open_step``), and runs step k's stages in order, each once, only once
     step k-1's weight sync has ended and step k's batch is complete (its forward passes may
@@ -344,7 +345,7 @@ def compute_bounds(ex) -> Bounds:
         tail_token = min(_tail_token_s(c, m, limit) for c in costs)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
-        links = []  # per step: (longest trajectory, update passes, fixed, weight sync)
+        links = []  # per step: (generation floor, update passes, fixed, weight sync)
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
         batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
@@ -383,9 +384,9 @@ def compute_bounds(ex) -> Bounds:
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
             waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
-            longest = max(longest, _window_s(costs, p, window, gpus))
+            generation = max(longest, _window_s(costs, p, window, gpus))  # or its work over the pool
             fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
-            links.append((longest, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
+            links.append((generation, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
         chain = floor.total_s

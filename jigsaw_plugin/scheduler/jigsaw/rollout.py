@@ -106,26 +106,26 @@ class RolloutReplicas:
             spread = min(per, self._spread_batch(state, p, tp, ctx / 2))
             if self._last_left(state, p):
                 spread = min(spread, self._fast_batch(state, p, tp, ctx / 2))
-            elif self._orphans_spread(rnd, p):
+            elif orphans := self._orphan_replicas(rnd, p, tp):
                 # a step near the critical path also takes the free devices no unfinished
                 # pipeline owns, at the faster batch, as the last pipeline's would
-                orphans = sum(1 for d in rnd.free if self._orphaned(rnd, d)) // tp
                 fast = math.ceil(outstanding / max(1, min(spread, self._fast_batch(state, p, tp, ctx / 2))))
                 want = max(want, min(fast, math.ceil(outstanding / max(1, spread)) + orphans))
             want = max(want, math.ceil(outstanding / max(1, spread)))
         return want
 
-    def _orphans_spread(self, rnd, p) -> bool:
-        """``orphan_spread``: ``p``, synchronous, is projected to finish within
-        ``max_slack`` of the last of the pipelines (``_projected_finish_t``) while devices
-        whose owners have finished are free: its step's rollout starts on them too (no
-        owner wants them back)."""
+    def _orphan_replicas(self, rnd, p, tp: int) -> int:
+        """``orphan_spread``: width-``tp`` replicas the free devices no unfinished pipeline's
+        home holds (``_orphaned``) make room for, where ``p``, synchronous, is projected to
+        finish within ``max_slack`` of the last of the pipelines (``_projected_finish_t``):
+        its step's rollout starts on them too (no owner wants them back); 0 otherwise."""
         if not (self.config.orphan_spread and self.config.idle_spread) or p.spec.mode != "sync":
-            return False
-        if not any(self._orphaned(rnd, d) for d in rnd.free):
-            return False
+            return 0
+        orphans = sum(1 for d in rnd.free if self._orphaned(rnd, d)) // tp
+        if not orphans:
+            return 0
         last = max(self._projected_finish_t(rnd, q) for q in rnd.state.order if not q.done)
-        return self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last
+        return orphans if self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last else 0
 
     @staticmethod
     def _orphaned(rnd, d: int) -> bool:
