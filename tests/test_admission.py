@@ -303,3 +303,32 @@ def test_invariants_hold_with_admission_limits(data):
         assert result["pipelines"][p.name]["max_staleness"] <= sim.policy.staleness_bound(sim.world.pipelines[p.name])
     assert device_overlaps(sim.world.trace) == []
     assert all(r.max_seqs >= 1 for r in sim.world.replicas.values())
+
+
+def _fitting_all_at_once(held, left, cap, shape, margin_sd):
+    """``fitting``'s count with a spread by its definition, over every sequence at once: the
+    longest prefix whose summed expected KV (plus ``margin_sd`` of its deviation) stays
+    within the cache at every evaluated time."""
+    from jigsaw_plugin.scheduler.admission import _grid, kv_moments
+
+    mean, var = kv_moments(held, left, shape, _grid(left, shape))
+    total = np.cumsum(mean, axis=0) + margin_sd * np.sqrt(np.cumsum(var, axis=0))
+    fits = np.maximum.accumulate(total.max(axis=1)) <= cap
+    return int(np.argmin(fits)) if not fits.all() else len(held)
+
+
+def test_fitting_with_a_spread_a_block_at_a_time_counts_as_over_all_sequences_at_once():
+    # a queue of hundreds behind a full replica is evaluated only up to the first sequence
+    # that does not fit, whatever the running count it is told
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 700))
+        held = rng.integers(10, 30_000, n).astype(float)
+        left = rng.lognormal(6, 1.2, n)
+        shape = np.sort(rng.lognormal(6, 1.0, int(rng.integers(1, 300))))
+        shape /= shape.mean()
+        cap = float(rng.uniform(1e3, 3e6))
+        margin = float(rng.choice([0.0, 1.0, 2.0]))
+        want = _fitting_all_at_once(held, left, cap, shape, margin)
+        assert fitting(held, left, cap, shape, margin) == want
+        assert fitting(held, left, cap, shape, margin, running=int(rng.integers(0, n + 1))) == want

@@ -72,3 +72,31 @@ def test_view_builders_equal_the_constructors():
     del values["history"]
     with pytest.raises(SpecError, match="PipelineView.build"):
         PipelineView.build(**values)
+
+
+class _CompareKvColumns:
+    """At every round, each replica view's ``kv_columns`` against its request views."""
+
+    def __init__(self):
+        self.sim, self.rows, self.running = None, 0, 0
+
+    @hookimpl(tryfirst=True)
+    def jigsaw_schedule(self, state):
+        for p in state.order:
+            for r in p.replicas:
+                held, left, running = r.kv_columns()
+                views = r.requests
+                assert held.dtype == left.dtype == np.float64
+                assert held.tolist() == [float(q.context_tokens + q.generated) for q in views]
+                assert left.tolist() == [q.predicted_remaining for q in views]
+                assert running == sum(not q.queued for q in views)
+                self.rows += len(views)
+                self.running += running
+        return None
+
+
+def test_a_replicas_kv_columns_are_its_request_views_figures():
+    # what admission limits read instead of building a view per request
+    cmp = _CompareKvColumns()
+    run_with_probe(cmp, "compare-kv-columns")
+    assert cmp.rows > 1000 and cmp.running > 500

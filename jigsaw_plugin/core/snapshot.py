@@ -557,6 +557,12 @@ class _ReplicaRows:
             self._pred = pred
         return self._pred
 
+    def kv_columns(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``views``' KV tokens held (context + whole tokens generated), predicted remaining
+        tokens and running count, as arrays, without a view per request."""
+        return (np.add(self.context, self.whole_generated(), dtype=float), np.array(self.pred, dtype=float),
+                int(_ADD(~self.queued)))
+
     def views(self, replica: int) -> tuple:
         return tuple(map(RequestView, self.ids, self.group.tolist(), self.prompt_key, self.context.tolist(),
                          self.whole_generated().astype(np.int64).tolist(), self.max_tokens.tolist(),
@@ -926,19 +932,27 @@ class _PipelineRequests:
         return out
 
     def views(self, replica: int) -> tuple:
+        return self._observed(replica, lambda r: r.views(replica), ())
+
+    def kv_columns(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
+        return self._observed(replica, _ReplicaRows.kv_columns, (_EMPTY, _EMPTY, 0))
+
+    def _observed(self, replica: int, read, empty):
+        """``read(rows)`` of the replica's rows as observed now (views are observations: a
+        carried row is read again first), or ``empty`` where it holds no request."""
         if self._rows is None:
             self._gather()
         r = self._rows.get(replica)
         if r is None or not len(r.ids):
-            return ()
+            return empty
         t0 = self._ex.clock()
-        if r.carried:  # views are observations: read its rows now
+        if r.carried:
             rep = next(x for x in self._p.replicas if x.id == replica)
             r = self._rows[replica] = self._cache.rows[replica] = \
                 self._read(rep, self._obs.get(replica) or rep.observe(self._t), r)
             if r.unseen:
                 self._predict_groups()  # a request the predictor has not seen
-        out = r.views(replica)
+        out = read(r)
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
         return out
 
@@ -958,6 +972,9 @@ class _ReplicaSource:
 
     def views(self) -> tuple:
         return self._reqs.views(self._id)
+
+    def kv_columns(self) -> tuple[np.ndarray, np.ndarray, int]:
+        return self._reqs.kv_columns(self._id)
 
 
 def _requests_of(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> _PipelineRequests:

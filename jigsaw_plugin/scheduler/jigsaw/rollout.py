@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from jigsaw_plugin.scheduler.activation import activate
 from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
 from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica
@@ -67,16 +65,13 @@ class RolloutReplicas:
                     if limit_of(r, top) is not None:
                         out.append(AdmissionLimit(r.id, None))
                     continue
-                views = r.requests
-                held = np.fromiter((q.context_tokens + q.generated for q in views), float, len(views))
-                left = np.fromiter((q.predicted_remaining for q in views), float, len(views))
-                running = sum(1 for q in views if not q.queued)
+                held, left, running = r.kv_columns()
                 if shape is UNSET:
                     shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
-                n = fitting(held, left, r.kv_capacity, shape, self.config.admission_margin_sd)
+                n = fitting(held, left, r.kv_capacity, shape, self.config.admission_margin_sd, running)
                 if n < running and not self.config.shed_admission:
                     n = running  # the running set overflows; admit nothing more, shed nothing
-                limit = None if n >= min(top, len(views)) else max(1, n)
+                limit = None if n >= min(top, len(held)) else max(1, n)
                 if limit != limit_of(r, top):
                     out.append(AdmissionLimit(r.id, limit))
 
