@@ -19,10 +19,13 @@ split into rollout and training devices) is shown with the reason.
 0.5B to 72B, GRPO, DAPO, PPO and REINFORCE, lognormal lengths with random medians and
 spreads up to 32K tokens, multi-turn tools of 30 ms to a minute, sandboxed rewards,
 asynchronous pipelines, shares of 2-32 GPUs on H100, H20 or A100 nodes of 4 or 8: shapes
-the bundled files do not have, to find where a policy or a baseline breaks.
+the bundled files do not have, to find where a policy or a baseline breaks. ``--large``
+puts three synthetic mixes' pipelines on one pool (``large_mixes``): 6-15 pipelines on up
+to 256 GPUs.
 
     python benchmarks/random_mixes.py                 # 16 mixes, seed 2026; writes the block
     python benchmarks/random_mixes.py --synthetic     # 60 synthetic mixes, seed 0; its own block
+    python benchmarks/random_mixes.py --large         # 9 large mixes (3 synthetic ones each), seed 9000
     python benchmarks/random_mixes.py --mixes 4 --no-doc
 """
 
@@ -45,6 +48,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "random_mixes.json"
 BLOCK = "random-mixes"
 SYNTHETIC_RESULTS = ROOT / "benchmarks" / "results" / "synthetic_mixes.json"
 SYNTHETIC_BLOCK = "synthetic-mixes"
+LARGE_RESULTS = ROOT / "benchmarks" / "results" / "large_mixes.json"
+LARGE_BLOCK = "large-mixes"
+#: synthetic mixes a large mix puts on one pool
+LARGE_PARTS = 3
 # the registry's models a synthetic pipeline draws, with the fewest devices a rollout
 # replica of each takes (larger models need tensor parallelism)
 SYNTHETIC_MODELS = {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1, "qwen2.5-7b": 1, "qwen3-8b": 1,
@@ -162,6 +169,25 @@ def synthetic_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
     return out
 
 
+def large_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
+    """``n`` large job mixes: mix ``i`` (named ``L`` and its first seed) runs the pipelines
+    of ``LARGE_PARTS`` synthetic mixes (``synthetic_mixes`` from seed ``seed + LARGE_PARTS x i`` on) on one
+    pool of the first one's device type and node size, each on its own share as drawn (so
+    6-15 pipelines on 64-256 devices): the scale of a shared RL cluster, where the
+    scheduler's rounds price the most replicas and pipelines."""
+    out = []
+    for i in range(n):
+        first = seed + LARGE_PARTS * i
+        parts = [spec for _, spec in synthetic_mixes(first, LARGE_PARTS)]
+        pipes = [{**p, "name": f"m{k}-{p['name']}"} for k, part in enumerate(parts) for p in part["pipelines"]]
+        gpn = parts[0]["cluster"]["gpus_per_node"]
+        total = sum(p["gpus"] for p in pipes)
+        pipes[0]["gpus"] += -total % gpn  # whole nodes
+        spec = {"version": 1, "cluster": {**parts[0]["cluster"], "gpus": total + (-total % gpn)}, "pipelines": pipes}
+        out.append((f"L{first}", _fit_training(spec)))  # a part fitted on another device type may need more
+    return out
+
+
 def _run(job: tuple) -> dict:
     """One (mix, policy) in this process: a summary, or why the policy could not run it."""
     name, spec, policy = job
@@ -179,13 +205,14 @@ def _run(job: tuple) -> dict:
             "max_staleness": max(p["max_staleness"] for p in r["pipelines"].values())}
 
 
-def measure(seed: int, n: int, synthetic: bool = False) -> dict:
-    drawn = synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+def measure(seed: int, n: int, synthetic: bool = False, large: bool = False) -> dict:
+    drawn = large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
     jobs = [(name, spec, pol) for name, spec in drawn for pol in POLICIES]
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
         runs = list(ex.map(_run, jobs))
-    return {"seed": seed, "steps": None if synthetic else STEPS, "synthetic": synthetic,
-            "mixes": {name: spec for name, spec in drawn}, "runs": runs}
+    drawn_from_scratch = synthetic or large
+    return {"seed": seed, "steps": None if drawn_from_scratch else STEPS, "synthetic": drawn_from_scratch,
+            "large": large, "mixes": {name: spec for name, spec in drawn}, "runs": runs}
 
 
 def _describe(spec: dict) -> str:
@@ -206,6 +233,11 @@ lognormal response lengths (median 5-40% of a 1K-32K budget, sigma 0.3-1.3), 30%
 multi-turn with tools of 30 ms to a minute, 20% with a sandboxed reward, 35% asynchronous,
 static shares of 2-32 GPUs, 2-4 steps, on H100, H20 or A100 nodes of 4 or 8 GPUs. No
 bundled file has these shapes; none was used to tune the policy."""
+_LARGE_INTRO = """Large mixes (mix `LN`: the pipelines of synthetic mixes `sN`, `sN+1` and `sN+2`, drawn as
+in the synthetic block, on one pool of `sN`'s device type and node size;
+`large_mixes`): here {pipes} pipelines on {gpus} GPUs, each on its share as drawn. The scale of a
+shared RL cluster: the most replicas and pipelines a round prices, the most devices a
+finished pipeline leaves to the others. None was used to tune the policy."""
 
 
 def section(data: dict, load_before: str, load_after: str) -> str:
@@ -264,9 +296,13 @@ def section(data: dict, load_before: str, load_after: str) -> str:
     if pairs:
         lost += (f" RollMux against verl-sync: ahead on {sum(r < v for r, v in pairs)} of {len(pairs)} mixes, "
                  f"median makespan ratio {statistics.median(r / v for r, v in pairs):.2f}.")
-    title = "Synthetic job mixes" if synthetic else "Random job mixes"
-    intro = (_SYNTHETIC_INTRO if synthetic else _INTRO).format(seed=data["seed"], steps=data["steps"])
-    command = "python benchmarks/random_mixes.py" + (f" --synthetic --mixes {len(data['mixes'])}" if synthetic else "")
+    large = data.get("large", False)
+    title = "Large job mixes" if large else "Synthetic job mixes" if synthetic else "Random job mixes"
+    sizes = [(len(spec["pipelines"]), spec["cluster"]["gpus"]) for spec in data["mixes"].values()]
+    intro = (_LARGE_INTRO if large else _SYNTHETIC_INTRO if synthetic else _INTRO).format(
+        seed=data["seed"], steps=data["steps"], pipes=_span(n for n, _ in sizes), gpus=_span(g for _, g in sizes))
+    flag = " --large" if large else " --synthetic" if synthetic else ""
+    command = "python benchmarks/random_mixes.py" + (f"{flag} --mixes {len(data['mixes'])}" if synthetic else "")
     return f"""## {title} (`benchmarks/random_mixes.py`)
 
 {intro} Seed 0, default
@@ -288,6 +324,12 @@ swept per mix as the bundled table's tuned splits are). Load average (1 / 5 / 15
 """
 
 
+def _span(values) -> str:
+    """``lo-hi`` of ``values`` (one value: itself)."""
+    values = sorted(values)
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
+
+
 def _took(data: dict) -> str:
     """The run's wall time as measured (older result files: estimated from the run count)."""
     if "wall_s" in data:
@@ -304,16 +346,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--synthetic", action="store_true",
                     help="pipelines drawn from scratch (synthetic_mixes), not copied from the bundled files")
-    ap.add_argument("--mixes", type=int, default=None, help="how many (default: 16; synthetic: 60)")
-    ap.add_argument("--seed", type=int, default=None, help="default: 2026; synthetic: 0")
+    ap.add_argument("--large", action="store_true",
+                    help=f"{LARGE_PARTS} synthetic mixes' pipelines on one pool each (large_mixes)")
+    ap.add_argument("--mixes", type=int, default=None, help="how many (default: 16; synthetic: 60; large: 9)")
+    ap.add_argument("--seed", type=int, default=None, help="default: 2026; synthetic: 0; large: 9000")
     ap.add_argument("--no-doc", action="store_true", help="print the block; do not touch docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="re-render the saved results")
     args = ap.parse_args(argv)
-    results, block = (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK) if args.synthetic else (RESULTS, BLOCK)
-    n = args.mixes if args.mixes is not None else (60 if args.synthetic else 16)
-    seed = args.seed if args.seed is not None else (0 if args.synthetic else 2026)
-    return measure_render_write(results, block, lambda: measure(seed, n, args.synthetic), section, args.render,
-                                args.no_doc)
+    if args.large and args.synthetic:
+        ap.error("--large and --synthetic: choose one")
+    kind = "large" if args.large else "synthetic" if args.synthetic else "random"
+    results, block = {"large": (LARGE_RESULTS, LARGE_BLOCK), "synthetic": (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK),
+                      "random": (RESULTS, BLOCK)}[kind]
+    n = args.mixes if args.mixes is not None else {"large": 9, "synthetic": 60, "random": 16}[kind]
+    seed = args.seed if args.seed is not None else {"large": 9000, "synthetic": 0, "random": 2026}[kind]
+    return measure_render_write(results, block, lambda: measure(seed, n, args.synthetic, args.large), section,
+                                args.render, args.no_doc)
 
 
 def measure_render_write(results, block: str, measure_fn, section_fn, render: bool, no_doc: bool) -> int:

@@ -73,3 +73,31 @@ def test_the_synthetic_block_counts_rollmux_against_verl_sync():
     assert text.startswith("## Synthetic job mixes")
     assert "model-algorithm" in text and "--synthetic --mixes 1" in text
     assert "RollMux against verl-sync: ahead on 1 of 1 mixes, median makespan ratio 0.93." in text
+
+
+def test_a_large_mix_runs_three_synthetic_mixes_pipelines_on_one_pool_of_whole_nodes():
+    drawn = rm.large_mixes(9000, 3)
+    assert drawn == rm.large_mixes(9000, 3) and [name for name, _ in drawn] == ["L9000", "L9003", "L9006"]
+    for (name, spec), first in zip(drawn, (9000, 9003, 9006)):
+        parts = [s for _, s in rm.synthetic_mixes(first, rm.LARGE_PARTS)]
+        wl = parse_workload(spec)
+        assert [p.name for p in wl.pipelines] == [f"m{k}-{p['name']}" for k, part in enumerate(parts)
+                                                  for p in part["pipelines"]]
+        assert spec["cluster"]["gpu"] == parts[0]["cluster"]["gpu"]
+        assert wl.cluster.gpus_per_node == parts[0]["cluster"]["gpus_per_node"]
+        assert wl.cluster.gpus % wl.cluster.gpus_per_node == 0 and wl.cluster.gpus == sum(p.gpus for p in wl.pipelines)
+        assert wl.cluster.gpus >= sum(s["cluster"]["gpus"] for s in parts)  # each share as drawn, or grown
+    assert sum(len(spec["pipelines"]) for _, spec in drawn) > 3 * 5  # more than a synthetic mix can hold
+
+
+def test_the_large_block_names_its_mixes_sizes_and_command():
+    spec = rm.large_mixes(9000, 1)[0][1]
+    runs = [{"mix": "L9000", "policy": p, "makespan_s": m} for p, m in
+            (("verl-sync", 150.0), ("rollmux", 140.0), ("one-step-off", 120.0), ("streamrl", 120.0), ("areal", 130.0))]
+    runs.append({"mix": "L9000", "policy": "jigsaw", "makespan_s": 100.0, "effective_utilisation": 0.5,
+                 "bounds": {"makespan_lower_bound_s": 80.0}})
+    data = {"seed": 9000, "steps": None, "synthetic": True, "large": True, "mixes": {"L9000": spec}, "runs": runs}
+    text = rm.section(data, "-", "-")
+    assert text.startswith("## Large job mixes")
+    assert f"here {len(spec['pipelines'])} pipelines on {spec['cluster']['gpus']} GPUs" in text
+    assert "random_mixes.py --large --mixes 1" in text and "| 1.40x |" in text
