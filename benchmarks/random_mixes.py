@@ -196,13 +196,17 @@ def _run(job: tuple) -> dict:
     from jigsaw_plugin.sim import Simulation
     from jigsaw_plugin.workload import parse_workload
 
+    start = time.monotonic()
     try:
         r = Simulation(parse_workload(spec, base_dir=EXAMPLES), get_policy(policy), 0).run()
     except SpecError as e:
         return {"mix": name, "policy": policy, "error": str(e)}
+    sched = r["scheduler"]
     return {"mix": name, "policy": policy, "makespan_s": r["makespan_s"], "bounds": r["bounds"],
             "effective_utilisation": r["effective_utilisation"],
-            "max_staleness": max(p["max_staleness"] for p in r["pipelines"].values())}
+            "max_staleness": max(p["max_staleness"] for p in r["pipelines"].values()),
+            "decisions": sched["decisions"], "decision_p50_us": sched["decision_p50_us"],
+            "decision_p99_us": sched["decision_p99_us"], "wall_s": round(time.monotonic() - start, 1)}
 
 
 def measure(seed: int, n: int, synthetic: bool = False, large: bool = False) -> dict:
@@ -303,6 +307,7 @@ def section(data: dict, load_before: str, load_after: str) -> str:
         seed=data["seed"], steps=data["steps"], pipes=_span(n for n, _ in sizes), gpus=_span(g for _, g in sizes))
     flag = " --large" if large else " --synthetic" if synthetic else ""
     command = "python benchmarks/random_mixes.py" + (f"{flag} --mixes {len(data['mixes'])}" if synthetic else "")
+    scale = _scale_table(data, by) if large else ""
     return f"""## {title} (`benchmarks/random_mixes.py`)
 
 {intro} Seed 0, default
@@ -319,9 +324,27 @@ swept per mix as the bundled table's tuned splits are). Load average (1 / 5 / 15
 {md_table(head, rows)}
 
 {summary} {lost}
-
+{scale}
 `{command}` ({_took(data)} on 2 cores)
 """
+
+
+def _scale_table(data: dict, by: dict) -> str:
+    """What the scale costs the scheduler and the simulator: jigsaw's decide rounds (state
+    build and policy, wall microseconds per round, ``scheduler`` in the result JSON) and
+    each run's wall seconds, per mix (results saved before stop 59 carry neither)."""
+    rows = []
+    for name, spec in data["mixes"].items():
+        j, v = by[name]["jigsaw"], by[name]["verl-sync"]
+        if "decisions" not in j:
+            return ""
+        rows.append([name, f"{spec['cluster']['gpus']}", f"{len(spec['pipelines'])}", f"{j['decisions']:,}",
+                     f"{j['decision_p50_us']:,.0f} / {j['decision_p99_us']:,.0f}",
+                     f"{j['wall_s']:,.0f} / {v.get('wall_s', 0):,.0f}"])
+    head = ["mix", "GPUs", "pipelines", "jigsaw decide rounds", "decision p50 / p99 us (wall)",
+            "simulation wall s: jigsaw / verl-sync"]
+    return ("\nWhat the scale costs (jigsaw's decide rounds, state build and policy, in wall microseconds on a "
+            "core shared with the other run; each simulation's wall seconds):\n\n" + md_table(head, rows) + "\n")
 
 
 def _span(values) -> str:

@@ -101,3 +101,16 @@ def test_the_large_block_names_its_mixes_sizes_and_command():
     assert text.startswith("## Large job mixes")
     assert f"here {len(spec['pipelines'])} pipelines on {spec['cluster']['gpus']} GPUs" in text
     assert "random_mixes.py --large --mixes 1" in text and "| 1.40x |" in text
+
+
+def test_the_large_block_reports_what_the_scale_costs_the_scheduler():
+    spec = rm.large_mixes(9000, 1)[0][1]
+    runs = [{"mix": "L9000", "policy": p, "makespan_s": m, "wall_s": 3.0} for p, m in
+            (("verl-sync", 150.0), ("rollmux", 140.0), ("one-step-off", 120.0), ("streamrl", 120.0), ("areal", 130.0))]
+    runs.append({"mix": "L9000", "policy": "jigsaw", "makespan_s": 100.0, "effective_utilisation": 0.5,
+                 "bounds": {"makespan_lower_bound_s": 80.0}, "decisions": 12345, "decision_p50_us": 1500.0,
+                 "decision_p99_us": 22000.0, "wall_s": 250.0})
+    data = {"seed": 9000, "steps": None, "synthetic": True, "large": True, "mixes": {"L9000": spec}, "runs": runs}
+    assert "| L9000 | 176 | 11 | 12,345 | 1,500 / 22,000 | 250 / 3 |" in rm.section(data, "-", "-")
+    data["large"] = False  # the synthetic block has no such table
+    assert "12,345" not in rm.section(data, "-", "-")
