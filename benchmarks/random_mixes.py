@@ -20,8 +20,8 @@ split into rollout and training devices) is shown with the reason.
 spreads up to 32K tokens, multi-turn tools of 30 ms to a minute, sandboxed rewards,
 asynchronous pipelines, shares of 2-32 GPUs on H100, H20 or A100 nodes of 4 or 8: shapes
 the bundled files do not have, to find where a policy or a baseline breaks. ``--large``
-puts three synthetic mixes' pipelines on one pool (``large_mixes``): 6-15 pipelines on up
-to 256 GPUs.
+puts three synthetic mixes' pipelines on one pool (``large_mixes``): 3-15 pipelines (7-15
+on 96-256 GPUs in the 9 mixes of seed 9000).
 
     python benchmarks/random_mixes.py                 # 16 mixes, seed 2026; writes the block
     python benchmarks/random_mixes.py --synthetic     # 60 synthetic mixes, seed 0; its own block
@@ -171,10 +171,11 @@ def synthetic_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
 
 def large_mixes(seed: int, n: int) -> list[tuple[str, dict]]:
     """``n`` large job mixes: mix ``i`` (named ``L`` and its first seed) runs the pipelines
-    of ``LARGE_PARTS`` synthetic mixes (``synthetic_mixes`` from seed ``seed + LARGE_PARTS x i`` on) on one
-    pool of the first one's device type and node size, each on its own share as drawn (so
-    6-15 pipelines on 64-256 devices): the scale of a shared RL cluster, where the
-    scheduler's rounds price the most replicas and pipelines."""
+    of ``LARGE_PARTS`` synthetic mixes (``synthetic_mixes`` from seed
+    ``seed + LARGE_PARTS x i`` on) on one pool of the first one's device type and node
+    size, each on its own share as drawn (so 3-15 pipelines; the 9 mixes of seed 9000 hold
+    7-15 on 96-256 devices): the scale of a shared RL cluster, where the scheduler's rounds
+    price the most replicas and pipelines."""
     out = []
     for i in range(n):
         first = seed + LARGE_PARTS * i
