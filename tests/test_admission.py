@@ -332,3 +332,44 @@ def test_fitting_with_a_spread_a_block_at_a_time_counts_as_over_all_sequences_at
         want = _fitting_all_at_once(held, left, cap, shape, margin)
         assert fitting(held, left, cap, shape, margin) == want
         assert fitting(held, left, cap, shape, margin, running=int(rng.integers(0, n + 1))) == want
+
+
+def test_the_memo_answers_as_fitting_and_asks_again_on_any_change():
+    # a replica asking with the same arrays (rounds at one instant) gets the count back
+    # without the evaluation; any element, the capacity or the spread changed is evaluated
+    from jigsaw_plugin.scheduler import admission
+
+    rng = np.random.default_rng(11)
+    memo = admission.FittingMemo()
+    calls = []
+    real = admission.fitting
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    admission.fitting = counted
+    try:
+        for _ in range(200):
+            n = int(rng.integers(2, 300))
+            held = rng.integers(10, 30_000, n).astype(float)
+            left = rng.lognormal(6, 1.2, n)
+            shape = np.sort(rng.lognormal(6, 1.0, 50))
+            shape /= shape.mean()
+            cap = float(rng.uniform(1e4, 3e6))
+            run = int(rng.integers(0, n + 1))
+            memo.round()
+            assert memo.fitting(5, held, left, cap, shape, 1.0, run) == real(held, left, cap, shape, 1.0, run)
+            before = len(calls)
+            memo.round()
+            assert memo.fitting(5, held.copy(), left.copy(), cap, shape.copy(), 1.0, run) == \
+                real(held, left, cap, shape, 1.0, run)
+            assert len(calls) == before  # equal arrays: kept
+            changed = [(held + np.eye(1, n, int(rng.integers(n)))[0] * 5_000, left, cap, shape),
+                       (held, left * 1.5, cap, shape), (held, left, cap / 3, shape), (held, left, cap, shape[::2] / shape[::2].mean())]
+            for h, lft, c, s in changed:
+                memo.round()
+                assert memo.fitting(5, h, lft, c, s, 1.0, run) == real(h, lft, c, s, 1.0, run)
+            assert len(calls) == before + len(changed)
+    finally:
+        admission.fitting = real

@@ -937,6 +937,28 @@ class _PipelineRequests:
     def kv_columns(self, replica: int) -> tuple[np.ndarray, np.ndarray, int]:
         return self._observed(replica, _ReplicaRows.kv_columns, (_EMPTY, _EMPTY, 0))
 
+    def observe(self, replicas) -> None:
+        """Read again, together, the carried rows of ``replicas`` (ids) that a policy is
+        about to read as observations (``_observed``), and ask the predictor once for the
+        requests it has not seen among them: one ``_read_many`` and one predictor call
+        per pipeline, not one of each per replica (admission limits read every queued
+        replica's columns each round)."""
+        if self._rows is None:
+            self._gather()
+        t0 = self._ex.clock()
+        want = set(replicas)
+        stale = [(rep, r) for rep in self._p.replicas
+                 if rep.id in want and (r := self._rows.get(rep.id)) is not None and len(r.ids) and r.carried]
+        if stale:
+            reps = [rep for rep, _ in stale]
+            obs = [self._obs.get(rep.id) or rep.observe(self._t) for rep in reps]
+            read = _read_many(reps, obs, [r for _, r in stale], self._t)
+            for rep, r in zip(reps, read):
+                self._rows[rep.id] = self._cache.rows[rep.id] = r
+            if any(r.unseen for r in read):
+                self._predict_groups()  # requests the predictor has not seen
+        self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
+
     def _observed(self, replica: int, read, empty):
         """``read(rows)`` of the replica's rows as observed now (views are observations: a
         carried row is read again first), or ``empty`` where it holds no request."""
@@ -975,6 +997,10 @@ class _ReplicaSource:
 
     def kv_columns(self) -> tuple[np.ndarray, np.ndarray, int]:
         return self._reqs.kv_columns(self._id)
+
+    def observe_with(self, replicas) -> None:
+        """``ReplicaView.read_together``: this replica's pipeline reads ``replicas`` now."""
+        self._reqs.observe(replicas)
 
 
 def _requests_of(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> _PipelineRequests:

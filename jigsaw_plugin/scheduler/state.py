@@ -194,6 +194,21 @@ class ReplicaView:
                 np.fromiter((q.predicted_remaining for q in views), float, len(views)),
                 sum(1 for q in views if not q.queued))
 
+    @staticmethod
+    def read_together(views) -> None:
+        """A hint before a policy reads the requests of several replicas (``kv_columns``,
+        ``requests``): a source that can read a pipeline's replicas together
+        (``observe_with(ids)``) does so now, one read and one predictor call per pipeline
+        instead of one per replica. Where rows are carried from an earlier read, those read
+        together are predicted with each other's fresh rows as evidence."""
+        by: dict[str, tuple] = {}
+        for v in views:
+            src = v._source
+            if src is not None and hasattr(src, "observe_with"):
+                by.setdefault(v.pipeline, (src, []))[1].append(v.id)
+        for src, ids in by.values():
+            src.observe_with(ids)
+
     def _work_and_left(self) -> tuple[float, float]:
         """(work, longest), asked of the source once (it keeps both as running sums where
         it can) and kept in the view's own dict: not a ``functools.cached_property``, whose

@@ -69,6 +69,7 @@ from __future__ import annotations
 import math
 
 from jigsaw_plugin.algorithms import HOST_STAGES
+from jigsaw_plugin.scheduler.admission import FittingMemo
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
@@ -103,6 +104,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
         # model, the pipeline, the share, its length summary): every round projects
         # every pipeline's finish from them, and they change only when a trajectory ends
         self._share_s: dict[tuple, tuple] = {}
+        # each replica's last admission limit, kept while its arrays are the same
+        self._fitting = FittingMemo()
 
     def staleness_bound(self, pipeline) -> int:
         spec = pipeline.spec

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 from jigsaw_plugin.scheduler.activation import activate
-from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
+from jigsaw_plugin.scheduler.admission import launch_limit, spread_of
 from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica
 from jigsaw_plugin.scheduler.estimates import gen_estimate_s, observed_stats, rollout_tp, train_estimate_s
 from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
+from jigsaw_plugin.scheduler.state import ReplicaView
 
 __all__ = ["RolloutReplicas"]
 
@@ -55,25 +56,28 @@ class RolloutReplicas:
         state = rnd.state
         top = state.max_num_seqs
         ended = ended_replicas(out)
-        for p in state.order:
-            final = p.lengths.context_tokens  # mean tokens a trajectory holds at its end
-            shape = UNSET
-            for r in p.replicas:
-                if r.retiring or r.id in ended or not r.queued or r.id in rnd.moved_in:
-                    continue
-                if r.load * final <= r.kv_capacity:
-                    if limit_of(r, top) is not None:
-                        out.append(AdmissionLimit(r.id, None))
-                    continue
-                held, left, running = r.kv_columns()
-                if shape is UNSET:
-                    shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
-                n = fitting(held, left, r.kv_capacity, shape, self.config.admission_margin_sd, running)
-                if n < running and not self.config.shed_admission:
-                    n = running  # the running set overflows; admit nothing more, shed nothing
-                limit = None if n >= min(top, len(held)) else max(1, n)
-                if limit != limit_of(r, top):
-                    out.append(AdmissionLimit(r.id, limit))
+        waiting = [(p, r, r.load * p.lengths.context_tokens <= r.kv_capacity)  # mean context at the end
+                   for p in state.order for r in p.replicas
+                   if not (r.retiring or r.id in ended or not r.queued or r.id in rnd.moved_in)]
+        ReplicaView.read_together([r for _, r, fits in waiting if not fits])
+        shapes: dict = {}
+        self._fitting.round()
+        for p, r, fits in waiting:
+            if fits:
+                if limit_of(r, top) is not None:
+                    out.append(AdmissionLimit(r.id, None))
+                continue
+            held, left, running = r.kv_columns()
+            shape = shapes.get(p.name, UNSET)
+            if shape is UNSET:
+                shape = shapes[p.name] = spread_of(p.history.recent_lengths()) if p.history is not None else None
+            n = self._fitting.fitting(r.id, held, left, r.kv_capacity, shape, self.config.admission_margin_sd,
+                                      running)
+            if n < running and not self.config.shed_admission:
+                n = running  # the running set overflows; admit nothing more, shed nothing
+            limit = None if n >= min(top, len(held)) else max(1, n)
+            if limit != limit_of(r, top):
+                out.append(AdmissionLimit(r.id, limit))
 
     def _spread_batch(self, state, p, tp: int, context: float) -> int:
         """The smallest batch at which a decoded token costs at most ``spread_cost`` x its
