@@ -4,7 +4,8 @@
   for a batch that spans several bins, against each bin's own ``Empirical.remaining`` and
   the bin-by-bin loop the predictor ran before (bins without lengths keep the log-normal's);
 * ``LengthHistory.group_stats``: the same numbers as ``group_table``'s columns;
-* ``_log_sf_many``: rows joined without ``np.stack`` equal ``log_sf`` of each row.
+* ``_log_sf_many``: rows joined without ``np.stack`` equal ``log_sf`` of each row;
+* ``fit_censored`` stops its EM at a fixed point with the answer of all its iterations.
 """
 
 from __future__ import annotations
@@ -127,3 +128,41 @@ def test_log_sf_of_joined_rows_equals_each_rows():
     assert all(_same(a, log_sf(x)) for a, x in zip(got, xs))
     scalar_rows = _log_sf_many(np.float64(0.5), np.float64(-2.0))  # 0-d: stacked as before
     assert [float(x) for x in scalar_rows] == log_sf(np.array([0.5, -2.0])).tolist()
+
+
+def _fit_censored_every_iteration(weight, sum_log, sumsq_log, capped, log_cap, prior_mean, prior_var, prior_weight):
+    """``fit_censored`` with all its EM iterations run (no stop at a fixed point)."""
+    from jigsaw_plugin.predict.lognormal import _EM_ITERATIONS, SIGMA_FLOOR
+    from jigsaw_plugin.predict.normal import inv_mills
+
+    n = weight + capped + prior_weight
+    base_sum = sum_log + prior_weight * prior_mean
+    base_sq = sumsq_log + prior_weight * (prior_var + prior_mean**2)
+    mu = (base_sum + capped * log_cap) / n
+    var = np.maximum(base_sq / n - mu**2, SIGMA_FLOOR**2)
+    for _ in range(_EM_ITERATIONS):
+        sd = np.sqrt(var)
+        a = (log_cap - mu) / sd
+        lam = inv_mills(a)
+        e_y = mu + sd * lam
+        e_yy = var * (1.0 + a * lam - lam**2) + e_y**2
+        mu = (base_sum + capped * e_y) / n
+        var = np.maximum((base_sq + capped * e_yy) / n - mu**2, SIGMA_FLOOR**2)
+    return mu, np.sqrt(var)
+
+
+def test_the_censored_fit_stops_at_a_fixed_point_with_the_same_answer():
+    # the EM stops once an iteration returns its input bit for bit; running on gives it again
+    from jigsaw_plugin.predict.lognormal import fit_censored
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        k = int(rng.choice([1, 3, 8]))
+        w = rng.integers(0, 400, k).astype(float)
+        mu_true, sd_true = rng.uniform(4, 9, k), rng.uniform(0.3, 1.5, k)
+        s = w * mu_true
+        ss = w * (sd_true**2 + mu_true**2)
+        capped = rng.integers(0, 60, k).astype(float) * rng.integers(0, 2, k)
+        args = (w, s, ss, capped, float(rng.uniform(6, 10.5)), rng.uniform(4, 9, k), rng.uniform(0.1, 2, k), 4.0)
+        got, want = fit_censored(*args), _fit_censored_every_iteration(*args)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

@@ -86,6 +86,9 @@ def fit_censored(weight: np.ndarray, sum_log: np.ndarray, sumsq_log: np.ndarray,
         lam = inv_mills(a)
         e_y = mu + sd * lam  # E[y | y > log_cap]
         e_yy = var * (1.0 + a * lam - lam**2) + e_y**2
-        mu = (base_sum + capped * e_y) / n
-        var = np.maximum((base_sq + capped * e_yy) / n - mu**2, SIGMA_FLOOR**2)
+        mu_next = (base_sum + capped * e_y) / n
+        var_next = np.maximum((base_sq + capped * e_yy) / n - mu_next**2, SIGMA_FLOOR**2)
+        if np.array_equal(mu_next, mu) and np.array_equal(var_next, var):
+            break  # a fixed point, bit for bit: every later iteration gives it again (most by the 17th)
+        mu, var = mu_next, var_next
     return mu, np.sqrt(var)
