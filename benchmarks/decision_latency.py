@@ -41,6 +41,7 @@ per round (``BREAKDOWN``) and prints the split of the slowest 1% of rounds.
     python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick
     python benchmarks/decision_latency.py --cases 64x8 --rounds 0             # the whole run
     python benchmarks/decision_latency.py --breakdown --cases 64x8 --rounds 0 # where the time goes
+    python benchmarks/decision_latency.py --breakdown --large-mix 9018 --rounds 0 --cpu-budget 150
     python benchmarks/decision_latency.py --cases 1024x32 --rounds 16000 --policy-opt reprice_on_change=true
     python benchmarks/decision_latency.py --write        # every case; writes its block
     python benchmarks/decision_latency.py --render --before OLD.json   # re-render the saved results
@@ -517,6 +518,12 @@ BREAKDOWN = [
     ("jigsaw_plugin.scheduler.state", "ReplicaView", "predicted_drain_s"),
     ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_widen_tails"),
     ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_early_passes"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_demands"),
+    ("jigsaw_plugin.scheduler.jigsaw", "Jigsaw", "_limit_admission"),
+    ("jigsaw_plugin.scheduler.state", "ReplicaView", "read_together"),
+    ("jigsaw_plugin.scheduler.state", "ReplicaView", "kv_columns"),
+    ("jigsaw_plugin.scheduler.admission", "FittingMemo", "fitting"),
+    ("jigsaw_plugin.predict.history_predictor", None, "fit_model"),  # the name the predictor calls
 ]
 
 
@@ -542,15 +549,16 @@ def _timed(fn, name: str, spent: dict, calls: dict):
 
 def measure_breakdown(job: tuple) -> dict:
     """Per-function CPU time of each decide round of one case (``BREAKDOWN``), in this
-    process: (gpus, pipelines, prompts, rounds, cpu_budget_s). Returns the slowest 1% of
-    rounds (by decision time) with their split, and the mean split over all rounds."""
+    process: (gpus, pipelines, prompts, rounds, cpu_budget_s[, spec]); ``spec``: a workload
+    dict to run instead of the case's (a large mix, ``--large-mix``). Returns the slowest
+    1% of rounds (by decision time) with their split, and the mean split over all rounds."""
     import importlib
 
     from jigsaw_plugin.manager import get_plugin_manager, register
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
 
-    gpus, pipelines, prompts, rounds, cpu_budget_s = job
+    gpus, pipelines, prompts, rounds, cpu_budget_s, *spec = job
     spent, calls = {}, {}
     for module, owner, name in BREAKDOWN:
         mod = importlib.import_module(module)
@@ -561,7 +569,13 @@ def measure_breakdown(job: tuple) -> dict:
         setattr(holder, name, _timed(getattr(holder, name), label, spent, calls))
     pm = get_plugin_manager()
     register(pm, _Budget(rounds, cpu_budget_s), "decision-latency-budget")
-    sim = Simulation(load(workload(gpus, pipelines, prompts)), get_policy("jigsaw"), 0, pm=pm)
+    if spec:
+        from jigsaw_plugin.workload import parse_workload
+
+        wl = parse_workload(spec[0], base_dir=EXAMPLES)
+    else:
+        wl = load(workload(gpus, pipelines, prompts))
+    sim = Simulation(wl, get_policy("jigsaw"), 0, pm=pm)
     w = sim.world
     w.clock = time.thread_time
     decide, per_round = w.decide, []
@@ -650,6 +664,9 @@ def main(argv=None) -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="only time the state build's and the policy's functions per round (a profiler's "
                          "view: BREAKDOWN) and print the split of the slowest 1%% of rounds of each case")
+    ap.add_argument("--large-mix", type=int, default=None, metavar="SEED",
+                    help="with --breakdown: the large mix of random_mixes.py --large drawn from SEED (e.g. 9018) "
+                         "instead of the cases")
     ap.add_argument("--predictor-calls", action="store_true",
                     help="only time HistoryPredictor.predict by batch size (docs/predictor.md)")
     ap.add_argument("--render", action="store_true",
@@ -665,6 +682,8 @@ def main(argv=None) -> None:
                     help="with --render: another invocation's results file shown under the main table "
                          "(its command, table, targets and tenths), e.g. a whole run; repeatable")
     args = ap.parse_args(argv)
+    if args.large_mix is not None and not args.breakdown:
+        ap.error("--large-mix: only with --breakdown (the block's cases are the demo's pipelines repeated)")
     results_path = Path(args.results)
     notes = _before_notes(args.before, args.before_label) if args.before else ""
     for spec in args.also:
@@ -689,9 +708,16 @@ def main(argv=None) -> None:
         return
     if args.breakdown:
         print(f"load average {_load_avg()}")
-        for g, n, pr in _parse_cases(args.cases):
+        jobs = [(g, n, pr, args.rounds, args.cpu_budget) for g, n, pr in _parse_cases(args.cases)]
+        if args.large_mix is not None:
+            from random_mixes import large_mixes
+
+            name, spec = large_mixes(args.large_mix, 1)[0]
+            print(f"large mix {name}")
+            jobs = [(spec["cluster"]["gpus"], len(spec["pipelines"]), 0, args.rounds, args.cpu_budget, spec)]
+        for job in jobs:
             with ProcessPoolExecutor(max_workers=1, max_tasks_per_child=1) as ex:
-                b = ex.submit(measure_breakdown, (g, n, pr, args.rounds, args.cpu_budget)).result()
+                b = ex.submit(measure_breakdown, job).result()
             print(breakdown_text(b) + "\n")
         print(f"load average {_load_avg()}")
         return

@@ -155,3 +155,16 @@ def test_the_targets_table_calls_a_latency_target_met_only_where_every_saved_run
     rows = report._latency_rows({(64, 8): 5600.0, (1024, 32): 4600.0}, {}).splitlines()
     assert rows[0].endswith("| no |")
     assert rows[1].endswith("| in the first 400 rounds (no longer run saved) |")
+
+
+def test_a_breakdown_of_a_large_mix_times_its_rounds_in_a_process_of_its_own():
+    # --large-mix: the timers wrap the functions of the process that runs it (not this one)
+    from concurrent.futures import ProcessPoolExecutor
+
+    from random_mixes import large_mixes
+
+    name, spec = large_mixes(9009, 1)[0]
+    with ProcessPoolExecutor(max_workers=1, max_tasks_per_child=1) as ex:
+        b = ex.submit(dl.measure_breakdown, (96, len(spec["pipelines"]), 0, 30, 20.0, spec)).result()
+    assert name == "L9009" and b["rounds"] == 30 and b["pipelines"] == 7
+    assert b["mean_us"]["Jigsaw.decide"] > 0 and b["slowest"][0]["calls"]["Jigsaw.decide"] == 1
