@@ -52,7 +52,9 @@ class RolloutReplicas:
         requests' predicted remaining tokens, spread as the pipeline's recent lengths;
         below its running sequences where they alone outgrow it, ``shed_admission``); a
         replica whose requests would all fit even at the pipeline's mean final context is
-        not read (no prediction asked): no sequence's expected KV peak exceeds that mean."""
+        not read (no prediction asked): no sequence's expected KV peak exceeds that mean.
+        The others are read together first (``ReplicaView.read_together``), and a
+        replica's count is kept while its arrays are the same (``FittingMemo``)."""
         state = rnd.state
         top = state.max_num_seqs
         ended = ended_replicas(out)
