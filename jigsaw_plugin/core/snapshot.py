@@ -752,9 +752,6 @@ class _PipelineRequests:
         for a predictor call, not every round."""
         return {i: o.step_s for i, o in self._obs.items()}
 
-    def _read(self, rep, obs: ReplicaObs, old: "_ReplicaRows | None") -> _ReplicaRows:
-        return _ReplicaRows(rep, obs, self._t, None if self._refresh.exact else old)
-
     def _gather(self) -> None:
         t0 = self._ex.clock()
         p, t, cache, refresh = self._p, self._t, self._cache, self._refresh
@@ -967,13 +964,10 @@ class _PipelineRequests:
         r = self._rows.get(replica)
         if r is None or not len(r.ids):
             return empty
-        t0 = self._ex.clock()
         if r.carried:
-            rep = next(x for x in self._p.replicas if x.id == replica)
-            r = self._rows[replica] = self._cache.rows[replica] = \
-                self._read(rep, self._obs.get(replica) or rep.observe(self._t), r)
-            if r.unseen:
-                self._predict_groups()  # a request the predictor has not seen
+            self.observe((replica,))
+            r = self._rows[replica]
+        t0 = self._ex.clock()
         out = read(r)
         self._ex.note_state_build((self._ex.clock() - t0) * 1e6)
         return out

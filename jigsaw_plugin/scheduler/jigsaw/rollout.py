@@ -70,9 +70,9 @@ class RolloutReplicas:
                     out.append(AdmissionLimit(r.id, None))
                 continue
             held, left, running = r.kv_columns()
-            shape = shapes.get(p.name, UNSET)
-            if shape is UNSET:
-                shape = shapes[p.name] = spread_of(p.history.recent_lengths()) if p.history is not None else None
+            if p.name not in shapes:
+                shapes[p.name] = spread_of(p.history.recent_lengths()) if p.history is not None else None
+            shape = shapes[p.name]
             n = self._fitting.fitting(r.id, held, left, r.kv_capacity, shape, self.config.admission_margin_sd,
                                       running)
             if n < running and not self.config.shed_admission:
