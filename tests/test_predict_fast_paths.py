@@ -5,7 +5,10 @@
   the bin-by-bin loop the predictor ran before (bins without lengths keep the log-normal's);
 * ``LengthHistory.group_stats``: the same numbers as ``group_table``'s columns;
 * ``_log_sf_many``: rows joined without ``np.stack`` equal ``log_sf`` of each row;
-* ``fit_censored`` stops its EM at a fixed point with the answer of all its iterations.
+* ``fit_censored`` stops its EM at a fixed point with the answer of all its iterations;
+* a few series are fitted in Python floats (``_fit_one``, ``inv_mills_float``) with the
+  arrays' answer: bit for bit where numpy's float64 ``exp`` is the C library's (this
+  machine's x86-64 without AVX-512; checked on a sample first), else within 1e-12.
 """
 
 from __future__ import annotations
@@ -166,3 +169,52 @@ def test_the_censored_fit_stops_at_a_fixed_point_with_the_same_answer():
         args = (w, s, ss, capped, float(rng.uniform(6, 10.5)), rng.uniform(4, 9, k), rng.uniform(0.1, 2, k), 4.0)
         got, want = fit_censored(*args), _fit_censored_every_iteration(*args)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def _exp_is_libm() -> bool:
+    """numpy's float64 ``exp`` and ``math.exp`` agree on a sample (numpy's AVX-512 kernels
+    may differ in the last bit; then the float paths match the arrays to rounding only)."""
+    import math
+
+    x = np.random.default_rng(0).normal(0, 20, 20_000)
+    return np.exp(x).tolist() == [math.exp(v) for v in x.tolist()]
+
+
+def _close(a, b, exact: bool) -> bool:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if exact:
+        return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+    return bool(np.allclose(a, b, rtol=1e-12, atol=0.0, equal_nan=True))
+
+
+def test_inv_mills_of_one_float_is_the_arrays():
+    from jigsaw_plugin.predict.normal import inv_mills, inv_mills_float
+
+    rng = np.random.default_rng(2)
+    x = np.concatenate((rng.normal(0, 6, 5_000), rng.uniform(-45, 45, 2_000),
+                        [0.0, -0.0, 30.0, np.nextafter(30.0, 31.0), -38.7, 38.7, 1e300, -1e300,
+                         np.inf, -np.inf, np.nan]))
+    got = [inv_mills_float(v) for v in x.tolist()]
+    with np.errstate(over="ignore"):  # 1e300 squared
+        want = inv_mills(x)
+    assert _close(got, want, _exp_is_libm())
+
+
+def test_a_few_series_fitted_in_floats_give_the_arrays_answer(monkeypatch):
+    import jigsaw_plugin.predict.lognormal as ln
+
+    exact = _exp_is_libm()
+    rng = np.random.default_rng(9)
+    for _ in range(400):
+        k = int(rng.choice([1, 2, 5, ln._FLOAT_SERIES]))
+        w = rng.integers(0, 3000, k).astype(float)
+        mu_true, sd_true = rng.uniform(2, 10, k), rng.uniform(0.05, 2.5, k)
+        capped = rng.integers(0, 500, k).astype(float) * rng.integers(0, 2, k)
+        args = (w, w * mu_true, w * (sd_true**2 + mu_true**2), capped, float(rng.uniform(4, 11)),
+                rng.uniform(3, 9, k), rng.uniform(0.1, 2, k), float(rng.uniform(0.5, 16)))
+        got = ln.fit_censored(*args)
+        with monkeypatch.context() as m:
+            m.setattr(ln, "_FLOAT_SERIES", 0)  # every series through the arrays
+            want = ln.fit_censored(*args)
+        assert got[0].dtype == want[0].dtype == np.float64 and got[0].shape == (k,)
+        assert _close(got[0], want[0], exact) and _close(got[1], want[1], exact)
