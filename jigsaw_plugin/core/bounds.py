@@ -31,7 +31,9 @@ the record, never the policy's input), priced by the run's cost model:
   actor's), the pair counts as the longer of the two where its passes are on the chain,
   and its fixed cost once. Each step adds the seconds no device count shortens: every training-side
   stage's fixed cost, the advantage computation, and the weight sync before the next step
-  (``_step_fixed_s``).
+  (``_step_fixed_s``). A trajectory's forward passes may run while its reward is computed,
+  so after its generation the chain holds the longer of its reward and the forward passes'
+  fixed costs, not their sum (``_reward_after_s``).
 - ``makespan_lower_bound_s``: the larger of the two.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
@@ -156,26 +158,43 @@ def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     return kv_tokens * model.kv_bytes_per_token * per_byte, steps
 
 
-def _step_fixed_s(ex, p, last: bool) -> tuple[float, float]:
+def _step_fixed_s(ex, p, last: bool) -> tuple[float, float, float]:
     """Seconds of a step's training chain no device count shortens, as (training side,
-    weight sync): each training-side stage's fixed cost (every stage runs once after the
-    step's last trajectory ends, or after the previous stage: an early pass cannot cover the
-    last trajectory) and the advantage computation; the weight sync that must end before
-    the next step's rollout (none after the last step). Each at its least over the pool's
-    device classes and over the sync's link options."""
+    its forward passes' part, weight sync): each training-side stage's fixed cost (every
+    stage runs once after the step's last trajectory ends, or after the previous stage: an
+    early pass cannot cover the last trajectory) and the advantage computation; the weight
+    sync that must end before the next step's rollout (none after the last step). Each at
+    its least over the pool's device classes and over the sync's link options. The
+    forward passes' part (their fixed costs, a pair run alongside counted once) may run
+    while the last trajectory's reward is computed (``_reward_after_s``); it is at least
+    its true share, so the rest is at most its own."""
     costs = _class_costs(ex)
+    overhead = min(c.f.train_stage_overhead_s for c in costs)
+    pairs = [p.stages[k] for k in _alongside(ex, p)]
     # a stage run alongside the next pays its fixed cost while its partner pays its own
-    fixed = -min(c.f.train_stage_overhead_s for c in costs) * len(_alongside(ex, p))
+    fixed = -overhead * len(pairs)
+    forward = -overhead * sum(stage in FORWARD_STAGES for stage in pairs)
     sync = 0.0
     for stage in p.stages:
         if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
-            fixed += min(c.f.train_stage_overhead_s for c in costs)
+            fixed += overhead
+            forward += overhead if stage in FORWARD_STAGES else 0.0
         elif stage in HOST_STAGES:
             fixed += ex.cost.f.adv_s
         elif stage == "weight_sync" and not last:
             sync += min(c.weight_sync_s(p.model, colocated, cross) for c in costs
                         for colocated in (True, False) for cross in (True, False))
-    return fixed, sync
+    return fixed, forward, sync
+
+
+def _reward_after_s(reward_s: np.ndarray, forward_fixed: float) -> np.ndarray:
+    """Seconds of a trajectory's reward that the chain counts after its generation, beside
+    the ``forward_fixed`` seconds it counts after its last trajectory anyway: a trajectory's
+    forward passes may run while its reward is computed (early passes in the reward wait,
+    as verl's ``launch_reward_fn_async`` overlaps them), and the update needs both, so
+    after a trajectory's generation the chain holds ``max(reward, forward passes)``, not
+    their sum. A rule reward's 0 s stays 0 (the same chain as without it)."""
+    return np.maximum(reward_s - forward_fixed, 0.0)
 
 
 def _alongside(ex, p) -> list:
@@ -382,10 +401,10 @@ def compute_bounds(ex) -> Bounds:
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
-            waits = np.add.reduceat(smp.tool_latency_s, starts) + smp.reward_latency_s
+            fixed, forward_fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
+            waits = np.add.reduceat(smp.tool_latency_s, starts) + _reward_after_s(smp.reward_latency_s, forward_fixed)
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
             generation = max(longest, _window_s(costs, p, window, gpus))  # or its work over the pool
-            fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
             links.append((generation, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
