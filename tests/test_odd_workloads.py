@@ -1,0 +1,34 @@
+"""``benchmarks/odd_workloads.py``: small odd workloads either parse or are refused by name,
+and the one that found the bound summing a sandboxed reward and the forward passes beside
+it now ends above its bound under every on-policy policy."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import odd_workloads  # noqa: E402
+
+from jigsaw_plugin.errors import SpecError  # noqa: E402
+from jigsaw_plugin.workload import parse_workload  # noqa: E402
+
+
+def test_each_odd_workload_parses_or_is_refused_by_field():
+    parsed = 0
+    for seed in range(40):
+        spec = odd_workloads.spec_of(seed)
+        assert spec == odd_workloads.spec_of(seed)  # a seed is one workload
+        try:
+            parse_workload(spec, base_dir=odd_workloads.EXAMPLES)
+            parsed += 1
+        except SpecError as e:
+            assert "pipelines[" in str(e) or "cluster" in str(e), str(e)
+    assert 5 <= parsed < 40
+
+
+@pytest.mark.parametrize("policy", odd_workloads.ON_POLICY)
+def test_the_agent_whose_rewards_outlast_its_passes_ends_above_its_bound(policy):
+    seed, name, outcome, detail = odd_workloads.run_one((136, policy))
+    assert outcome == "ok", detail
