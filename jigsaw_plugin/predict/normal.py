@@ -105,7 +105,6 @@ def inv_mills(x: np.ndarray | float) -> np.ndarray:
     return out
 
 
-
 _INV_SQRT2 = 1.0 / _SQRT2
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
