@@ -9,7 +9,7 @@ there). Two operations:
   (``normal.log_sf``) so it stays finite far into the tail;
 * ``fit_censored``: the maximum-likelihood ``(m, v)`` of lengths of which some are capped
   (censored at ``log cap``), by EM on sufficient statistics, with a normal prior worth a
-  pseudo-count, for several independent series at once (one per turn bin).
+  pseudo-count, for several independent series (one per turn bin), each on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from jigsaw_plugin.predict.normal import inv_mills, inv_mills_float, log_sf
+from jigsaw_plugin.predict.normal import inv_mills_float, log_sf
 
 __all__ = ["expected_remaining", "fit_censored", "FUSE_MAX_ELEMENTS", "SIGMA_FLOOR"]
 
@@ -26,7 +26,6 @@ __all__ = ["expected_remaining", "fit_censored", "FUSE_MAX_ELEMENTS", "SIGMA_FLO
 FUSE_MAX_ELEMENTS = 4096
 SIGMA_FLOOR = 0.05  # a degenerate history (every length equal) still gets a spread
 _EM_ITERATIONS = 30
-_FLOAT_SERIES = 8  # at most this many series: each fitted in Python floats (``_fit_one``)
 
 
 def expected_remaining(m: np.ndarray, v: np.ndarray, generated: np.ndarray, cap: np.ndarray,
@@ -77,41 +76,23 @@ def fit_censored(weight: np.ndarray, sum_log: np.ndarray, sumsq_log: np.ndarray,
     (weight, sum, sum of squares), the weight of capped lengths (known only to exceed
     ``log_cap``) and a normal prior worth ``prior_weight`` observations.
 
-    A series' EM stops at its own fixed point, bit for bit (every later iteration returns
-    it again), so a few series are fitted one by one in floats (``_fit_one``), with the
-    answer of the arrays: the model's fits are of one series and of a few turn bins, where
-    numpy's per-call cost was nearly all of a fit's 0.5-1 ms."""
-    series = (weight, sum_log, sumsq_log, capped, prior_mean, prior_var)
-    if len(weight) <= _FLOAT_SERIES and all(np.shape(a) == np.shape(weight) for a in series) and np.ndim(weight) == 1:
-        fits = [_fit_one(*row, log_cap, prior_weight) for row in zip(*(np.asarray(a, float).tolist() for a in series))]
-        return np.array([m for m, _ in fits], float), np.array([s for _, s in fits], float)
-    n = weight + capped + prior_weight
-    base_sum = sum_log + prior_weight * prior_mean
-    base_sq = sumsq_log + prior_weight * (prior_var + prior_mean**2)
-    mu = (base_sum + capped * log_cap) / n
-    var = np.maximum(base_sq / n - mu**2, SIGMA_FLOOR**2)
-    if not np.any(capped > 0):
-        return mu, np.sqrt(var)
-    for _ in range(_EM_ITERATIONS):
-        sd = np.sqrt(var)
-        a = (log_cap - mu) / sd
-        lam = inv_mills(a)
-        e_y = mu + sd * lam  # E[y | y > log_cap]
-        e_yy = var * (1.0 + a * lam - lam**2) + e_y**2
-        mu_next = (base_sum + capped * e_y) / n
-        var_next = np.maximum((base_sq + capped * e_yy) / n - mu_next**2, SIGMA_FLOOR**2)
-        if np.array_equal(mu_next, mu) and np.array_equal(var_next, var):
-            break  # a fixed point, bit for bit: every later iteration gives it again (most by the 17th)
-        mu, var = mu_next, var_next
-    return mu, np.sqrt(var)
+    Each series is fitted on its own, in Python floats (``_fit_one``): the model's fits
+    are of one series and of a few turn bins, where numpy's per-call cost was nearly all
+    of a fit's 0.5-1 ms; its EM stops at its own fixed point, bit for bit, so the answer is
+    that of the series' row of the arrays' EM run to the end (tested)."""
+    rows = np.broadcast_arrays(*(np.asarray(a, float) for a in (weight, sum_log, sumsq_log, capped, prior_mean,
+                                                                   prior_var)))
+    fits = [_fit_one(*row, log_cap, prior_weight) for row in zip(*(a.ravel().tolist() for a in rows))]
+    shape = rows[0].shape
+    return (np.array([m for m, _ in fits], float).reshape(shape),
+            np.array([sd for _, sd in fits], float).reshape(shape))
 
 
 def _fit_one(weight: float, sum_log: float, sumsq_log: float, capped: float, prior_mean: float, prior_var: float,
              log_cap: float, prior_weight: float) -> tuple[float, float]:
-    """``fit_censored`` of one series in Python floats: the arrays' operations in their
-    order (each IEEE operation rounds alike; ``inv_mills_float``), so the same answer. A
-    series with nothing capped is at its fixed point from the start, as its row of the
-    arrays' EM is (nothing capped adds nothing to its sums)."""
+    """``fit_censored`` of one series in Python floats. Its EM stops when an iteration
+    returns its input bit for bit (every later one would return it again); a series with
+    nothing capped is at that point from the start."""
     floor = SIGMA_FLOOR**2
     n = weight + capped + prior_weight
     base_sum = sum_log + prior_weight * prior_mean
