@@ -5,7 +5,7 @@ plugin would, so a plugin registered with ``tryfirst=True`` can override either.
 from __future__ import annotations
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
-from jigsaw_plugin.costmodel.predictor import node_counts
+from jigsaw_plugin.costmodel.predictor import node_counts, spans_extra_nodes
 from jigsaw_plugin.hookspecs import hookimpl
 
 __all__ = ["SchedulerPlugin", "CostModelPlugin"]
@@ -53,5 +53,6 @@ class CostModelPlugin:
         if kind == "context_switch":
             return self.cost.context_switch_s(model, n, train_state=bool(sizes.get("train_state", False)))
         if kind == "decode_step":
-            return self.cost.decode_step_s(model, n, int(sizes.get("batch", 1)), float(sizes.get("kv_tokens", 0)))
+            return self.cost.decode_step_s(model, n, int(sizes.get("batch", 1)), float(sizes.get("kv_tokens", 0)),
+                                           cross_node=spans_extra_nodes(devices, self.cost.f.gpus_per_node))
         return None

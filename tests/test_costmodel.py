@@ -258,6 +258,35 @@ def test_a_replica_wider_than_a_node_all_reduces_over_its_nics():
     assert across.rollout_width(m, 4) == 4  # the spec's width is kept
 
 
+def test_a_replica_straddling_a_node_boundary_all_reduces_over_its_nics():
+    # a tp8 replica on devices 10-17 of nodes of 8 spans two nodes where one holds it: its
+    # ring all-reduces cross the node NICs, priced as a replica wider than a node is; the
+    # same width on one node, and a wider-than-node replica on whole nodes, are not moved
+    from jigsaw_plugin.builtin import CostModelPlugin
+    from jigsaw_plugin.costmodel.predictor import spans_extra_nodes
+
+    m = model_profile("qwen2.5-32b")
+    h100 = CostModel.for_nodes(hardware_profile("h100"), 8)
+    assert spans_extra_nodes(tuple(range(10, 18)), 8) and not spans_extra_nodes(tuple(range(8, 16)), 8)
+    assert spans_extra_nodes((3, 12), 8)  # two devices on two nodes: one would hold them
+    assert not spans_extra_nodes(tuple(range(16)), 8) and spans_extra_nodes(tuple(range(4, 20)), 8)
+    assert not spans_extra_nodes((5,), 8)
+    for batch in (1, 64, 256):
+        inside = h100.decode_step_parts(m, 8, batch, batch * 2000.0)
+        across = h100.decode_step_parts(m, 8, batch, batch * 2000.0, cross_node=True)
+        assert across.host_s == inside.host_s and across.roofline_s == inside.roofline_s
+        assert across.allreduce_s > inside.allreduce_s  # at batch 1 both are mostly latency
+        assert h100.decode_step_s(m, 8, batch, batch * 2000.0, cross_node=True) == across.total_s
+    assert across.allreduce_s > 5 * inside.allreduce_s  # batch 256: the NICs' bandwidth binds
+    # the plugin reads it from the devices it is asked about
+    plugin = CostModelPlugin(h100, {"p": m})
+    sizes = {"batch": 64, "kv_tokens": 64 * 2000.0}
+    assert plugin.jigsaw_predict_duration("decode_step", "p", sizes, tuple(range(8, 16))) == h100.decode_step_s(
+        m, 8, 64, 64 * 2000.0)
+    assert plugin.jigsaw_predict_duration("decode_step", "p", sizes, tuple(range(10, 18))) == h100.decode_step_s(
+        m, 8, 64, 64 * 2000.0, cross_node=True)
+
+
 def test_a_pass_over_no_tokens_still_needs_a_gang_that_holds_the_model():
     # a forward stage whose early passes read every token still runs (its fixed cost, its
     # place in the step's order): a gang narrower than the weights is no cheaper, it cannot

@@ -10,6 +10,7 @@ the simulator's hottest path (a decode step is priced at every replica event).
 from __future__ import annotations
 
 from jigsaw_plugin.builtin import CostModelPlugin
+from jigsaw_plugin.costmodel.predictor import spans_extra_nodes
 
 __all__ = ["Pricer"]
 
@@ -21,6 +22,15 @@ class Pricer:
         self._hook = pm.hook.jigsaw_predict_duration
         impls = self._hook.get_hookimpls()
         self._direct = len(impls) == 1 and isinstance(impls[0].plugin, CostModelPlugin)
+        self._cross: dict[tuple, bool] = {}  # a replica's devices -> whether they straddle nodes
+
+    def _cross_node(self, devices: tuple) -> bool:
+        """``spans_extra_nodes`` of a replica's devices, once per device set (a decode step
+        is priced at every replica event; a replica's devices never change)."""
+        got = self._cross.get(devices)
+        if got is None:
+            got = self._cross[devices] = spans_extra_nodes(devices, self.cost.f.gpus_per_node)
+        return got
 
     def _ask(self, kind: str, pipeline: str, sizes: dict, devices: tuple) -> float:
         value = self._hook(kind=kind, pipeline=pipeline, sizes=sizes, devices=devices)
@@ -30,7 +40,8 @@ class Pricer:
 
     def decode_step_s(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float) -> float:
         if self._direct:
-            return self.cost.decode_step_s(self._models[pipeline], len(devices), batch, kv_tokens)
+            return self.cost.decode_step_s(self._models[pipeline], len(devices), batch, kv_tokens,
+                                           self._cross_node(devices))
         return self._ask("decode_step", pipeline, {"batch": batch, "kv_tokens": kv_tokens}, devices)
 
     def decode_step_parts(self, pipeline: str, devices: tuple, batch: int, kv_tokens: float):
@@ -38,7 +49,8 @@ class Pricer:
         None where a plugin prices the step: its total says nothing of its parts."""
         if not self._direct:
             return None
-        return self.cost.decode_step_parts(self._models[pipeline], len(devices), batch, kv_tokens)
+        return self.cost.decode_step_parts(self._models[pipeline], len(devices), batch, kv_tokens,
+                                           self._cross_node(devices))
 
     def prefill_s(self, pipeline: str, devices: tuple, tokens: float) -> float:
         if self._direct:

@@ -18,7 +18,7 @@ from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
 __all__ = ["EfficiencyFactors", "CostModel", "DecodeStepParts", "HARDWARE_FACTORS", "default_factors",
-           "cuda_graph_batch", "node_counts"]
+           "cuda_graph_batch", "node_counts", "spans_extra_nodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,29 +161,34 @@ class CostModel:
         free = usable - model.weight_bytes / tp - other_bytes - reserve
         return max(0, int(free * tp / model.kv_bytes_per_token))
 
-    def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> float:
+    def decode_step_s(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float,
+                      cross_node: bool = False) -> float:
         """One decode step of ``batch`` sequences holding ``kv_tokens`` of context: the larger
         of weight + KV reads over HBM and the batched FLOPs (on the CUDA-graph bucket the
         batch is padded to), plus the fixed per-step cost and the tensor-parallel all-reduces
-        (``decode_step_parts`` gives the three apart)."""
+        (``decode_step_parts`` gives the three apart). ``cross_node``: the replica's devices
+        span more nodes than its width needs (``spans_extra_nodes``), so its all-reduces
+        cross the node NICs."""
         if batch <= 0:
             return 0.0
-        host, roofline, allreduce = self._decode_terms(model, tp, batch, kv_tokens)
+        host, roofline, allreduce = self._decode_terms(model, tp, batch, kv_tokens, cross_node)
         return host + roofline + allreduce
 
-    def decode_step_parts(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> "DecodeStepParts":
+    def decode_step_parts(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float,
+                          cross_node: bool = False) -> "DecodeStepParts":
         """``decode_step_s`` in its three terms (they sum to it, in its order)."""
         if batch <= 0:
             return DecodeStepParts(0.0, 0.0, 0.0)
-        return DecodeStepParts(*self._decode_terms(model, tp, batch, kv_tokens))
+        return DecodeStepParts(*self._decode_terms(model, tp, batch, kv_tokens, cross_node))
 
-    def _decode_terms(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float) -> tuple:
+    def _decode_terms(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float,
+                      cross_node: bool = False) -> tuple:
         mem = (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / (
             tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff
         )
         padded = cuda_graph_batch(batch, self.f.cuda_graph_max_batch)
         comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
-        return self.f.decode_step_overhead_s, max(mem, comp), self._tp_comm_s(model, tp, padded)
+        return self.f.decode_step_overhead_s, max(mem, comp), self._tp_comm_s(model, tp, padded, cross_node)
 
     def decode_memory_bound(self, model: ModelProfile, batch: int, kv_tokens: float) -> bool:
         """Whether a decode step of ``batch`` sequences is bound by its HBM reads (weights and
@@ -203,13 +208,15 @@ class CostModel:
         return (model.weight_bytes / read, model.kv_bytes_per_token / read,
                 2.0 * model.params / (self.hw.flops * self.f.decode_mfu))
 
-    def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float) -> float:
+    def _tp_comm_s(self, model: ModelProfile, tp: int, tokens: float, cross_node: bool = False) -> float:
         """Two all-reduces per layer of the activations of ``tokens`` across ``tp`` devices
-        (over NVLink within a node, over the node NICs for a replica wider than a node)."""
+        (over NVLink within a node; over the node NICs for a replica wider than a node, or
+        one whose devices straddle a node boundary: a ring is as slow as its slowest hop)."""
         if tp <= 1:
             return 0.0
         nbytes = tokens * model.hidden * 2 * 2 * (tp - 1) / tp  # bf16, ring all-reduce
-        link = self.hw.link_gbps if tp <= self.f.gpus_per_node else self.hw.internode_gbps
+        within = tp <= self.f.gpus_per_node and not cross_node
+        link = self.hw.link_gbps if within else self.hw.internode_gbps
         per = self.f.allreduce_latency_s + nbytes / (link * 1e9 * self.f.link_eff)
         return 2 * model.layers * per
 
@@ -389,6 +396,18 @@ class CostModel:
         """
         nbytes = model.resident_train_bytes() if train_state else model.weight_bytes
         return nbytes / max(1, devices) / (self.hw.host_gbps * 1e9)
+
+
+def spans_extra_nodes(devices, gpus_per_node: int) -> bool:
+    """A replica's ``devices`` span more nodes than its width needs (a tensor-parallel group
+    of 8 on devices 10-17 of nodes of 8: two nodes where one holds it), so its all-reduces
+    cross the node NICs (``CostModel.decode_step_s``'s ``cross_node``). Device ``d`` is on
+    node ``d // gpus_per_node``, as everywhere in the executors."""
+    gpn = max(1, gpus_per_node)
+    n = len(devices)
+    if n <= 1:
+        return False
+    return len({d // gpn for d in devices}) > -(-n // gpn)
 
 
 def node_counts(devices, gpus_per_node: int) -> tuple[int, ...]:

@@ -422,7 +422,7 @@ class RolloutReplicas:
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
             return []
-        groups = [tuple(avail[i:i + tp]) for i in range(0, len(avail) - tp + 1, tp)][:want]
+        groups = self._node_groups(state, avail, tp)[:want]
         if len(groups) < want and self._borrows():
             # the rest on other pipelines' spare devices, for as long as the rollout is projected to run
             if p.generating:
@@ -433,6 +433,26 @@ class RolloutReplicas:
             pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
             groups = self._take_groups(rnd, p, pool, taken, tp, groups, want)
         return groups
+
+    def _node_groups(self, state, devices: list, tp: int) -> list:
+        """``devices`` (best first) cut into ``tp``-wide groups: first those on one node (a
+        width wider than a node: whole nodes), in the order their first devices come, then
+        the rest cut in order. A group cut across a node boundary runs its all-reduces over
+        the node NICs (``CostModel.decode_step_s``'s ``cross_node``), so it comes last and
+        serves only where no node holds one: a 32B's tp8 home of devices 10-41 on nodes of
+        8 (cut in order: four replicas, each on two nodes) holds three on one node each and
+        one on what is left (10-15 and 40-41), the same count."""
+        gpn = max(1, state.gpus_per_node)
+        by_node = self._by_node(state, devices)
+        if tp > gpn:
+            k = tp // gpn if tp % gpn == 0 else 0
+            whole = [tuple(ds) for ds in by_node.values() if len(ds) == gpn] if k else []
+            local = [sum(whole[i:i + k], ()) for i in range(0, len(whole) - k + 1, k)]
+        else:
+            local = [tuple(ds[i:i + tp]) for ds in by_node.values() for i in range(0, len(ds) - tp + 1, tp)]
+        used = {d for g in local for d in g}
+        rest = [d for d in devices if d not in used]
+        return local + [tuple(rest[i:i + tp]) for i in range(0, len(rest) - tp + 1, tp)]
 
     def _take_groups(self, rnd, p, pool: list, held, tp: int, groups: list, want: int) -> list:
         """``groups`` and more ``tp``-wide groups of ``pool``, each on one node, up to
