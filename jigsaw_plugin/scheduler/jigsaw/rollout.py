@@ -438,10 +438,11 @@ class RolloutReplicas:
         """``devices`` (best first) cut into ``tp``-wide groups: first those on one node (a
         width wider than a node: whole nodes), in the order their first devices come, then
         the rest cut in order. A group cut across a node boundary runs its all-reduces over
-        the node NICs (``CostModel.decode_step_s``'s ``cross_node``), so it comes last and
-        serves only where no node holds one: a 32B's tp8 home of devices 10-41 on nodes of
-        8 (cut in order: four replicas, each on two nodes) holds three on one node each and
-        one on what is left (10-15 and 40-41), the same count."""
+        the node NICs (``CostModel.decode_step_s``'s ``cross_node``), so it comes last: a
+        rollout takes one only when it wants more replicas than its nodes hold. A 32B's tp8
+        home of devices 10-41 on nodes of 8 (cut in order: four replicas, each on two nodes)
+        holds three on one node each and one on what is left (10-15 and 40-41), the same
+        count."""
         gpn = max(1, state.gpus_per_node)
         by_node = self._by_node(state, devices)
         if tp > gpn:
