@@ -27,12 +27,14 @@ class CostModelPlugin:
     context switches and weight sync.
 
     ``models`` maps pipeline names to model profiles; kinds it does not price return
-    ``None`` so that another plugin may.
+    ``None`` so that another plugin may. ``nodes``: the node of each device id
+    (``ClusterSpec.device_nodes``; None: device ``d`` on node ``d // gpus_per_node``).
     """
 
-    def __init__(self, cost, models: dict):
+    def __init__(self, cost, models: dict, nodes: tuple[int, ...] | None = None):
         self.cost = cost
         self.models = models
+        self.nodes = nodes
 
     @hookimpl
     def jigsaw_predict_duration(self, kind, pipeline, sizes, devices):
@@ -44,7 +46,7 @@ class CostModelPlugin:
         if kind in FORWARD_STAGES or kind in UPDATE_STAGES:
             # the layouts the gang's placement allows (hybrid sharding needs node-local groups)
             price = self.cost.forward_s if kind in FORWARD_STAGES else self.cost.train_s
-            return price(model, n, tokens, nodes=node_counts(devices, self.cost.f.gpus_per_node))
+            return price(model, n, tokens, nodes=node_counts(devices, self.cost.f.gpus_per_node, self.nodes))
         if kind in ("prefill", "migration"):
             return self.cost.prefill_s(model, n, tokens)
         if kind == "weight_sync":
@@ -54,5 +56,5 @@ class CostModelPlugin:
             return self.cost.context_switch_s(model, n, train_state=bool(sizes.get("train_state", False)))
         if kind == "decode_step":
             return self.cost.decode_step_s(model, n, int(sizes.get("batch", 1)), float(sizes.get("kv_tokens", 0)),
-                                           cross_node=spans_extra_nodes(devices, self.cost.f.gpus_per_node))
+                                           cross_node=spans_extra_nodes(devices, self.cost.f.gpus_per_node, self.nodes))
         return None

@@ -63,3 +63,76 @@ def test_jigsaw_places_its_replicas_on_one_node_where_a_node_holds_them():
     big = [devs for name, devs in _rollouts(sim) if name.startswith("big")]
     assert (8, 9, 10, 11) in big and (6, 7, 8, 9) not in big  # rank order's straddler: 6-9
     assert res["pipelines"]["big"]["samples"] == 2 * 64
+
+
+def _mixed_nodes():
+    """A pool of two classes whose nodes differ in size: 6 devices in nodes of 4 (node 0:
+    devices 0-3, node 1: 4-5, a node the class does not fill), then 8 in one node of 8
+    (node 2: devices 6-13). Numbered by the first class's node size, devices 6-7 and 8-13
+    would sit on two different nodes."""
+    def pipe(name, model, gpus, tp, steps):
+        return {"name": name, "model": model, "algorithm": "grpo", "mode": "sync", "prompts_per_step": 16,
+                "samples_per_prompt": 4, "max_response_len": 2048, "gpus": gpus, "rollout_tp": tp,
+                "prompt_len": {"dist": "const", "value": 200},
+                "response_len": {"dist": "lognormal", "median": 400, "sigma": 0.6, "min": 1}, "steps": steps}
+    return parse_workload({"version": 1, "cluster": {"classes": [
+        {"name": "small-nodes", "gpu": "h100", "count": 6, "gpus_per_node": 4},
+        {"name": "big-node", "gpu": "h100", "count": 8, "gpus_per_node": 8}]},
+        "pipelines": [pipe("small", "qwen2.5-1.5b", 6, 1, 1), pipe("big", "qwen2.5-7b", 8, 4, 1)]})
+
+
+def test_each_class_is_laid_out_in_nodes_of_its_own_size():
+    cluster = _mixed_nodes().cluster
+    assert cluster.device_nodes() == (0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2)
+    assert cluster.node_sizes() == (4, 4, 8) and cluster.largest_node == 8
+    single = parse_workload({"version": 1, "cluster": {"gpus": 12, "gpu": "h100", "gpus_per_node": 8},
+                             "pipelines": _offset_home().to_dict()["pipelines"][:1]}).cluster
+    assert single.device_nodes() == tuple(d // 8 for d in range(12)) and single.node_sizes() == (8, 8)
+
+
+def test_a_replica_on_one_node_of_a_class_with_larger_nodes_is_priced_on_one_node():
+    sim = Simulation(_mixed_nodes(), get_policy("jigsaw"), seed=0)
+    state = sim.world.snapshot()
+    assert [d.node for d in state.devices] == list(sim.world.nodes)
+    assert state.gpus_per_node == 8 and state.node_size(1) == 4 and state.node_size(2) == 8
+    pricer, model = sim.world.pricer, sim.world.pipelines["big"].model
+    kv = 64 * 600.0
+    # 6-9 and 10-13 are both on node 2; 4-7 spans nodes 1 and 2
+    assert pricer.decode_step_s("big", (6, 7, 8, 9), 64, kv) == pricer.decode_step_s("big", (10, 11, 12, 13), 64, kv)
+    assert pricer.decode_step_s("big", (6, 7, 8, 9), 64, kv) == sim.world.cost.decode_step_s(model, 4, 64, kv)
+    assert pricer.decode_step_s("big", (4, 5, 6, 7), 64, kv) == sim.world.cost.decode_step_s(
+        model, 4, 64, kv, cross_node=True)
+    assert not spans_extra_nodes((6, 7, 8, 9), 8, sim.world.nodes) and spans_extra_nodes((6, 7, 8, 9), 8)
+
+
+def test_jigsaw_cuts_groups_by_each_nodes_own_size():
+    sim = Simulation(_mixed_nodes(), get_policy("jigsaw"), seed=0)
+    pol, state = sim.policy, sim.world.snapshot()
+    # tp8: the node of 8 holds one; the nodes of 4 hold none and are not whole-node pairs (node 1 is part-filled)
+    assert pol._node_groups(state, list(range(14)), 8) == [tuple(range(6, 14))]
+    # tp4: one on node 0, two on node 2; node 1's two devices are left over
+    assert pol._node_groups(state, list(range(14)), 4) == [(0, 1, 2, 3), (6, 7, 8, 9), (10, 11, 12, 13)]
+
+
+def test_on_a_pool_of_several_classes_a_group_goes_to_the_fastest_class_and_is_priced_on_it():
+    # 4 H100 (one node) and 8 slower L40S-like devices (one node of 8): a 4-wide group goes
+    # to the H100 node though the L40S node has more free devices, and a plan on the L40S
+    # node is priced on the L40S's cost model, not the first class's
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+
+    slow = {"name": "slow", "flops_tflops": 362.0, "hbm_tbps": 0.864, "memory_gb": 48.0, "link_gbps": 32.0}
+    spec = _mixed_nodes().to_dict()
+    spec["cluster"] = {"classes": [{"name": "fast", "gpu": "h100", "count": 4, "gpus_per_node": 4},
+                                   {"name": "slow", "gpu": slow, "count": 8, "gpus_per_node": 8}]}
+    spec["pipelines"][0]["gpus"], spec["pipelines"][1]["gpus"] = 4, 8
+    sim = Simulation(parse_workload(spec), get_policy("jigsaw"), seed=0)
+    pol, state = sim.policy, sim.world.snapshot()
+    home, owner = pol._homes(state)
+    rnd = Round(state, home, owner)
+    big = state.pipelines["big"]
+    assert pol._node_group(rnd, big, list(range(12)), 4) == (0, 1, 2, 3)
+    assert pol._node_group(rnd, big, list(range(4, 12)), 4) == (4, 5, 6, 7)
+    fast, slow_cost = state.cost_of((0, 1, 2, 3)), state.cost_of((4, 5, 6, 7))
+    assert fast is state.classes[0].cost and slow_cost is state.classes[1].cost
+    assert slow_cost.decode_step_s(big.model, 4, 1, 0.0) > fast.decode_step_s(big.model, 4, 1, 0.0)
+    assert state.class_costs() == (fast, slow_cost)

@@ -349,7 +349,7 @@ def _chain_floor(name: str, links: list, staleness: int) -> ChainFloor:
 
 def compute_bounds(ex) -> Bounds:
     """``ex``: a finished ``ExecutorCore``."""
-    gpus, gpn = ex.gpus, ex.gpus_per_node
+    gpus, gpn = ex.gpus, ex.largest_node
     costs = _class_costs(ex)  # each figure at its least over the pool's device classes
     per_byte = _read_s_per_byte(ex)
     ideal = 0.0

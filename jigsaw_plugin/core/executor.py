@@ -74,7 +74,10 @@ class ExecutorCore:
         self.order: list[PipelineRun] = build_pipelines(workload)
         self.pipelines = {p.name: p for p in self.order}
         self.gpus = workload.cluster.gpus
-        self.gpus_per_node = workload.cluster.gpus_per_node
+        self.gpus_per_node = workload.cluster.gpus_per_node  # the first class's (its cost model's)
+        self.nodes = workload.cluster.device_nodes()  # device id -> node, class by class
+        self.node_sizes = workload.cluster.node_sizes()  # node -> its size as provisioned
+        self.largest_node = workload.cluster.largest_node
         self.cost = CostModel.for_nodes(hardware_profile(workload.cluster.gpu), workload.cluster.gpus_per_node, factors)
         for p in self.order:  # each share must hold its training state (a colocated step trains on all of it)
             need = self.cost.min_gang(p.model, update=True)
@@ -110,7 +113,7 @@ class ExecutorCore:
         self.predictor_name = predictor
         self.pm = pm if pm is not None else self._default_manager()
         self._register_builtins()
-        self.pricer = Pricer(self.pm, self.cost, {p.name: p.model for p in self.order})
+        self.pricer = Pricer(self.pm, self.cost, {p.name: p.model for p in self.order}, self.nodes)
         from jigsaw_plugin.predict import PredictionLog
 
         self.prediction_log = PredictionLog()
@@ -134,7 +137,8 @@ class ExecutorCore:
         from jigsaw_plugin.manager import register
 
         register(self.pm, SchedulerPlugin(self.policy), f"scheduler:{self.policy.name}:{id(self)}")
-        register(self.pm, CostModelPlugin(self.cost, {p.name: p.model for p in self.order}), f"costmodel:{id(self)}")
+        register(self.pm, CostModelPlugin(self.cost, {p.name: p.model for p in self.order}, self.nodes),
+                 f"costmodel:{id(self)}")
         if self.predictor_name == "oracle":
             from jigsaw_plugin.predict import OraclePredictor
 
@@ -227,7 +231,7 @@ class ExecutorCore:
                 raise PolicyViolation(
                     f"LaunchReplica.devices: {len(d.devices)} devices for {d.pipeline}'s {p.model.name}, whose "
                     f"{p.model.attention_heads} attention heads / {p.model.kv_heads} KV heads vLLM cannot shard over "
-                    f"{len(d.devices)}; allowed widths: {p.model.tp_widths(max(self.gpus_per_node, 1))}")
+                    f"{len(d.devices)}; allowed widths: {p.model.tp_widths(self.largest_node)}")
             if d.colocate_with is not None and not self.supports_colocation:
                 raise PolicyViolation(
                     f"{type(self).__name__} cannot co-locate rollout replicas (capability 'colocation'): "
@@ -319,8 +323,8 @@ class ExecutorCore:
 
     def device_views(self) -> tuple:
         if self._device_views is None or self._device_views[0] != self._devices_version:
-            gpn = max(1, self.gpus_per_node)
-            views = tuple(DeviceView(d, d // gpn, self.task.get(d), tuple(self.resident[d]),
+            nodes = self.nodes
+            views = tuple(DeviceView(d, nodes[d], self.task.get(d), tuple(self.resident[d]),
                                      self.train_resident.get(d)) for d in range(self.gpus))
             self._device_views = (self._devices_version, views)
         return self._device_views[1]
@@ -544,9 +548,8 @@ class ExecutorCore:
             return self.cost.f.adv_s
         cross = False
         if stage == "weight_sync":
-            gpn = max(1, self.gpus_per_node)
             rollout = {x for r in p.replicas for x in r.devices}
-            cross = bool(rollout) and len({x // gpn for x in rollout | set(devices)}) > 1
+            cross = bool(rollout) and len({self.nodes[x] for x in rollout | set(devices)}) > 1
         tokens = s.pass_tokens.get(stage, s.tokens)
         return self.pricer.stage_s(p.name, stage, devices, s.n, tokens, colocated=colocated, cross_node=cross)
 

@@ -16,9 +16,11 @@ __all__ = ["Pricer"]
 
 
 class Pricer:
-    def __init__(self, pm, cost, models: dict):
+    def __init__(self, pm, cost, models: dict, nodes: tuple[int, ...] | None = None):
         self.cost = cost
         self._models = models  # pipeline name -> ModelProfile
+        self._nodes = nodes  # device id -> node (ClusterSpec.device_nodes); None: d // gpus_per_node
+        self._plugin = CostModelPlugin(cost, models, nodes)
         self._hook = pm.hook.jigsaw_predict_duration
         impls = self._hook.get_hookimpls()
         self._direct = len(impls) == 1 and isinstance(impls[0].plugin, CostModelPlugin)
@@ -29,7 +31,7 @@ class Pricer:
         is priced at every replica event; a replica's devices never change)."""
         got = self._cross.get(devices)
         if got is None:
-            got = self._cross[devices] = spans_extra_nodes(devices, self.cost.f.gpus_per_node)
+            got = self._cross[devices] = spans_extra_nodes(devices, self.cost.f.gpus_per_node, self._nodes)
         return got
 
     def _ask(self, kind: str, pipeline: str, sizes: dict, devices: tuple) -> float:
@@ -67,5 +69,5 @@ class Pricer:
         """A training-side stage (forward passes, updates, weight sync) on ``devices``."""
         sizes = {"samples": samples, "tokens": tokens, "colocated": colocated, "cross_node": cross_node}
         if self._direct:
-            return CostModelPlugin(self.cost, self._models).jigsaw_predict_duration(stage, pipeline, sizes, devices)
+            return self._plugin.jigsaw_predict_duration(stage, pipeline, sizes, devices)
         return self._ask(stage, pipeline, sizes, devices)

@@ -1086,7 +1086,7 @@ def build_state(ex, memo=None, refresh: RefreshPolicy | None = None, caches: dic
     caches = ex.request_cache if caches is None else caches
     t = ex.t
     return SchedulerState(
-        t=t, gpus=ex.gpus, gpus_per_node=ex.gpus_per_node, devices=ex.device_views(),
+        t=t, gpus=ex.gpus, gpus_per_node=ex.largest_node, node_sizes=ex.node_sizes, devices=ex.device_views(),
         free=frozenset(ex.free), order=tuple(_pipeline_view(ex, p, t, refresh, caches) for p in ex.order),
         cost=ex.cost, max_num_seqs=ex.cost.f.max_num_seqs, memo=memo,
         classes=ex.device_classes.views() if getattr(ex, "device_classes", None) is not None else (),

@@ -398,23 +398,27 @@ class CostModel:
         return nbytes / max(1, devices) / (self.hw.host_gbps * 1e9)
 
 
-def spans_extra_nodes(devices, gpus_per_node: int) -> bool:
+def spans_extra_nodes(devices, gpus_per_node: int, nodes=None) -> bool:
     """A replica's ``devices`` span more nodes than its width needs (a tensor-parallel group
     of 8 on devices 10-17 of nodes of 8: two nodes where one holds it), so its all-reduces
     cross the node NICs (``CostModel.decode_step_s``'s ``cross_node``). Device ``d`` is on
-    node ``d // gpus_per_node``, as everywhere in the executors."""
+    node ``nodes[d]`` (the pool's ``ClusterSpec.device_nodes``), or ``d // gpus_per_node``
+    where no map is given (one class)."""
     gpn = max(1, gpus_per_node)
     n = len(devices)
     if n <= 1:
         return False
-    return len({d // gpn for d in devices}) > -(-n // gpn)
+    spanned = {nodes[d] for d in devices} if nodes is not None else {d // gpn for d in devices}
+    return len(spanned) > -(-n // gpn)
 
 
-def node_counts(devices, gpus_per_node: int) -> tuple[int, ...]:
-    """A gang's devices on each node it spans (device ``d`` is on node ``d // gpus_per_node``),
-    largest first: the ``nodes`` of ``CostModel.forward_s`` and ``train_s``."""
+def node_counts(devices, gpus_per_node: int, nodes=None) -> tuple[int, ...]:
+    """A gang's devices on each node it spans (device ``d`` on node ``nodes[d]``, or
+    ``d // gpus_per_node`` where no map is given), largest first: the ``nodes`` of
+    ``CostModel.forward_s`` and ``train_s``."""
     per: dict[int, int] = {}
+    gpn = max(1, gpus_per_node)
     for d in devices:
-        n = d // max(1, gpus_per_node)
+        n = nodes[d] if nodes is not None else d // gpn
         per[n] = per.get(n, 0) + 1
     return tuple(sorted(per.values(), reverse=True))

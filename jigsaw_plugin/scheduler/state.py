@@ -417,7 +417,7 @@ class SchedulerState:
 
     t: float
     gpus: int
-    gpus_per_node: int
+    gpus_per_node: int  # the largest node's size (the widest tensor-parallel group on one node)
     devices: tuple[DeviceView, ...]
     free: frozenset[int]
     order: tuple[PipelineView, ...]
@@ -430,6 +430,13 @@ class SchedulerState:
     reshard_in_place: bool = False  # a LaunchReplica may take the devices of the replicas it absorbs
     concurrent_stages: bool = False  # a stage may run alongside the next (RunStage.alongside)
     admission_limits: bool = False  # a replica's batch limit may be set (AdmissionLimit, LaunchReplica.max_seqs)
+    # node -> its size as provisioned (``DeviceView.node`` numbers the nodes; empty: every
+    # node holds ``gpus_per_node``); nodes of a pool's device classes may differ in size
+    node_sizes: tuple[int, ...] = ()
+
+    def node_size(self, node: int) -> int:
+        """How many devices node ``node`` holds as provisioned (a whole node is that many)."""
+        return self.node_sizes[node] if node < len(self.node_sizes) else max(1, self.gpus_per_node)
 
     def device_class(self, d: int) -> DeviceClassView | None:
         """The class of device ``d`` (None where the executor reports no classes)."""
@@ -437,6 +444,19 @@ class SchedulerState:
             if d in c.devices:
                 return c
         return None
+
+    def cost_of(self, devices) -> Any:
+        """The cost model a replica on ``devices`` runs at: their class's (of several, the
+        one with the least memory a device, whose KV cache bounds the replica, as the
+        simulator's ``DeviceClasses.cost_for``), ``cost`` on a pool of one class."""
+        if len(self.classes) <= 1 or not devices:
+            return self.cost
+        held = [c for c in self.classes if any(d in c.devices for d in devices)]
+        return min(held, key=lambda c: c.memory_gb).cost if held else self.cost
+
+    def class_costs(self) -> tuple:
+        """Every class's cost model (``cost`` alone on a pool of one class)."""
+        return tuple(c.cost for c in self.classes) if len(self.classes) > 1 else (self.cost,)
 
     @cached_property
     def pipelines(self) -> Mapping[str, PipelineView]:

@@ -29,6 +29,7 @@ class DeviceClasses:
         self.costs = [CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node, factors)
                       for k, c in enumerate(self.specs)]
         self.heterogeneous = len(self.specs) > 1
+        self.nodes = cluster.device_nodes()  # device id -> node, each class in nodes of its own size
         self._views: tuple | None = None
 
     def views(self) -> tuple:
@@ -93,7 +94,7 @@ class ClassPricer:
         from jigsaw_plugin.core.pricing import Pricer
 
         self.classes = classes
-        self._pricers = [Pricer(pm, cost, models) for cost in classes.costs]
+        self._pricers = [Pricer(pm, cost, models, classes.nodes) for cost in classes.costs]
         self.cost = classes.costs[0]
 
     def _each(self, devices):

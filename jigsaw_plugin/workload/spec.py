@@ -188,6 +188,31 @@ class ClusterSpec:
         name = self.gpu if isinstance(self.gpu, str) else str(self.gpu.get("name", "custom"))
         return (DeviceClassSpec(name, self.gpu, self.gpus, self.gpus_per_node, self.price_per_hour),)
 
+    def device_nodes(self) -> tuple[int, ...]:
+        """The node of each device id: each class's devices in nodes of its own
+        ``gpus_per_node`` from its first device (a class need not fill its last node, nor
+        start where a node of another class's size would), nodes numbered in order over the
+        classes. The single-class form: device ``d`` on node ``d // gpus_per_node``."""
+        nodes: list[int] = []
+        first = 0
+        for c in self.device_classes():
+            per = max(1, c.gpus_per_node)
+            nodes.extend(first + i // per for i in range(c.count))
+            first += -(-c.count // per)
+        return tuple(nodes)
+
+    def node_sizes(self) -> tuple[int, ...]:
+        """Each node's size as provisioned (its class's ``gpus_per_node``; a class's last
+        node may hold fewer of its devices), in ``device_nodes``' numbering."""
+        return tuple(max(1, c.gpus_per_node) for c in self.device_classes()
+                     for _ in range(-(-c.count // max(1, c.gpus_per_node))))
+
+    @property
+    def largest_node(self) -> int:
+        """The largest ``gpus_per_node`` of the pool's classes: the widest tensor-parallel
+        group a node holds."""
+        return max(self.node_sizes())
+
     def to_dict(self) -> dict:
         if self.classes:
             return {"classes": [c.to_dict() for c in self.classes]}

@@ -39,19 +39,30 @@ class TrainingGangs:
 
     def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
-        preferring the pipeline's home and resident devices; () when no node has ``w``. A
+        preferring the pipeline's home and resident devices, and on a pool of several
+        device classes the node whose class decodes fastest; () when no node has ``w``. A
         width wider than a node (a spec's ``rollout_tp``, or a model no node holds) takes
         whole nodes, as its replicas at launch do."""
-        by_node = self._by_node(rnd.state, self._affinity(rnd, p, devices, "rollout"))
-        gpn = max(1, rnd.state.gpus_per_node)
-        if w > gpn:
-            whole = [ds for ds in by_node.values() if len(ds) == gpn]
-            if w % gpn or len(whole) < w // gpn:
-                return ()
-            return tuple(d for ds in whole[:w // gpn] for d in ds)
-        for node in sorted(by_node, key=lambda n: -len(by_node[n])):
+        state = rnd.state
+        by_node = self._by_node(state, self._affinity(rnd, p, devices, "rollout"))
+        if len(state.classes) > 1:  # the fastest class first (a node holds one class)
+            def key(n):
+                return state.cost_of(by_node[n][:1]).decode_step_s(p.model, w, 1, 0.0), -len(by_node[n])
+        else:
+            def key(n):
+                return -len(by_node[n])
+        for node in sorted(by_node, key=key):
             if len(by_node[node]) >= w:
                 return tuple(by_node[node][:w])
+        # wider than a node: whole nodes of one size that divides it (the largest first)
+        whole: dict[int, list] = {}
+        for node, ds in by_node.items():
+            size = state.node_size(node)
+            if w > size and w % size == 0 and len(ds) == size:
+                whole.setdefault(size, []).append(ds)
+        for size in sorted(whole, reverse=True):
+            if len(whole[size]) >= w // size:
+                return tuple(d for ds in whole[size][:w // size] for d in ds)
         return ()
 
     @staticmethod

@@ -443,14 +443,17 @@ class RolloutReplicas:
         home of devices 10-41 on nodes of 8 (cut in order: four replicas, each on two nodes)
         holds three on one node each and one on what is left (10-15 and 40-41), the same
         count."""
-        gpn = max(1, state.gpus_per_node)
-        by_node = self._by_node(state, devices)
-        if tp > gpn:
-            k = tp // gpn if tp % gpn == 0 else 0
-            whole = [tuple(ds) for ds in by_node.values() if len(ds) == gpn] if k else []
-            local = [sum(whole[i:i + k], ()) for i in range(0, len(whole) - k + 1, k)]
-        else:
-            local = [tuple(ds[i:i + tp]) for ds in by_node.values() for i in range(0, len(ds) - tp + 1, tp)]
+        local: list = []
+        whole: dict[int, list] = {}  # node size -> whole nodes of that size, for a width wider than it
+        for node, ds in self._by_node(state, devices).items():
+            size = state.node_size(node)
+            if tp <= size:
+                local.extend(tuple(ds[i:i + tp]) for i in range(0, len(ds) - tp + 1, tp))
+            elif tp % size == 0 and len(ds) == size:
+                whole.setdefault(size, []).append(tuple(ds))
+        for size, nodes in whole.items():
+            k = tp // size
+            local.extend(sum(nodes[i:i + k], ()) for i in range(0, len(nodes) - k + 1, k))
         used = {d for g in local for d in g}
         rest = [d for d in devices if d not in used]
         return local + [tuple(rest[i:i + tp]) for i in range(0, len(rest) - tp + 1, tp)]

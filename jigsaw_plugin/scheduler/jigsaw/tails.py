@@ -226,7 +226,7 @@ class TailMoves:
         if not widths:
             return INF
         left = max(r.predicted_tokens_left for r in live)
-        return left * min(state.cost.decode_step_s(p.model, w, 1, 0.0) for w in widths)
+        return left * min(c.decode_step_s(p.model, w, 1, 0.0) for w in widths for c in state.class_costs())
 
     def _widen_widths(self, state, p, live) -> list:
         """The widths a re-shard of ``live`` may use: theirs, doubled up to a node or
@@ -241,7 +241,8 @@ class TailMoves:
     def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True):
         """The fastest re-shard of ``live`` ending before ``beat`` seconds from now: a list of
         (devices, absorbed replicas), one per new replica, or None."""
-        state, cost = rnd.state, rnd.state.cost
+        state = rnd.state
+        costs = state.class_costs()
         width = max(r.tp for r in live)
         # the engines' KV reports, not request views (within 0.2% of their sum; no rows built)
         ctx = {r.id: r.kv_tokens for r in live}
@@ -249,12 +250,13 @@ class TailMoves:
         room = len(pool) + (sum(r.tp for r in live) if in_place else 0)
         longest = max(r.predicted_tokens_left for r in live)
         for w in self._widen_widths(state, p, live):
-            switch = cost.context_switch_s(p.model, w, train_state=False)
             # every plan of width w ends no sooner than the switch and the longest request
-            # alone at batch 1 with no KV (the group holding it pays its re-prefill too, and a
-            # step never gets faster with more sequences or KV; IEEE addition and
-            # multiplication are monotone): a width that cannot beat ``beat`` prices no plan
-            if switch + longest * cost.decode_step_s(p.model, w, 1, 0.0) >= beat:
+            # alone at batch 1 with no KV on the fastest class (the group holding it pays its
+            # re-prefill too, and a step never gets faster with more sequences or KV; IEEE
+            # addition and multiplication are monotone): a width that cannot beat ``beat``
+            # prices no plan
+            if min(c.context_switch_s(p.model, w, train_state=False) + longest * c.decode_step_s(p.model, w, 1, 0.0)
+                   for c in costs) >= beat:
                 continue
             k = 1
             while k <= (len(live) if spread else 1) and k * w <= room:
@@ -276,6 +278,8 @@ class TailMoves:
                     n = sum(r.load for r in group)
                     c = sum(ctx[r.id] for r in group)
                     left = max(r.predicted_tokens_left for r in group)
+                    cost = state.cost_of(devs)  # its class's (one node: one class)
+                    switch = cost.context_switch_s(p.model, w, train_state=False)
                     end = max(end, switch + cost.migration_s(p.model, w, c) + tail_s(cost, p.model, w, n, c, left))
                     plan.append((devs, group))
                 k *= 2  # 1, 2, 4, ... replicas: the plans a round prices stay few
