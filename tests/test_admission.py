@@ -373,3 +373,28 @@ def test_the_memo_answers_as_fitting_and_asks_again_on_any_change():
             assert len(calls) == before + len(changed)
     finally:
         admission.fitting = real
+
+
+def test_a_replica_starts_with_the_limit_its_own_class_holds():
+    # a pool of 4 H100 and 4 devices of a third of the memory: a replica launched on the
+    # small ones starts with a lower batch limit (its KV cache), not the first class's
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+    from jigsaw_plugin.scheduler.state import DeviceClassView
+
+    class _History:  # what the rule reads of a pipeline's history: recent first-turn lengths
+        def recent_lengths(self, turn):
+            return np.full(64, 6000.0)
+
+    small = CostModel(hardware_profile({"name": "small", "flops_tflops": 165.0, "hbm_tbps": 1.0,
+                                         "memory_gb": 26.0, "link_gbps": 32.0}))
+    classes = (DeviceClassView(0, "big", "h100", range(0, 4), COST, None, False, None),
+               DeviceClassView(1, "small", "small", range(4, 8), small, None, False, None))
+    state = dataclasses.replace(_state([], final_context=2000.0), classes=classes)
+    p = dataclasses.replace(state.order[0], history=_History())
+    pol = get_policy("jigsaw")
+    home, owner = pol._homes(state)
+    limits = pol._launch_limits_of(Round(state, home, owner), p, [(0,), (4,), (5,)])
+    on_big, on_small = limits[(0,)], limits[(4,)]
+    assert on_big == launch_limit(np.full(64, 6000.0), p.lengths.prompt_tokens, COST.kv_capacity_tokens(MODEL, 1))
+    assert on_small == launch_limit(np.full(64, 6000.0), p.lengths.prompt_tokens, small.kv_capacity_tokens(MODEL, 1))
+    assert on_small < on_big and limits[(5,)] == on_small

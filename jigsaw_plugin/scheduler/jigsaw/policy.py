@@ -169,8 +169,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
                 continue
             if kind == "gen" and not live and self._home_returning(rnd, p, len(groups), want):
                 continue  # its home is back in a moment: start then, on all of it
-            limit = self._launch_limits_of(rnd, p, [len(g) for g in groups]) if admit else {}
-            out += [LaunchReplica(p.name, g, rebalance=(kind == "grow"), max_seqs=limit.get(len(g))) for g in groups]
+            limit = self._launch_limits_of(rnd, p, groups) if admit else {}
+            out += [LaunchReplica(p.name, g, rebalance=(kind == "grow"), max_seqs=limit.get(tuple(g))) for g in groups]
             if kind == "gen":
                 if admit:
                     self._limit_before_start(rnd, p, live, out)

@@ -20,29 +20,34 @@ __all__ = ["RolloutReplicas"]
 class RolloutReplicas:
     """``Jigsaw``'s rollout replicas: their count, width, devices and batch limits."""
 
-    def _launch_limits_of(self, rnd, p, widths) -> dict:
-        """Width -> the batch limit a replica of ``p`` that width starts with
-        (``admission.launch_limit`` on the pipeline's recent finished first turns; None: no
-        limit: nothing observed yet, or the engine's own is lower)."""
+    def _launch_limits_of(self, rnd, p, groups) -> dict:
+        """Devices (a tuple) -> the batch limit a replica of ``p`` on them starts with
+        (``admission.launch_limit`` on the pipeline's recent finished first turns, in the KV
+        cache its width holds on its devices' class; None: no limit: nothing observed yet, or
+        the engine's own is lower)."""
         state = rnd.state
         if p.history is None:
             return {}
         lengths = p.history.recent_lengths(0)
-        out = {}
-        for w in set(widths):
-            n = launch_limit(lengths, p.lengths.prompt_tokens, state.cost.kv_capacity_tokens(p.model, w))
-            out[w] = n if n is not None and n < state.max_num_seqs else None
+        out, of = {}, {}  # of: (width, its class's cost model) -> limit, computed once
+        for g in groups:
+            cost = state.cost_of(g)
+            key = (len(g), id(cost))
+            if key not in of:
+                n = launch_limit(lengths, p.lengths.prompt_tokens, cost.kv_capacity_tokens(p.model, len(g)))
+                of[key] = n if n is not None and n < state.max_num_seqs else None
+            out[tuple(g)] = of[key]
         return out
 
     def _limit_before_start(self, rnd, p, live, out) -> None:
         """A step's requests reach the pipeline's live replicas as it starts, and an engine
         admits what fits at once: each gets the launch limit of its width first."""
-        limits = self._launch_limits_of(rnd, p, [r.tp for r in live])
+        limits = self._launch_limits_of(rnd, p, [r.devices for r in live])
         ended = ended_replicas(out)
         for r in live:
             if r.id in ended:
                 continue
-            n = limits.get(r.tp)
+            n = limits.get(tuple(r.devices))
             if n != limit_of(r, rnd.state.max_num_seqs):
                 out.append(AdmissionLimit(r.id, n))
 
