@@ -144,3 +144,28 @@ def test_unpriced_cluster_counts_device_hours():
     r = simulate(small_workload(), "verl-sync")
     assert r["cost"]["unit"] == "device-hours"
     assert r["cost"]["total"] == pytest.approx(8 * r["makespan_s"] / 3600)
+
+
+def test_gangs_sized_by_the_first_class_stay_on_classes_that_hold_them():
+    # activation off: the policy sizes a 32B's gangs from the first class's 80 GB H100s; on
+    # a pool that also has 24 GB devices a gang reaches them only where they hold its state
+    # (the executor refuses a gang whose smallest devices cannot)
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    d = _with_cluster({"classes": [
+        {"name": "h100", "gpu": "h100", "count": 8, "gpus_per_node": 8},
+        {"name": "small", "gpu": {"name": "small", "flops_tflops": 165.0, "hbm_tbps": 1.0, "memory_gb": 24.0,
+                                  "link_gbps": 32.0}, "count": 8, "gpus_per_node": 8}]})
+    d["pipelines"] = d["pipelines"][:1]
+    d["pipelines"][0].update(model="qwen2.5-32b", gpus=16)
+    d["pipelines"][0].pop("rollout_tp", None)
+    sim = Simulation(parse_workload(d), get_policy("jigsaw", cost_aware=False), seed=0)
+    r = sim.run()
+    assert r["pipelines"]["p0"]["samples"] == d["pipelines"][0]["prompts_per_step"] * \
+        d["pipelines"][0]["samples_per_prompt"] * d["pipelines"][0]["steps"]
+    model = sim.world.pipelines["p0"].model
+    gangs = [(cat, devs) for _, cat, devs, _, _ in sim.world.trace if cat not in ("rollout", "weight_sync")]
+    assert gangs and all(len(devs) >= sim.world.device_classes.cost_for(devs).stage_min_gang(model, cat)
+                         for cat, devs in gangs)
+    assert any(max(devs) >= 8 for _, devs in gangs)  # the small devices still train where they hold it

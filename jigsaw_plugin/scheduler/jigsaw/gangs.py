@@ -26,6 +26,25 @@ class TrainingGangs:
         site = trainer_site(state)
         return [d for d in devices if d in site]
 
+    @staticmethod
+    def _holding(state, p, stage: str, devices) -> tuple:
+        """``devices``, if they hold ``stage``'s state on their class (the one with the least
+        memory a device among them, ``state.cost_of``); else those left once the classes
+        that cannot are dropped, smallest memory first; () where none hold it. The policy
+        sizes gangs from the first class's profile (``state.cost.stage_min_gang``): on a
+        pool of several classes with ``cost_aware`` off a 32B's update sized for 80 GB H100s
+        reached 24 GB devices too few to hold it, and the executor refused the gang."""
+        devices = tuple(devices)
+        if len(state.classes) <= 1:
+            return devices
+        while devices and len(devices) < state.cost_of(devices).stage_min_gang(p.model, stage):
+            held = [c for c in state.classes if any(d in c.devices for d in devices)]
+            if len(held) <= 1:
+                return ()
+            least = min(held, key=lambda c: c.memory_gb)
+            devices = tuple(d for d in devices if d not in least.devices)
+        return devices
+
     def _affinity(self, rnd, p, devices, kind) -> list:
         state = rnd.state
         home = set(rnd.home[p.name][0 if kind == "rollout" else 1])
@@ -202,7 +221,9 @@ class TrainingGangs:
                 chunk = int(tokens * (drain - fixed) / max(1e-9, price(g, tokens) - fixed))
                 if chunk <= 0 or price(g, chunk) - fixed < cfg.early_min_fixed * fixed:
                     continue
-            devs = tuple(self._affinity(rnd, p, pool, "train")[:g])
+            devs = self._holding(state, p, stage, self._affinity(rnd, p, pool, "train")[:g])
+            if not devs:
+                continue
             out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True,
                                 tokens=0 if chunk >= tokens else chunk))
             rnd.free.difference_update(devs)
@@ -341,6 +362,9 @@ class TrainingGangs:
         a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
         rest = [d for d in pool if d not in a]
         b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or self._take(rnd, p, partner, rest, w2)
+        a, b = self._holding(state, p, stage, a), self._holding(state, p, partner, b)
+        if not a or not b:
+            return False
         out.append(RunStage(p.name, p.train_next, stage, tuple(a), colocated=False, alongside=True))
         out.append(RunStage(p.name, p.train_next, partner, tuple(b), colocated=False))
         rnd.free.difference_update(a)

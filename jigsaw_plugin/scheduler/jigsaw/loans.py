@@ -157,7 +157,7 @@ class Loans:
                 continue
             base = rnd.stage_devices(qv)
             new = tuple(x for x in base if x not in devs)
-            if len(new) < state.cost.stage_min_gang(qv.model, qv.running_stage.stage):
+            if len(new) < state.cost_of(new).stage_min_gang(qv.model, qv.running_stage.stage):
                 new = ()  # what is left cannot hold its state: it pauses until devices free up
             if new != base:
                 rnd.resize(out, qv, new)
@@ -227,7 +227,7 @@ class Loans:
             grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
                                      keep=base)
             add = [d for d in grown_set if d not in base]
-            if not add:
+            if not add or len(self._holding(state, p, rs.stage, grown_set)) < len(grown_set):
                 continue
             switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
             grown = switch + left * self._layout_s(state, p, rs.stage, grown_set) / rs.micro_batches

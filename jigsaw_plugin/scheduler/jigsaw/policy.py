@@ -144,12 +144,16 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
                 if self._run_alongside(rnd, p, out):
                     continue
                 devs = self._gang(rnd, p)
+                if devs and p.next_stage != "weight_sync":
+                    devs = self._holding(state, p, p.next_stage, devs)
                 if devs:
                     out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
                     rnd.free.difference_update(devs)
                 continue
             if kind == "resume":
                 devs = self._resume_devices(rnd, p)
+                if devs:
+                    devs = self._holding(state, p, p.running_stage.stage, devs)
                 if devs:
                     rnd.resize(out, p, devs)
                     rnd.free.difference_update(devs)
