@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from sim_helpers import small_workload
@@ -169,3 +170,64 @@ def test_gangs_sized_by_the_first_class_stay_on_classes_that_hold_them():
     assert gangs and all(len(devs) >= sim.world.device_classes.cost_for(devs).stage_min_gang(model, cat)
                          for cat, devs in gangs)
     assert any(max(devs) >= 8 for _, devs in gangs)  # the small devices still train where they hold it
+
+
+_SMALL = {"name": "small", "flops_tflops": 165.0, "hbm_tbps": 1.0, "memory_gb": 24.0, "link_gbps": 32.0}
+
+
+def _two_sizes(first, second, model="qwen2.5-7b", gpus=None, mode="async"):
+    """One pipeline on a pool of two classes of (gpu, count)."""
+    d = _with_cluster({"classes": [{"name": "c0", "gpu": first[0], "count": first[1]},
+                                   {"name": "c1", "gpu": second[0], "count": second[1]}]})
+    d["pipelines"] = d["pipelines"][:1]
+    d["pipelines"][0].update(model=model, gpus=gpus or first[1] + second[1], mode=mode)
+    d["pipelines"][0].pop("rollout_tp", None)
+    return parse_workload(d)
+
+
+@pytest.mark.parametrize("policy, options, words", [
+    ("one-step-off", {"rollout_gpus": 12}, "2 training devices after one-step-off's 12 rollout devices"),
+    ("rollmux", {}, "rollmux group's 2 training devices"),
+])
+def test_a_split_whose_trainers_cannot_hold_the_state_on_their_class_is_refused(policy, options, words):
+    # 12 H100 then 2 devices of 24 GB: the split's training devices are the small ones, too
+    # few to hold a 7B's training state there (6 needed); refused before the run, by field,
+    # where it was a PolicyViolation mid-run
+    from jigsaw_plugin.scheduler import get_policy
+
+    d = _two_sizes(("h100", 12), (_SMALL, 2)).to_dict()
+    d["cluster"]["classes"][0]["gpus_per_node"] = 2
+    d["pipelines"][0].update(prompts_per_step=4, max_response_len=512)
+    with pytest.raises(SpecError, match=re.escape("pipelines[0].gpus")) as e:
+        simulate(parse_workload(d), get_policy(policy, **options))
+    assert words in str(e.value)
+
+
+def test_a_share_is_checked_against_its_own_classes():
+    # a 14B's share of 5 devices, 2 H100 (3 needed) and 3 of 24 GB (11 needed): no part of
+    # it holds the training state, refused for every policy
+    d = _two_sizes(("h100", 2), (_SMALL, 8)).to_dict()
+    d["pipelines"][0].update(model="qwen2.5-14b", gpus=5)
+    d["pipelines"].append(dict(d["pipelines"][0], name="p1", model="qwen2.5-0.5b", gpus=5))
+    with pytest.raises(SpecError, match=re.escape("pipelines[0].gpus")) as e:
+        simulate(parse_workload(d), "jigsaw")
+    assert "c0 (cluster.classes[0])" in str(e.value)
+    # 4 H100 in the share hold it: jigsaw runs, verl-sync (which trains on all of it) refuses
+    d["cluster"]["classes"][0]["count"] = 4
+    d["pipelines"][0]["gpus"] = 7
+    assert simulate(parse_workload(d), "jigsaw")["samples"] > 0
+    with pytest.raises(SpecError, match=re.escape("pipelines[0].gpus")) as e:
+        simulate(parse_workload(d), "verl-sync")
+    assert "smallest class" in str(e.value)
+
+
+def test_cost_aware_jigsaw_refuses_a_trainer_site_too_small_for_a_pipeline():
+    # the trainer site is the first on-demand class: 4 devices of 24 GB cannot hold a 7B's
+    # update (6 needed); with activation off the gangs go to the H100s
+    from jigsaw_plugin.scheduler import get_policy
+
+    w = _two_sizes((_SMALL, 4), ("h100", 8), gpus=12)
+    with pytest.raises(SpecError, match="cluster.classes") as e:
+        simulate(w, get_policy("jigsaw"))
+    assert "trainer site" in str(e.value) and "cost_aware=False" in str(e.value)
+    assert simulate(w, get_policy("jigsaw", cost_aware=False))["samples"] > 0

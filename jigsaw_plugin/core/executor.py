@@ -79,12 +79,8 @@ class ExecutorCore:
         self.node_sizes = workload.cluster.node_sizes()  # node -> its size as provisioned
         self.largest_node = workload.cluster.largest_node
         self.cost = CostModel.for_nodes(hardware_profile(workload.cluster.gpu), workload.cluster.gpus_per_node, factors)
-        for p in self.order:  # each share must hold its training state (a colocated step trains on all of it)
-            need = self.cost.min_gang(p.model, update=True)
-            if len(p.static_devices) < need:
-                raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
-                                f"at least {need} {workload.cluster.gpu} devices for {p.name}: "
-                                f"{self.cost.min_gang_reason(p.model)}")
+        for p in self.order:
+            self._check_share(workload, p, factors)
         self.hooks = hooks
         self.record_requests = record_requests and hooks is not None
         self.free: set[int] = set(range(self.gpus))
@@ -121,6 +117,42 @@ class ExecutorCore:
         self.memo = setup.memo
         for name, devices in setup.residency.items():
             self.make_resident(name, devices)
+
+    def _share_classes(self, workload, devices, factors) -> list:
+        """(cost model, devices of ``devices`` in it, its name) of each class a static share
+        holds devices of (the pool's own cost model for a pool of one class)."""
+        classes = workload.cluster.device_classes()
+        if len(classes) <= 1:
+            gpu = workload.cluster.gpu
+            return [(self.cost, len(devices), gpu if isinstance(gpu, str) else str(gpu.get("name", "custom")))]
+        from jigsaw_plugin.costmodel import CostModel, hardware_profile
+
+        first, held = 0, []
+        for k, c in enumerate(classes):
+            n = sum(1 for d in devices if first <= d < first + c.count)
+            if n:
+                cost = CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node,
+                                           factors)
+                held.append((cost, n, f"{c.name} (cluster.classes[{k}])"))
+            first += c.count
+        return held
+
+    def _check_share(self, workload, p, factors) -> None:
+        """Each share must hold its training state (a colocated step trains on all of it); on
+        a pool of several classes, some of its devices must: those of a class and of the
+        classes with more memory a device, as many as that class needs (a gang holds what
+        its smallest devices hold; a policy may train on the larger part alone)."""
+        from jigsaw_plugin.errors import SpecError
+
+        held = self._share_classes(workload, p.static_devices, factors)
+        options = [(cost, sum(n for c, n, _ in held if c.hw.memory_gb >= cost.hw.memory_gb), name)
+                   for cost, _, name in held]
+        if any(n >= cost.min_gang(p.model, update=True) for cost, n, _ in options):
+            return
+        cost, _, name = max(options, key=lambda o: o[0].hw.memory_gb)
+        raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
+                        f"at least {cost.min_gang(p.model, update=True)} {name} devices for {p.name}: "
+                        f"{cost.min_gang_reason(p.model)}")
 
     # ---- plugins ------------------------------------------------------------------------
     @staticmethod

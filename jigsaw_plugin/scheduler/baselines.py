@@ -58,6 +58,17 @@ def rollout_drained(p) -> bool:
 class VerlSync(Policy):
     name = "verl-sync"
 
+    def setup(self, state) -> PolicySetup:
+        """Each step trains on the whole share (colocated): on a pool of several classes it
+        must hold the training state on its devices' smallest class."""
+        for p in state.order:
+            need = state.cost_of(p.static_devices).min_gang(p.model, update=True)
+            if len(p.static_devices) < need:
+                raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
+                                f"a share that holds {p.model.name}'s training state on its smallest class "
+                                f"(at least {need} devices), as {self.name} trains on all of it")
+        return super().setup(state)
+
     def decide(self, state) -> list:
         out = []
         for p in state.order:
@@ -127,6 +138,12 @@ class _Disaggregated(Policy):
                 raise SpecError(f"{self.name}.rollout_gpus", r,
                                 f"a multiple of {tp} in {tp}..{sizes[-1]} for pipeline {p.name} (the rest trains: "
                                 f"at least {need} devices hold its training state)")
+            # on a pool of several classes the trainers hold its state on their own class
+            held = state.cost_of(devs[r:]).min_gang(p.model, update=True)
+            if len(devs) - r < held:
+                raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
+                                f"a share whose {len(devs) - r} training devices after {self.name}'s {r} rollout "
+                                f"devices hold {p.model.name}'s training state on their class (at least {held})")
             split[p.name] = (devs[:r], devs[r:])
         return PolicySetup(super().setup(state).residency, memo=split)
 
@@ -259,8 +276,15 @@ class RollMux(Policy):
                             "holds each job's training state)")
         res, pools = {}, {}
         for g in plan:
+            train = g.devices[g.rollout:]
             for name in g.names:
-                pools[name] = (g.names, g.devices[:g.rollout], g.devices[g.rollout:])
+                q = state.pipelines[name]
+                held = state.cost_of(train).min_gang(q.model, update=True)  # on the trainers' own class
+                if len(train) < held:
+                    raise SpecError(f"pipelines[{q.index}].gpus", len(q.static_devices),
+                                    f"a share whose rollmux group's {len(train)} training devices hold "
+                                    f"{q.model.name}'s training state on their class (at least {held})")
+                pools[name] = (g.names, g.devices[:g.rollout], train)
                 res[name] = g.devices
         return PolicySetup(res, memo=pools)
 

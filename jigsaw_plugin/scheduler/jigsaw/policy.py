@@ -69,6 +69,8 @@ from __future__ import annotations
 import math
 
 from jigsaw_plugin.algorithms import HOST_STAGES
+from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.scheduler.activation import trainer_site
 from jigsaw_plugin.scheduler.admission import FittingMemo
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -112,6 +114,16 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
         return spec.staleness if spec.mode == "async" else 0
 
     def setup(self, state) -> PolicySetup:
+        if self._cost_aware(state):  # training stays on the trainer's site: it must hold every pipeline's state
+            site = sorted(trainer_site(state))
+            cost = state.cost_of(site)
+            for p in state.order:
+                need = cost.min_gang(p.model, update=True)
+                if len(site) < need:
+                    raise SpecError("cluster.classes", f"a trainer site of {len(site)} {cost.hw.name} devices",
+                                    f"a trainer site (the first on-demand class without a link, where cost-aware "
+                                    f"jigsaw trains) of at least {need} such devices for {p.name}: "
+                                    f"{cost.min_gang_reason(p.model)}; or cost_aware=False")
         home, owner = {}, {}
         for p in state.order:
             share = p.static_devices
