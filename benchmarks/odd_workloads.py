@@ -11,6 +11,14 @@ reward and the forward passes that run beside it (docs/simulator.md, "Bounds").
 
     python benchmarks/odd_workloads.py                   # seeds 0-69, about 10 minutes
     python benchmarks/odd_workloads.py --seeds 110 136   # those seeds only
+    python benchmarks/odd_workloads.py --classes         # each pool as 1-3 device classes
+
+``--classes`` lays each seed's pool out as 1-3 device classes (H100, A100, H20, a 48 GB
+L40S-like and a 24 GB RTX 4090-like profile), each in nodes of its own size, and runs
+jigsaw with cost-aware activation off too (``jigsaw-activation-off``). Stop 63 found with
+it gangs sized for the first class on devices too small to hold them and shares, splits
+and trainer sites that could not hold a pipeline's training state on their class
+(docs/simulator.md, "Device classes").
 
 Prints a line per crash (a traceback) and per run that ends below its bound, then the
 count of each outcome; exits 1 if there was any of either.
@@ -33,6 +41,11 @@ from common import EXAMPLES
 __all__ = ["spec_of", "run_one", "POLICIES"]
 
 POLICIES = ("jigsaw", "verl-sync", "one-step-off", "streamrl", "areal", "rollmux")
+# with --classes: jigsaw with cost-aware activation off too (gangs sized from the first class)
+CLASS_POLICIES = POLICIES + ("jigsaw-activation-off",)
+GPUS = ("h100", "a100", "h20",
+        {"name": "l40s", "flops_tflops": 362.0, "hbm_tbps": 0.864, "memory_gb": 48.0, "link_gbps": 32.0},
+        {"name": "rtx4090", "flops_tflops": 165.0, "hbm_tbps": 1.008, "memory_gb": 24.0, "link_gbps": 32.0})
 # the asynchronous baselines run a synchronous spec a step off-policy: its bound does not bind them
 ON_POLICY = ("jigsaw", "verl-sync", "rollmux")
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b")
@@ -71,21 +84,42 @@ def spec_of(seed: int) -> dict:
             "pipelines": pipes}
 
 
+def with_classes(spec: dict, seed: int) -> dict:
+    """``spec``'s pool as 1-3 device classes of its devices in all (a stream of draws of
+    its own: ``spec_of(seed)`` is the same workload with or without them)."""
+    rng = random.Random(seed * 7919 + 1)
+    left = spec["cluster"]["gpus"]
+    classes = []
+    for k in range(rng.choice([1, 2, 2, 3])):
+        count = left if k == 2 or left <= 1 or rng.random() < 0.3 else rng.randint(1, left - 1)
+        classes.append({"name": f"c{k}", "gpu": copy.deepcopy(rng.choice(GPUS)), "count": count,
+                        "gpus_per_node": rng.choice([1, 2, 4, 8])})
+        left -= count
+        if not left:
+            break
+    if left:
+        classes[-1]["count"] += left
+    return dict(spec, cluster={"classes": classes})
+
+
 def run_one(job: tuple) -> tuple:
     """(seed, policy, outcome, detail): outcome "ok", "spec" (the file is refused), "refused"
-    (the policy refuses it), "below-bound" or "crash"."""
-    seed, policy = job
+    (the policy refuses it), "below-bound" or "crash". ``job``: (seed, policy) or (seed,
+    policy, classes)."""
+    seed, policy, classes = (*job, False)[:3]
     from jigsaw_plugin.errors import SpecError
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
     from jigsaw_plugin.workload import parse_workload
 
+    spec = spec_of(seed)
     try:
-        wl = parse_workload(spec_of(seed), base_dir=EXAMPLES)
+        wl = parse_workload(with_classes(spec, seed) if classes else spec, base_dir=EXAMPLES)
     except SpecError as e:
         return seed, policy, "spec", str(e)
     try:
-        r = Simulation(wl, get_policy(policy), 0).run()
+        pol = get_policy("jigsaw", cost_aware=False) if policy == "jigsaw-activation-off" else get_policy(policy)
+        r = Simulation(wl, pol, 0).run()
     except SpecError as e:
         return seed, policy, "refused", str(e)
     except Exception:  # what this script hunts: reported, not raised
@@ -105,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(70)),
                     help="workload seeds (default 0-69)")
+    ap.add_argument("--classes", action="store_true", help="each pool as 1-3 device classes (with_classes)")
     args = ap.parse_args(argv)
-    jobs = [(s, p) for s in args.seeds for p in POLICIES]
+    jobs = [(s, p, args.classes) for s in args.seeds for p in (CLASS_POLICIES if args.classes else POLICIES)]
     counts = Counter()
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=_limit_cpu) as ex:
         for seed, policy, outcome, detail in ex.map(run_one, jobs):

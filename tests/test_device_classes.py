@@ -182,6 +182,8 @@ def _two_sizes(first, second, model="qwen2.5-7b", gpus=None, mode="async"):
     d["pipelines"] = d["pipelines"][:1]
     d["pipelines"][0].update(model=model, gpus=gpus or first[1] + second[1], mode=mode)
     d["pipelines"][0].pop("rollout_tp", None)
+    if mode == "sync":
+        d["pipelines"][0].pop("staleness", None)
     return parse_workload(d)
 
 
@@ -231,3 +233,17 @@ def test_cost_aware_jigsaw_refuses_a_trainer_site_too_small_for_a_pipeline():
         simulate(w, get_policy("jigsaw"))
     assert "trainer site" in str(e.value) and "cost_aware=False" in str(e.value)
     assert simulate(w, get_policy("jigsaw", cost_aware=False))["samples"] > 0
+
+
+def test_a_gang_narrowed_onto_too_few_of_a_small_class_starts_on_the_devices_that_hold_it():
+    # activation off: 4 A100 then 12 devices of 48 GB, a 32B (8 A100 or 13 of the small
+    # ones hold its update); the look-ahead's narrowed gang mixed both and was too few for
+    # the small class, and the run stalled at its first update
+    from jigsaw_plugin.scheduler import get_policy
+
+    small = {"name": "l40s", "flops_tflops": 362.0, "hbm_tbps": 0.864, "memory_gb": 48.0, "link_gbps": 32.0}
+    d = _two_sizes(("a100", 4), (small, 12), model="qwen2.5-32b", mode="sync").to_dict()
+    d["cluster"]["classes"][1]["gpus_per_node"] = 8
+    d["pipelines"][0].update(prompts_per_step=4, max_response_len=512, steps=2)
+    r = simulate(parse_workload(d), get_policy("jigsaw", cost_aware=False))
+    assert r["pipelines"]["p0"]["samples"] == 2 * 4 * d["pipelines"][0]["samples_per_prompt"]

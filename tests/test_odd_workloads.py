@@ -32,3 +32,22 @@ def test_each_odd_workload_parses_or_is_refused_by_field():
 def test_the_agent_whose_rewards_outlast_its_passes_ends_above_its_bound(policy):
     seed, name, outcome, detail = odd_workloads.run_one((136, policy))
     assert outcome == "ok", detail
+
+
+def test_classes_lay_the_same_workload_over_device_classes():
+    for seed in range(20):
+        spec = odd_workloads.spec_of(seed)
+        laid = odd_workloads.with_classes(spec, seed)
+        assert odd_workloads.spec_of(seed) == spec and laid["pipelines"] == spec["pipelines"]
+        assert sum(c["count"] for c in laid["cluster"]["classes"]) == spec["cluster"]["gpus"]
+        assert laid == odd_workloads.with_classes(spec, seed)
+
+
+@pytest.mark.parametrize("seed, policy", [(22, "jigsaw"), (25, "rollmux"), (25, "one-step-off"), (33, "verl-sync"),
+                                          (25, "jigsaw-activation-off"), (26, "jigsaw-activation-off")])
+def test_a_pool_of_classes_is_run_or_refused_by_field(seed, policy):
+    # each crashed on the build of stop 62 (a gang or split on devices too small to hold the
+    # training state: PolicyViolation; a trainer site too small: SimulationStalled), or,
+    # seed 26 with activation off, stalled once its share's check saw its classes
+    seed, name, outcome, detail = odd_workloads.run_one((seed, policy, True))
+    assert outcome in ("ok", "refused"), detail

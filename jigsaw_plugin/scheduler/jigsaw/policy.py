@@ -124,6 +124,15 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
                                     f"a trainer site (the first on-demand class without a link, where cost-aware "
                                     f"jigsaw trains) of at least {need} such devices for {p.name}: "
                                     f"{cost.min_gang_reason(p.model)}; or cost_aware=False")
+        elif len(state.classes) > 1:  # gangs sized from the first class's profile: the pool must hold one
+            for p in state.order:
+                need = state.cost.min_gang(p.model, update=True)
+                if need > state.gpus:
+                    raise SpecError("cluster.classes", f"{state.cost.hw.name} first",
+                                    f"with cost_aware=False, a first class whose profile (what the policy sizes "
+                                    f"gangs with) holds {p.name}'s update on at most the pool's {state.gpus} "
+                                    f"devices (it needs {need}): list a class with more memory first, or "
+                                    f"cost_aware=True")
         home, owner = {}, {}
         for p in state.order:
             share = p.static_devices
@@ -156,8 +165,10 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
                 if self._run_alongside(rnd, p, out):
                     continue
                 devs = self._gang(rnd, p)
-                if devs and p.next_stage != "weight_sync":
-                    devs = self._holding(state, p, p.next_stage, devs)
+                if devs and p.next_stage != "weight_sync" and not self._holding(state, p, p.next_stage, devs):
+                    # a gang narrowed onto too few of a small class: every device the look-ahead
+                    # would start it with, less the classes that cannot hold it
+                    devs = self._holding(state, p, p.next_stage, self._gang(rnd, p, unnarrowed=True))
                 if devs:
                     out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
                     rnd.free.difference_update(devs)
