@@ -125,14 +125,12 @@ class ExecutorCore:
         if len(classes) <= 1:
             gpu = workload.cluster.gpu
             return [(self.cost, len(devices), gpu if isinstance(gpu, str) else str(gpu.get("name", "custom")))]
-        from jigsaw_plugin.costmodel import CostModel, hardware_profile
+        from jigsaw_plugin.costmodel import CostModel
 
         first, held = 0, []
-        for k, c in enumerate(classes):
+        for k, (c, cost) in enumerate(zip(classes, CostModel.of_classes(workload.cluster, factors))):
             n = sum(1 for d in devices if first <= d < first + c.count)
             if n:
-                cost = CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node,
-                                           factors)
                 held.append((cost, n, f"{c.name} (cluster.classes[{k}])"))
             first += c.count
         return held

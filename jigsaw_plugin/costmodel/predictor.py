@@ -141,6 +141,15 @@ class CostModel:
         f = factors or default_factors(hardware)
         return cls(hardware, dataclasses.replace(f, gpus_per_node=max(1, int(gpus_per_node))))
 
+    @classmethod
+    def of_classes(cls, cluster, factors: EfficiencyFactors | None = None) -> list:
+        """One cost model per device class of ``cluster`` (a ``ClusterSpec``; one for its
+        single-class form), each in nodes of its own size."""
+        from jigsaw_plugin.costmodel.profiles import hardware_profile
+
+        return [cls.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node, factors)
+                for k, c in enumerate(cluster.device_classes())]
+
     # ---- rollout (one replica of ``tp`` devices) --------------------------------------
     def rollout_width(self, model: ModelProfile, requested: int | None = None) -> int:
         """A rollout replica's width: ``requested`` (the spec's ``rollout_tp``) or the

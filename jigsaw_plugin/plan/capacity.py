@@ -255,7 +255,7 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     when the spec lists classes, else half the pipeline's share); every other device of the
     pool is a rollout candidate."""
     from jigsaw_plugin.core.pipelines import build_pipelines
-    from jigsaw_plugin.costmodel import CostModel, hardware_profile
+    from jigsaw_plugin.costmodel import CostModel
     from jigsaw_plugin.scheduler.estimates import length_stats, train_estimate_s
     from jigsaw_plugin.sim.devices import wan_dissemination_s
 
@@ -263,8 +263,7 @@ def plan_pipeline(workload, name: str | None = None, trainer_gpus: int | None = 
     p = _pick(runs, name)
     spec = p.spec
     classes = workload.cluster.device_classes()
-    costs = [CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node)
-             for k, c in enumerate(classes)]
+    costs = CostModel.of_classes(workload.cluster)
     t = _trainer_class(classes, trainer_class)
     home = classes[t]
     if trainer_gpus is None:

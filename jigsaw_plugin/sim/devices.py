@@ -17,7 +17,7 @@ class DeviceClasses:
     """The run's device -> class map and one cost model per class."""
 
     def __init__(self, cluster, factors=None):
-        from jigsaw_plugin.costmodel import CostModel, hardware_profile
+        from jigsaw_plugin.costmodel import CostModel
 
         self.specs = cluster.device_classes()
         self.of: list[int] = [k for k, c in enumerate(self.specs) for _ in range(c.count)]
@@ -26,8 +26,7 @@ class DeviceClasses:
         for c in self.specs:
             self.first.append(start)
             start += c.count
-        self.costs = [CostModel.for_nodes(hardware_profile(c.gpu, f"cluster.classes[{k}].gpu"), c.gpus_per_node, factors)
-                      for k, c in enumerate(self.specs)]
+        self.costs = CostModel.of_classes(cluster, factors)
         self.heterogeneous = len(self.specs) > 1
         self.nodes = cluster.device_nodes()  # device id -> node, each class in nodes of its own size
         self._views: tuple | None = None

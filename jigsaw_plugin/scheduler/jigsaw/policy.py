@@ -165,10 +165,11 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
                 if self._run_alongside(rnd, p, out):
                     continue
                 devs = self._gang(rnd, p)
-                if devs and p.next_stage != "weight_sync" and not self._holding(state, p, p.next_stage, devs):
+                if devs and p.next_stage != "weight_sync":
                     # a gang narrowed onto too few of a small class: every device the look-ahead
                     # would start it with, less the classes that cannot hold it
-                    devs = self._holding(state, p, p.next_stage, self._gang(rnd, p, unnarrowed=True))
+                    devs = (self._holding(state, p, p.next_stage, devs)
+                            or self._holding(state, p, p.next_stage, self._gang(rnd, p, unnarrowed=True)))
                 if devs:
                     out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=False))
                     rnd.free.difference_update(devs)
