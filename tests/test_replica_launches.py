@@ -56,3 +56,27 @@ def test_a_rollout_the_jigsaw_policy_grows_gets_no_replica_that_starts_empty():
     res = sim.run()
     assert res["pipelines"]["p0"]["samples"] == 2048
     assert res["scheduler"]["replicas_closed_at_launch"] == 0
+
+
+def test_a_grown_replica_takes_requests_queued_at_a_replica_below_the_average_load():
+    # replica A decodes 12, replica B (batch limit 2) runs 2 with 2 queued: B is below the
+    # average load, yet its queued requests wait only on its batch limit; a replica launched
+    # with ``rebalance`` takes them (before, it took queued requests only from replicas above
+    # the average, found none, and was retired empty the next round)
+    wl = small_workload(gpus=4, pipelines=1, prompts=8, samples=2, steps=1, agentic=(False,))
+    w = Simulation(wl, get_policy("verl-sync"), seed=0).world
+    w.apply(LaunchReplica("p0", (0,)))
+    w.apply(LaunchReplica("p0", (1,), max_seqs=2))
+    w.apply(StartGen("p0", 0))
+    a, b = sorted(w.replicas.values(), key=lambda r: r.devices)
+    for rep in (a, b):
+        rep.sync(w.t)
+    while b.load > 4:  # A holds 12, B 4 (2 running, 2 queued)
+        r = list(b.queue)[-1]
+        b.take(r)
+        a.enqueue(r, w.t)
+    a.admit(w.t)
+    assert (a.n, len(a.queue), b.n, len(b.queue)) == (12, 0, 2, 2)
+    w.apply(LaunchReplica("p0", (2,), rebalance=True))
+    new = next(r for r in w.replicas.values() if r.devices == (2,))
+    assert new.load == 2 and not b.queue and a.load == 12 and b.load == 2

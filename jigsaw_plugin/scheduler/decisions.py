@@ -42,7 +42,8 @@ class LaunchReplica:
     """Start a rollout replica of ``pipeline`` on ``devices`` (len == rollout tp).
 
     ``rebalance``: take over requests still queued (not admitted, so nothing to recompute)
-    at the pipeline's most loaded replicas until the new replica holds the average load.
+    at the pipeline's most loaded replicas until the new replica holds the average load,
+    then those still queued at any replica (ones an engine preempted), up to that load.
     ``spread``: as ``rebalance``, and running requests too where the queued ones do not
     reach the average: each resumes here with the tokens it has (abort + resume, a
     re-prefill), the fewest generated first (the cheapest to re-prefill): how a crowded

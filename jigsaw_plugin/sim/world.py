@@ -313,21 +313,30 @@ class World(ExecutorCore):
 
     def _rebalance_into(self, p: PipelineRun, dst: Replica) -> None:
         """Move queued (not yet admitted: nothing to recompute) requests from the more loaded
-        replicas until ``dst`` holds the average load."""
+        replicas until ``dst`` holds the average load, then those queued at any replica
+        (the most queued first) up to it: an engine that preempted requests as its KV cache
+        filled holds them queued below the average load, and a replica grown for them that
+        took none was retired empty the next round, then grown again, up to 8 times in one
+        instant (a 7B on H100 + L40S + RTX 4090: 994 of 1,184 replicas)."""
         live = [r for r in p.replicas if not r.retiring]
         target = sum(r.load for r in live) // max(1, len(live))
         for src in sorted((r for r in live if r is not dst), key=lambda r: -r.load):
-            want = min(src.load - target, target - dst.load)
-            if want <= 0:
-                continue
-            src.sync(self.t)
-            for r in list(src.queue)[::-1][:want]:
-                src.take(r)
-                dst.enqueue(r, self.t)
-            src.admit(self.t)
-            self._schedule(src)
+            self._move_queued(src, dst, min(src.load - target, target - dst.load))
+        for src in sorted((r for r in live if r is not dst and r.queue), key=lambda r: -len(r.queue)):
+            self._move_queued(src, dst, min(len(src.queue), target - dst.load))
         dst.admit(self.t)
         self._schedule(dst)
+
+    def _move_queued(self, src: Replica, dst: Replica, n: int) -> None:
+        """Move up to ``n`` of ``src``'s queued requests, the last queued first, to ``dst``."""
+        if n <= 0:
+            return
+        src.sync(self.t)
+        for r in list(src.queue)[::-1][:n]:
+            src.take(r)
+            dst.enqueue(r, self.t)
+        src.admit(self.t)
+        self._schedule(src)
 
     def _retire(self, rep: Replica) -> None:
         rep.retiring = True
