@@ -247,3 +247,45 @@ def test_a_gang_narrowed_onto_too_few_of_a_small_class_starts_on_the_devices_tha
     d["pipelines"][0].update(prompts_per_step=4, max_response_len=512, steps=2)
     r = simulate(parse_workload(d), get_policy("jigsaw", cost_aware=False))
     assert r["pipelines"]["p0"]["samples"] == 2 * 4 * d["pipelines"][0]["samples_per_prompt"]
+
+
+def test_a_paused_stage_resumes_on_devices_that_hold_it():
+    # activation off: L40S + RTX 4090 + A100, a 1.5B PPO pipeline whose update, paused when
+    # the A100s' owner took them back, resumed narrowed onto one 24 GB device too small for
+    # it; the executor refused that, and the run stalled with the update paused
+    from jigsaw_plugin.scheduler import get_policy
+
+    rtx = {"name": "rtx4090", "flops_tflops": 165.0, "hbm_tbps": 1.008, "memory_gb": 24.0, "link_gbps": 32.0}
+    small = {"name": "l40s", "flops_tflops": 362.0, "hbm_tbps": 0.864, "memory_gb": 48.0, "link_gbps": 32.0}
+    pipeline = {"algorithm": "ppo", "prompts_per_step": 4, "samples_per_prompt": 4, "max_response_len": 4096,
+                "prompt_len": {"dist": "const", "value": 200},
+                "response_len": {"dist": "lognormal", "median": 300, "sigma": 0.8, "min": 1}, "steps": 2}
+    d = {"version": 1, "cluster": {"classes": [
+        {"name": "c0", "gpu": small, "count": 16, "gpus_per_node": 4},
+        {"name": "c1", "gpu": rtx, "count": 8, "gpus_per_node": 8},
+        {"name": "c2", "gpu": "a100", "count": 6, "gpus_per_node": 8}]},
+        "pipelines": [dict(pipeline, name="p0", model="qwen2.5-1.5b", mode="sync", gpus=19),
+                      dict(pipeline, name="p1", model="qwen2.5-0.5b", mode="async", staleness=1, gpus=11)]}
+    r = simulate(parse_workload(d), get_policy("jigsaw", cost_aware=False))
+    assert r["pipelines"]["p0"]["samples"] == r["pipelines"]["p1"]["samples"] == 2 * 4 * 4
+
+
+def test_gangs_are_sized_on_the_class_that_holds_them_not_the_first():
+    # activation off: 2 L40S (the first class, 48 GB), 12 H20 (96 GB), 2 A100; a 14B on a
+    # home of 5 and a 32B on a home of 11. Sized from the L40S profile each update needed
+    # more than its home and neither lent its home while its own update waited: deadlock
+    from jigsaw_plugin.scheduler import get_policy
+
+    small = {"name": "l40s", "flops_tflops": 362.0, "hbm_tbps": 0.864, "memory_gb": 48.0, "link_gbps": 32.0}
+    pipeline = {"algorithm": "dapo", "samples_per_prompt": 4, "prompt_len": {"dist": "const", "value": 200},
+                "response_len": {"dist": "lognormal", "median": 300, "sigma": 0.8, "min": 1}, "steps": 2}
+    d = {"version": 1, "cluster": {"classes": [
+        {"name": "c0", "gpu": small, "count": 2, "gpus_per_node": 4},
+        {"name": "c1", "gpu": "h20", "count": 12, "gpus_per_node": 2},
+        {"name": "c2", "gpu": "a100", "count": 2, "gpus_per_node": 4}]},
+        "pipelines": [dict(pipeline, name="p0", model="qwen2.5-14b", mode="sync", prompts_per_step=16,
+                           max_response_len=4096, gpus=5),
+                      dict(pipeline, name="p1", model="qwen2.5-32b", mode="async", staleness=1, prompts_per_step=4,
+                           max_response_len=512, gpus=11)]}
+    r = simulate(parse_workload(d), get_policy("jigsaw", cost_aware=False))
+    assert r["pipelines"]["p0"]["samples"] == 2 * 16 * 4 and r["pipelines"]["p1"]["samples"] == 2 * 4 * 4

@@ -91,9 +91,11 @@ class TrainingGangs:
         s = p.steps[p.train_next]
         return s.tokens - s.covered.get(stage, 0) if stage in FORWARD_STAGES else s.tokens
 
-    def _stage_s(self, state, p, stage, g) -> float:
-        """The pass's time on ``g`` devices (infinite on fewer than hold its state)."""
-        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+    def _stage_s(self, state, p, stage, g, cost=None) -> float:
+        """The pass's time on ``g`` devices (infinite on fewer than hold its state), priced on
+        ``cost`` (None: the pool's first class, ``state.cost``)."""
+        cost = cost or state.cost
+        price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
         return price(p.model, g, self._pass_tokens(p, stage))
 
     def _layout_s(self, state, p, stage, devices) -> float:
@@ -261,8 +263,13 @@ class TrainingGangs:
         lent = self._lendable(rnd, p, duration, training=True)
         home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
         now = home_free + [d for d in lent if d not in home_free]
+        # priced on the class of the devices that hold its state (``_holding``; one class:
+        # ``state.cost``): sized from the first class's profile, a 32B's update on a home of
+        # 96 GB H20s looked too big for it where the first class has 48 GB, and two pipelines
+        # each waiting for the other's home deadlocked
+        cost = state.cost_of(self._holding(state, p, stage, now) or now)
         if not self.config.lookahead:
-            return tuple(now) if len(now) >= state.cost.stage_min_gang(p.model, stage) else ()
+            return tuple(now) if len(now) >= cost.stage_min_gang(p.model, stage) else ()
         # look-ahead: start now with what is free (and, with loans, grow at the first
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
@@ -275,7 +282,7 @@ class TrainingGangs:
             g = len(now) + i
             if g == 0:
                 continue
-            whole = self._gang_s(rnd, p, stage, g)
+            whole = self._gang_s(rnd, p, stage, g, cost)
             if whole == INF:
                 continue  # too few devices to hold the pass's state
             end = wait + whole
@@ -385,26 +392,28 @@ class TrainingGangs:
             return ()
         return self._fastest_gang(rnd, p, stage, devices, fastest)
 
-    def _gang_s(self, rnd, p, stage, g: int) -> float:
+    def _gang_s(self, rnd, p, stage, g: int, cost=None) -> float:
         """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
-        gang they hold (any width up to ``g``: FSDP shards over any count)."""
+        gang they hold (any width up to ``g``: FSDP shards over any count); priced on
+        ``cost`` (None: ``state.cost``)."""
         if not self.config.fastest_width:
-            return self._stage_s(rnd.state, p, stage, g)
-        return min(self._stage_times(rnd, p, stage, g)[:g])
+            return self._stage_s(rnd.state, p, stage, g, cost)
+        return min(self._stage_times(rnd, p, stage, g, cost)[:g])
 
-    def _stage_times(self, rnd, p, stage, upto: int) -> list:
+    def _stage_times(self, rnd, p, stage, upto: int, cost=None) -> list:
         """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
         (maybe more: callers slice), each width priced once for what the pass reads: the
         look-ahead and the width rules read every width below a gang's, every round the
-        stage waits."""
-        key = (rnd.state.cost, p.model, stage, self._pass_tokens(p, stage))
+        stage waits. Priced on ``cost`` (None: ``state.cost``)."""
+        cost = cost or rnd.state.cost
+        key = (cost, p.model, stage, self._pass_tokens(p, stage))
         times = self._widths_s.get(key)
         if times is None:
             if len(self._widths_s) >= STAGE_TIMES_KEPT:
                 self._widths_s.clear()
             times = self._widths_s[key] = []
         while len(times) < upto:
-            times.append(self._stage_s(rnd.state, p, stage, len(times) + 1))
+            times.append(self._stage_s(rnd.state, p, stage, len(times) + 1, cost))
         return times
 
     def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:

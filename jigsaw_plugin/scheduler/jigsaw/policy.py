@@ -177,8 +177,6 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Poli
             if kind == "resume":
                 devs = self._resume_devices(rnd, p)
                 if devs:
-                    devs = self._holding(state, p, p.running_stage.stage, devs)
-                if devs:
                     rnd.resize(out, p, devs)
                     rnd.free.difference_update(devs)
                 continue
