@@ -263,13 +263,16 @@ class TrainingGangs:
         lent = self._lendable(rnd, p, duration, training=True)
         home, lent, home_free = (self._on_trainer_site(state, x) for x in (home, lent, home_free))
         now = home_free + [d for d in lent if d not in home_free]
-        # priced on the class of the devices that hold its state (``_holding``; one class:
-        # ``state.cost``): sized from the first class's profile, a 32B's update on a home of
-        # 96 GB H20s looked too big for it where the first class has 48 GB, and two pipelines
-        # each waiting for the other's home deadlocked
-        cost = state.cost_of(self._holding(state, p, stage, now) or now)
+        # where the first class's profile says these devices cannot hold the stage, priced on
+        # the class of those that do (``_holding``; one class: ``state.cost`` alone): sized
+        # from the first class's 48 GB, a 32B's update on a home of 96 GB H20s looked too big
+        # for it, and two pipelines each waiting for the other's home deadlocked. Priced so
+        # everywhere, the look-ahead's plans changed where the first class already held them
+        # (the heterogeneous block's activation-off runs, S = 4: 28.9 -> 22.9 samples/s)
+        held = state.cost_of(self._holding(state, p, stage, now) or now)
         if not self.config.lookahead:
-            return tuple(now) if len(now) >= cost.stage_min_gang(p.model, stage) else ()
+            need = min(state.cost.stage_min_gang(p.model, stage), held.stage_min_gang(p.model, stage))
+            return tuple(now) if len(now) >= need else ()
         # look-ahead: start now with what is free (and, with loans, grow at the first
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
@@ -282,7 +285,9 @@ class TrainingGangs:
             g = len(now) + i
             if g == 0:
                 continue
-            whole = self._gang_s(rnd, p, stage, g, cost)
+            whole = self._gang_s(rnd, p, stage, g)
+            if whole == INF and held is not state.cost:
+                whole = self._gang_s(rnd, p, stage, g, held)
             if whole == INF:
                 continue  # too few devices to hold the pass's state
             end = wait + whole
