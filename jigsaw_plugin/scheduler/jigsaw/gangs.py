@@ -268,7 +268,7 @@ class TrainingGangs:
         # from the first class's 48 GB, a 32B's update on a home of 96 GB H20s looked too big
         # for it, and two pipelines each waiting for the other's home deadlocked. Priced so
         # everywhere, the look-ahead's plans changed where the first class already held them
-        # (the heterogeneous block's activation-off runs, S = 4: 28.9 -> 22.9 samples/s)
+        # (the heterogeneous block's activation-off runs at seed 0, S = 4: 27.9 -> 22.9 samples/s)
         held = state.cost_of(self._holding(state, p, stage, now) or now)
         if not self.config.lookahead:
             need = min(state.cost.stage_min_gang(p.model, stage), held.stage_min_gang(p.model, stage))
