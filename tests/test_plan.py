@@ -117,3 +117,18 @@ def test_cli_plan_prints_the_rule_and_errors_clearly(tmp_path):
     bad.write_text(yaml.safe_dump(small_workload().to_dict()))
     p = _cli(bad)
     assert p.returncode == 2 and "pipelines[*].mode" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_cheap_class_behind_a_slow_link_is_not_forced_into_every_pool():
+    # "far" makes samples at half "near"'s price, but each version reaches it 50 s after the
+    # trainer's own sync: its first sustaining pool (10 devices) steps in 10 + 50 s at price
+    # 1 + 5, cost/sample 60 * 6 / 3600 / 100; "near" alone steps in 10 s at 1 + 10: cheaper
+    inputs = _inputs(_flat("far", 16, 1.0, 0.5, pull=50.0), _flat("near", 16, 1.0, 1.0))
+    assert all(pool["far"] > 0 for pool in activation_order(inputs))  # the order alone holds no pool without it
+    prov = provision(inputs)
+    assert prov.rollout == {"near": 10} and prov.step_s == pytest.approx(10.0)
+    assert prov.cost_per_sample == pytest.approx(10.0 * 11 / 3600 / 100)
+    assert prov.cost_per_sample < evaluate(inputs, {"far": 10}).cost_per_sample / 3
+    # a link no slower than the trainer's own sync leaves the one order as it was
+    same = _inputs(_flat("far", 16, 1.0, 0.5, pull=2.0), _flat("near", 16, 1.0, 1.0), dis_s=2.0)
+    assert provision(same).rollout == {"far": 10}

@@ -22,13 +22,16 @@ and the learner is busy ``T_train / P`` of the time (full utilisation: the max i
 throughput per price (cost-aware activation: the cheapest samples first) and picks the
 smallest prefix of that order that sustains full learner utilisation; where none does (a
 step's longest response outlasts S x T_train, or the pool is too small), the prefix with
-the least cost per sample, and says so.
+the least cost per sample, and says so. A class whose copy of a version takes longer than
+the trainer's own sync (behind a wide-area link) is also left out of the order in turn,
+and the answer with the least cost per sample is kept (``provision``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import combinations
 
 import numpy as np
 
@@ -191,12 +194,28 @@ def activation_order(inputs: CapacityInputs) -> list[dict]:
 def provision(inputs: CapacityInputs) -> Provision:
     """The rule: along the activation order, the smallest pool that sustains full learner
     utilisation at the staleness bound; when none does (the tail or the pool's size bounds
-    the step), the pool with the least cost per sample."""
-    pools = [evaluate(inputs, pool) for pool in activation_order(inputs)]
-    for prov in pools:
-        if prov.sustains_full_utilisation:
-            return prov
-    return least_cost(pools)
+    the step), the pool with the least cost per sample.
+
+    A class whose copy of a version arrives later than the trainer's own sync (one behind
+    a wide-area link) adds that wait to every step of every pool it is in, and the order
+    puts the cheapest class first: a remote class that is the cheapest would be in every
+    pool the order holds (RTX 4090s behind a 1 Gbit/s link, priced as the heterogeneous
+    benchmark prices them, each copy of a 7B 122 s: every pool's step T_train + 122 s,
+    where the local classes alone need no such wait). So the rule also runs on
+    the order with each set of such classes left out, and of the answers takes the one
+    with the least cost per sample: the learner waits on such a copy whichever term bounds
+    the step. With no such class there is one order, and its answer."""
+    slow = [c.name for c in inputs.classes if c.pull_s > inputs.dissemination_s]
+    answers = []
+    for k in range(len(slow) + 1):
+        for out in combinations(slow, k):
+            kept = tuple(c for c in inputs.classes if c.name not in out)
+            if not kept:
+                continue
+            pools = [evaluate(inputs, pool) for pool in activation_order(replace(inputs, classes=kept))]
+            if pools:
+                answers.append(next((x for x in pools if x.sustains_full_utilisation), None) or least_cost(pools))
+    return least_cost(answers)
 
 
 def least_cost(pools: list) -> Provision:
