@@ -210,10 +210,8 @@ def provision(inputs: CapacityInputs) -> Provision:
     for k in range(len(slow) + 1):
         for out in combinations(slow, k):
             kept = tuple(c for c in inputs.classes if c.name not in out)
-            if not kept:
-                continue
             pools = [evaluate(inputs, pool) for pool in activation_order(replace(inputs, classes=kept))]
-            if pools:
+            if pools:  # none where every class is left out
                 answers.append(next((x for x in pools if x.sustains_full_utilisation), None) or least_cost(pools))
     return least_cost(answers)
 

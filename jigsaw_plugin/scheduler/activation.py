@@ -13,8 +13,9 @@ devices should run its rollout? Each candidate class is priced on its own cost m
   devices that keep the learner fed within the bound are activated: ``plan.capacity``'s
   provisioning rule (``provision``: the smallest prefix of that order whose overlap model
   ``P = max(T_train, N / R, T_gen / S) + T_dis`` is bound by the trainer, else the pool
-  with the least cost per sample; a class behind a slow link left out in turn), fed from the state's observations instead of the
-  workload's distributions. Replicas the pipeline already runs count towards the pool;
+  with the least cost per sample; a class behind a slow link left out in turn), fed
+  from the state's observations instead of the workload's distributions. Replicas the
+  pipeline already runs count towards the pool;
 - the trainer's site (the first on-demand class without a link: ``trainer_classes``) is
   not a rollout candidate, as in ``jigsaw plan``; training gangs stay on it (``trainer_site``).
 
