@@ -17,7 +17,8 @@ reward and the forward passes that run beside it (docs/simulator.md, "Bounds").
 L40S-like and a 24 GB RTX 4090-like profile), each in nodes of its own size, and runs
 jigsaw with cost-aware activation off too (``jigsaw-activation-off``). Stop 63 found with
 it gangs sized for the first class on devices too small to hold them and shares, splits
-and trainer sites that could not hold a pipeline's training state on their class
+and trainer sites that could not hold a pipeline's training state on their class; stop 66
+(seed 149) rollout replicas at the first class's width on a class too small to hold them
 (docs/simulator.md, "Device classes").
 
 Prints a line per crash (a traceback) and per run that ends below its bound, then the

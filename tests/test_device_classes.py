@@ -289,3 +289,64 @@ def test_gangs_are_sized_on_the_class_that_holds_them_not_the_first():
                            max_response_len=512, gpus=11)]}
     r = simulate(parse_workload(d), get_policy("jigsaw", cost_aware=False))
     assert r["pipelines"]["p0"]["samples"] == 2 * 16 * 4 and r["pipelines"]["p1"]["samples"] == 2 * 4 * 4
+
+
+def _fourteen_b_at_width_one():
+    """A 14B with ``rollout_tp: 1`` on 4 H100, 8 devices of 24 GB and 4 H100 (the split
+    baselines train on the last): one device holds its weights (28 GB) on an H100, not on
+    a small one; 11 small ones hold its training state (verl-sync trains on all 16)."""
+    d = _two_sizes(("h100", 4), (_SMALL, 8), model="qwen2.5-14b", mode="sync").to_dict()
+    d["cluster"]["classes"][1]["gpus_per_node"] = 4
+    d["cluster"]["classes"].append({"name": "c2", "gpu": "h100", "count": 4, "gpus_per_node": 4})
+    d["pipelines"][0].update(rollout_tp=1, gpus=16, prompts_per_step=4, max_response_len=256, steps=1)
+    return parse_workload(d)
+
+
+@pytest.mark.parametrize("policy, options", [("verl-sync", {}), ("rollmux", {}), ("one-step-off", {}),
+                                             ("jigsaw", {"cost_aware": False}), ("jigsaw", {})])
+def test_a_rollout_width_too_narrow_for_a_small_class_runs_wider_there_or_off_it(policy, options):
+    # seed 149 of odd_workloads --classes: the width was taken from the first class, and
+    # verl-sync, rollmux and jigsaw with activation off launched a one-device 14B replica
+    # on a 24 GB device (a ValueError inside the simulator's replica). Now the baselines
+    # run one width on the class with the least memory among their rollout devices (verl
+    # and OpenRLHF take one tensor-parallel size for every engine) and jigsaw keeps its
+    # replicas off devices whose class cannot hold them
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    sim = Simulation(_fourteen_b_at_width_one(), get_policy(policy, **options), seed=0)
+    r = sim.run()
+    assert r["samples"] == 4 * r["pipelines"]["p0"]["steps"] * sim.world.pipelines["p0"].spec.samples_per_prompt
+    model = sim.world.pipelines["p0"].model
+    launched = [devs for _, cat, devs, _, _ in sim.world.trace if cat == "rollout"]
+    assert launched
+    assert all(sim.world.device_classes.cost_for(devs).kv_capacity_tokens(model, len(devs)) > 0 for devs in launched)
+    if policy == "verl-sync":  # its share's smallest class sets one width for all
+        assert {len(devs) for devs in launched} == {2}
+
+
+def test_the_simulator_refuses_a_replica_whose_class_cannot_hold_it_before_booking_anything():
+    from jigsaw_plugin.core.executor import PolicyViolation
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.scheduler.decisions import LaunchReplica
+    from jigsaw_plugin.sim import Simulation
+
+    sim = Simulation(_fourteen_b_at_width_one(), get_policy("jigsaw"), seed=0)
+    w = sim.world
+    with pytest.raises(PolicyViolation, match=r"LaunchReplica.devices: \(5,\).*small device\(s\) \(24 GB\)"
+                                              r".*allowed: 2 of that class"):
+        w.apply(LaunchReplica("p0", (5,)))
+    assert not w.replicas and all(w.task.get(d) is None for d in range(16))
+
+
+def test_a_share_too_small_for_one_replica_on_its_smallest_class_is_refused_by_field():
+    # verl-sync rolls out on the whole share at one width: a 72B's weights (145 GB) leave a
+    # 16 GB device no KV room even at width 8 (its training state on the host:
+    # train_offload full); refused before the run, naming the share
+    tiny = dict(_SMALL, name="tiny", memory_gb=16.0)
+    d = _two_sizes(("h100", 8), (tiny, 8), model="qwen2.5-72b", mode="sync").to_dict()
+    d["cluster"]["classes"][0]["gpus_per_node"] = d["cluster"]["classes"][1]["gpus_per_node"] = 8
+    d["pipelines"][0]["train_offload"] = "full"
+    with pytest.raises(SpecError, match=re.escape("pipelines[0].gpus")) as e:
+        simulate(parse_workload(d), "verl-sync")
+    assert "hold a replica of qwen2.5-72b on their smallest class (tiny, 16 GB" in str(e.value)

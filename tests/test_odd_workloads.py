@@ -44,10 +44,12 @@ def test_classes_lay_the_same_workload_over_device_classes():
 
 
 @pytest.mark.parametrize("seed, policy", [(22, "jigsaw"), (25, "rollmux"), (25, "one-step-off"), (33, "verl-sync"),
-                                          (25, "jigsaw-activation-off"), (26, "jigsaw-activation-off")])
+                                          (25, "jigsaw-activation-off"), (26, "jigsaw-activation-off"),
+                                          (149, "verl-sync"), (149, "rollmux"), (149, "jigsaw-activation-off")])
 def test_a_pool_of_classes_is_run_or_refused_by_field(seed, policy):
     # each crashed on the build of stop 62 (a gang or split on devices too small to hold the
     # training state: PolicyViolation; a trainer site too small: SimulationStalled), or,
-    # seed 26 with activation off, stalled once its share's check saw its classes
+    # seed 26 with activation off, stalled once its share's check saw its classes; seed 149
+    # (stop 66) launched a 14B's one-device replica on a 24 GB device (a ValueError)
     seed, name, outcome, detail = odd_workloads.run_one((seed, policy, True))
     assert outcome in ("ok", "refused"), detail

@@ -42,8 +42,26 @@ def all_free(state, devices) -> bool:
 
 
 def launch_replicas(state, p, devices) -> list:
-    tp = rollout_tp(p, state.cost)
+    # one width for all of them, as the frameworks run it, on the class with the least
+    # memory among ``devices`` (the first class's width may not fit a smaller one)
+    tp = rollout_tp(p, state.cost_of(devices))
     return [LaunchReplica(p.name, tuple(devices[i:i + tp])) for i in range(0, len(devices) - tp + 1, tp)]
+
+
+def check_rollout_room(state, p, devices, policy: str) -> None:
+    """``SpecError`` unless ``devices`` (where ``policy`` runs ``p``'s rollout) hold one of
+    its replicas at the width of their smallest class, with room for a KV cache. On pools
+    of several classes only: a host executor's pool (one pretend class) places its own
+    engines, and its profile's memory says nothing about them."""
+    if len(state.classes) <= 1:
+        return
+    cost = state.cost_of(devices)
+    tp = rollout_tp(p, cost)
+    if len(devices) < tp or cost.kv_capacity_tokens(p.model, tp) <= 0:
+        raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
+                        f"a share whose {len(devices)} rollout devices under {policy} hold a replica of "
+                        f"{p.model.name} on their smallest class ({cost.hw.name}, {cost.hw.memory_gb:g} GB: "
+                        f"{tp} device(s) with room for a KV cache)")
 
 
 def retire_all(p) -> list:
@@ -67,6 +85,7 @@ class VerlSync(Policy):
                 raise SpecError(f"pipelines[{p.index}].gpus", len(p.static_devices),
                                 f"a share that holds {p.model.name}'s training state on its smallest class "
                                 f"(at least {need} devices), as {self.name} trains on all of it")
+            check_rollout_room(state, p, p.static_devices, self.name)
         return super().setup(state)
 
     def decide(self, state) -> list:
@@ -144,6 +163,7 @@ class _Disaggregated(Policy):
                 raise SpecError(f"pipelines[{p.index}].gpus", len(devs),
                                 f"a share whose {len(devs) - r} training devices after {self.name}'s {r} rollout "
                                 f"devices hold {p.model.name}'s training state on their class (at least {held})")
+            check_rollout_room(state, p, devs[:r], self.name)
             split[p.name] = (devs[:r], devs[r:])
         return PolicySetup(super().setup(state).residency, memo=split)
 
@@ -284,6 +304,7 @@ class RollMux(Policy):
                     raise SpecError(f"pipelines[{q.index}].gpus", len(q.static_devices),
                                     f"a share whose rollmux group's {len(train)} training devices hold "
                                     f"{q.model.name}'s training state on their class (at least {held})")
+                check_rollout_room(state, q, g.devices[:g.rollout], self.name)
                 pools[name] = (g.names, g.devices[:g.rollout], train)
                 res[name] = g.devices
         return PolicySetup(res, memo=pools)

@@ -12,7 +12,7 @@ import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 
-__all__ = ["rollout_tp", "split_rollout_sizes", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "gen_profile_s", "train_estimate_s",
+__all__ = ["rollout_tp", "holding_replica", "split_rollout_sizes", "length_stats", "observed_stats", "gen_estimate_s", "gen_parts_s", "gen_profile_s", "train_estimate_s",
            "balanced_split"]
 
 
@@ -20,6 +20,18 @@ __all__ = ["rollout_tp", "split_rollout_sizes", "length_stats", "observed_stats"
 def rollout_tp(pipeline, cost) -> int:
     """The replica size (``CostModel.rollout_width`` of the spec's ``rollout_tp``)."""
     return cost.rollout_width(pipeline.model, pipeline.spec.rollout_tp)
+
+
+def holding_replica(state, model, devices, width: int) -> list:
+    """The devices of ``devices`` whose class holds a ``width``-wide rollout replica of
+    ``model`` with room for a KV cache (a node holds one class). On a pool of several
+    classes a width chosen on one class's memory may not fit another's: a 14B at width 1
+    fills an 80 GB device a third of the way and overflows a 24 GB one. All of them on a
+    pool of one class, whose widths ``rollout_width`` grows until they fit."""
+    if len(state.classes) <= 1:
+        return list(devices)
+    fits = [c.devices for c in state.classes if c.cost.kv_capacity_tokens(model, width) > 0]
+    return [d for d in devices if any(d in r for r in fits)]
 
 
 def split_rollout_sizes(tp: int, model, cost, devices: int) -> range:

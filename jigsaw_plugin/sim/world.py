@@ -172,6 +172,14 @@ class World(ExecutorCore):
     def _launch(self, d: LaunchReplica) -> None:
         p = self.pipelines[d.pipeline]
         devices = tuple(d.devices)
+        cost = self.cost_for(devices)
+        if cost.kv_capacity_tokens(p.model, len(devices)) <= 0:  # before anything is booked
+            w = cost.rollout_width(p.model, len(devices))
+            room = f"{w} of that class or " if cost.kv_capacity_tokens(p.model, w) > 0 else ""
+            raise PolicyViolation(
+                f"LaunchReplica.devices: {devices} for {p.name}'s {p.model.name}, whose weights leave no room "
+                f"for a KV cache on {len(devices)} {cost.hw.name} device(s) ({cost.hw.memory_gb:g} GB); allowed: "
+                f"{room}devices of a class with more memory")
         host, split = self._check_colocation(d, p, devices) if d.colocate_with is not None else (None, None)
         handed = self._hand_over(d, p, devices)
         rep_id = self._new_replica_id()
@@ -184,7 +192,7 @@ class World(ExecutorCore):
         if absent:  # weights not resident: devices behind a wide-area link pull them over it
             switch += self.device_classes.weight_pull_s(p.model, [absent])
         other = split.guest_other_bytes if split is not None else self._other_weight_bytes(p, devices)
-        rep = Replica(rep_id, p.name, devices, p.model, self.cost_for(devices),
+        rep = Replica(rep_id, p.name, devices, p.model, cost,
                       other, ready_t=self.t, pricer=self.pricer)
         if host is not None:
             self._pair(host, rep, split)

@@ -10,7 +10,8 @@ import math
 from jigsaw_plugin.scheduler.activation import activate
 from jigsaw_plugin.scheduler.admission import launch_limit, spread_of
 from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica
-from jigsaw_plugin.scheduler.estimates import gen_estimate_s, observed_stats, rollout_tp, train_estimate_s
+from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
+                                               train_estimate_s)
 from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
 from jigsaw_plugin.scheduler.state import ReplicaView
 
@@ -419,7 +420,7 @@ class RolloutReplicas:
         home = rnd.home[p.name][0]
         if self.config.resize:  # idle training-home devices may serve the rollout too
             home = self._affinity(rnd, p, rnd.share[p.name], "rollout")
-        avail = [d for d in home if d in free]
+        avail = holding_replica(state, p.model, [d for d in home if d in free], tp)
         cap = self._rollout_cap(rnd, p)
         if cap is not None:  # the rest of the home is its training gang's (async_reserve)
             avail = avail[:self._under_cap(rnd, p, cap, tp)]
@@ -466,7 +467,9 @@ class RolloutReplicas:
     def _take_groups(self, rnd, p, pool: list, held, tp: int, groups: list, want: int) -> list:
         """``groups`` and more ``tp``-wide groups of ``pool``, each on one node, up to
         ``want``; on a cost-aware pool only the devices activation picks beside the ``held``
-        ones (the cheapest that keep the learner fed, activation.py)."""
+        ones (the cheapest that keep the learner fed, activation.py); only devices whose
+        class holds a ``tp``-wide replica of ``p``'s model (``holding_replica``)."""
+        pool = holding_replica(rnd.state, p.model, pool, tp)
         if self._cost_aware(rnd.state):
             pool = [d for d in activate(rnd.state, p, [*held, *pool], tp).devices if d not in held]
         while len(groups) < want:

@@ -6,6 +6,7 @@ A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins
 from __future__ import annotations
 
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica
+from jigsaw_plugin.scheduler.estimates import holding_replica
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, INF, balanced_groups, tail_s
 
 __all__ = ["TailMoves"]
@@ -268,7 +269,7 @@ class TailMoves:
                 for j, group in enumerate(groups):
                     # free devices, and the devices of replicas absorbed by this or an earlier group
                     own = [d for g in groups[:j + 1] for r in g for d in r.devices] if in_place else []
-                    avail = [d for d in spare + own if d not in taken]
+                    avail = holding_replica(state, p.model, [d for d in spare + own if d not in taken], w)
                     devs = self._node_group(rnd, p, avail, w)
                     if not devs:
                         plan = None
