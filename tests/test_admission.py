@@ -319,7 +319,7 @@ def _fitting_all_at_once(held, left, cap, shape, margin_sd):
 
 def test_fitting_with_a_spread_a_block_at_a_time_counts_as_over_all_sequences_at_once():
     # a queue of hundreds behind a full replica is evaluated only up to the first sequence
-    # that does not fit, whatever the running count it is told
+    # that does not fit, whatever the running count or the guess it is told
     rng = np.random.default_rng(7)
     for _ in range(300):
         n = int(rng.integers(1, 700))
@@ -332,6 +332,8 @@ def test_fitting_with_a_spread_a_block_at_a_time_counts_as_over_all_sequences_at
         want = _fitting_all_at_once(held, left, cap, shape, margin)
         assert fitting(held, left, cap, shape, margin) == want
         assert fitting(held, left, cap, shape, margin, running=int(rng.integers(0, n + 1))) == want
+        # the memo's guess (a replica's last count) only moves where the first block ends
+        assert fitting(held, left, cap, shape, margin, guess=int(rng.integers(0, n + 2))) == want
 
 
 def test_the_memo_answers_as_fitting_and_asks_again_on_any_change():

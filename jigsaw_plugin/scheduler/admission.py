@@ -36,7 +36,7 @@ def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
 
 
 def fitting(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray | None = None,
-            margin_sd: float = 0.0, running: int = 0) -> int:
+            margin_sd: float = 0.0, running: int = 0, guess: int | None = None) -> int:
     """The most sequences, the first ones of ``held`` / ``remaining`` (running, then waiting
     in the order the engine admits them), whose set's KV peak stays within ``capacity``. A
     sequence added never lowers the peak. Fewer than the running ones: the running set
@@ -56,13 +56,15 @@ def fitting(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.
     that is re-prefilled later. Without ``shape``, the peak of the point predictions
     (``peak_kv_tokens``), by bisection. ``running``: how many of the first sequences are
     running (likely to fit: the evaluation with ``shape`` takes them in its first block; the
-    count is the same whatever it is)."""
+    count is the same whatever it is). ``guess``: the count expected (the replica's last
+    answer, ``FittingMemo``): the first block then ends just past it, the same count."""
     n = len(held)
     if n == 0:
         return 0
     if shape is not None and len(shape):
+        rows = guess + 2 if guess is not None else running + _FIRST_ROWS
         return _fitting_expected(np.asarray(held, float), np.asarray(remaining, float), capacity, shape, margin_sd,
-                                 running + _FIRST_ROWS)
+                                 rows)
     if peak_kv_tokens(held, remaining) <= capacity:
         return n
     lo, hi = 0, n  # lo fits (or is 0); find the largest k that fits
@@ -80,7 +82,10 @@ class FittingMemo:
     equal, element by element; any difference computes it again. Several decide rounds run
     at one instant (a decision's effects are decided on at once) and a replica that did not
     decode in between (a prefill, a weight load) asks with the same arrays: on a large mix
-    (L9018) about a third of the calls. Keeps only the keys asked since the last ``round``."""
+    (L9018) about a third of the calls. Where they differ, the last answer is ``fitting``'s
+    guess: a replica's count moves little from round to round, so the sums stop just past
+    it (on L9003's calls about 0.7x the rows of its running sequences and 32 more, which
+    the first block held otherwise). Keeps only the keys asked since the last ``round``."""
 
     __slots__ = ("_last", "_now")
 
@@ -100,7 +105,7 @@ class FittingMemo:
                 and (got[3] is shape or (shape is not None and got[3] is not None and _same(got[3], shape))):
             n = got[4]
         else:
-            n = fitting(held, remaining, capacity, shape, margin_sd, running)
+            n = fitting(held, remaining, capacity, shape, margin_sd, running, None if got is None else got[4])
         self._now[key] = (args, held, remaining, shape, n)
         return n
 
@@ -121,7 +126,8 @@ def _fitting_expected(held: np.ndarray, remaining: np.ndarray, capacity: float, 
     then doubling), each block's sums started from the last one's, so that a long queue behind
     a full replica (a 72B PPO step's 2,048 requests on a few replicas) is not evaluated
     past the first sequence that does not fit: the same sums, in the same order, as over
-    all of them at once."""
+    all of them at once (``cumsum`` adds in order), so the count does not depend on the
+    blocks (tested)."""
     n = len(held)
     t = _grid(remaining, shape)  # over every sequence, as the whole set's evaluation
     mean_sum, var_sum = np.zeros((1, len(t))), np.zeros((1, len(t)))
