@@ -12,6 +12,7 @@ reward and the forward passes that run beside it (docs/simulator.md, "Bounds").
     python benchmarks/odd_workloads.py                   # seeds 0-69, about 10 minutes
     python benchmarks/odd_workloads.py --seeds 110 136   # those seeds only
     python benchmarks/odd_workloads.py --classes         # each pool as 1-3 device classes
+    python benchmarks/odd_workloads.py --preempt         # ... each class preemptible at even odds
 
 ``--classes`` lays each seed's pool out as 1-3 device classes (H100, A100, H20, a 48 GB
 L40S-like and a 24 GB RTX 4090-like profile), each in nodes of its own size, and runs
@@ -19,7 +20,10 @@ jigsaw with cost-aware activation off too (``jigsaw-activation-off``). Stop 63 f
 it gangs sized for the first class on devices too small to hold them and shares, splits
 and trainer sites that could not hold a pipeline's training state on their class; stop 66
 (seed 149) rollout replicas at the first class's width on a class too small to hold them
-(docs/simulator.md, "Device classes").
+(docs/simulator.md, "Device classes"). ``--preempt`` makes each class preemptible at even
+odds, at rates that preempt within the odd runs' seconds to minutes; stop 66 found with it
+verl-sync and RollMux stalling once a preemption took every replica of a step's rollout
+(docs/plan.md, "Preemption").
 
 Prints a line per crash (a traceback) and per run that ends below its bound, then the
 count of each outcome; exits 1 if there was any of either.
@@ -103,11 +107,26 @@ def with_classes(spec: dict, seed: int) -> dict:
     return dict(spec, cluster={"classes": classes})
 
 
+def with_preemption(spec: dict, seed: int) -> dict:
+    """``spec`` (laid out as classes) with each class preemptible at even odds: 200-20,000
+    preemptions a device-hour (the odd runs last seconds to minutes), replaced after 1-30 s
+    (a stream of draws of its own, so the pool is ``with_classes``'s)."""
+    rng = random.Random(seed * 104729 + 3)
+    classes = []
+    for c in spec["cluster"]["classes"]:
+        c = dict(c)
+        if rng.random() < 0.5:
+            c["preemptible"] = {"rate_per_hour": rng.choice([200.0, 2000.0, 20000.0]),
+                                "replace_s": rng.choice([1.0, 5.0, 30.0])}
+        classes.append(c)
+    return dict(spec, cluster={"classes": classes})
+
+
 def run_one(job: tuple) -> tuple:
     """(seed, policy, outcome, detail): outcome "ok", "spec" (the file is refused), "refused"
-    (the policy refuses it), "below-bound" or "crash". ``job``: (seed, policy) or (seed,
-    policy, classes)."""
-    seed, policy, classes = (*job, False)[:3]
+    (the policy refuses it), "below-bound" or "crash". ``job``: (seed, policy), (seed,
+    policy, classes) or (seed, policy, classes, preempt)."""
+    seed, policy, classes, preempt = (*job, False, False)[:4]
     from jigsaw_plugin.errors import SpecError
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
@@ -115,7 +134,8 @@ def run_one(job: tuple) -> tuple:
 
     spec = spec_of(seed)
     try:
-        wl = parse_workload(with_classes(spec, seed) if classes else spec, base_dir=EXAMPLES)
+        laid = with_classes(spec, seed) if classes or preempt else spec
+        wl = parse_workload(with_preemption(laid, seed) if preempt else laid, base_dir=EXAMPLES)
     except SpecError as e:
         return seed, policy, "spec", str(e)
     try:
@@ -128,7 +148,7 @@ def run_one(job: tuple) -> tuple:
     bound = r["bounds"]["makespan_lower_bound_s"]
     if policy in ON_POLICY and r["makespan_s"] < bound * (1 - 1e-9):
         return seed, policy, "below-bound", f"{r['makespan_s']:.2f} s against a bound of {bound:.2f} s"
-    return seed, policy, "ok", f"{r['makespan_s']:.1f} s"
+    return seed, policy, "ok", f"{r['makespan_s']:.1f} s, {r['preemptions']['preemptions']} preemptions"
 
 
 def _limit_cpu() -> None:
@@ -141,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(70)),
                     help="workload seeds (default 0-69)")
     ap.add_argument("--classes", action="store_true", help="each pool as 1-3 device classes (with_classes)")
+    ap.add_argument("--preempt", action="store_true",
+                    help="--classes with each class preemptible at even odds (with_preemption)")
     args = ap.parse_args(argv)
-    jobs = [(s, p, args.classes) for s in args.seeds for p in (CLASS_POLICIES if args.classes else POLICIES)]
+    laid = args.classes or args.preempt
+    jobs = [(s, p, laid, args.preempt) for s in args.seeds for p in (CLASS_POLICIES if laid else POLICIES)]
     counts = Counter()
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=_limit_cpu) as ex:
         for seed, policy, outcome, detail in ex.map(run_one, jobs):

@@ -53,3 +53,13 @@ def test_a_pool_of_classes_is_run_or_refused_by_field(seed, policy):
     # (stop 66) launched a 14B's one-device replica on a 24 GB device (a ValueError)
     seed, name, outcome, detail = odd_workloads.run_one((seed, policy, True))
     assert outcome in ("ok", "refused"), detail
+
+
+def test_preempt_makes_classes_preemptible_on_the_same_pool():
+    for seed in range(20):
+        laid = odd_workloads.with_classes(odd_workloads.spec_of(seed), seed)
+        hit = odd_workloads.with_preemption(laid, seed)
+        assert hit == odd_workloads.with_preemption(laid, seed) and hit["pipelines"] == laid["pipelines"]
+        plain = [{k: v for k, v in c.items() if k != "preemptible"} for c in hit["cluster"]["classes"]]
+        assert plain == laid["cluster"]["classes"]
+        assert all(c["preemptible"]["rate_per_hour"] > 0 for c in hit["cluster"]["classes"] if "preemptible" in c)

@@ -93,3 +93,18 @@ def test_preemption_is_seeded():
     a, _ = _run(_workload(RATE), "areal")
     b, _ = _run(_workload(RATE), "areal")
     assert a["makespan_s"] == b["makespan_s"] and a["preemptions"] == b["preemptions"]
+
+
+@pytest.mark.parametrize("policy", ("verl-sync", "rollmux"))
+def test_a_rollout_whose_every_replica_is_preempted_starts_its_engines_again(policy, tmp_path):
+    # every spot device preempted a second into the first rollouts: the step's requests
+    # wait with no replica. verl-sync and RollMux launched replicas only as a step began,
+    # so the run stalled (odd_workloads --preempt, stop 66); they now start their engines
+    # again once the devices are back, and every sample finishes once at its full length
+    (tmp_path / "pre.csv").write_text("t_s,device\n" + "".join(f"1.0,{d}\n" for d in range(6)))
+    d = _workload(None).to_dict()
+    d["cluster"]["classes"][0]["preemptible"] = {"trace": "pre.csv", "replace_s": 5}
+    hit, hit_log = _run(parse_workload(d, base_dir=tmp_path), policy)
+    calm, calm_log = _run(_workload(None), policy)
+    assert hit["preemptions"]["preemptions"] == 6 and hit["preemptions"]["resumed_requests"] > 0
+    assert _finished(hit_log) == _finished(calm_log) and max(_finished(hit_log).values()) == 1

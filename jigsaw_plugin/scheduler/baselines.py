@@ -102,6 +102,8 @@ class VerlSync(Policy):
                 continue
             if p.next_stage:
                 out.append(RunStage(p.name, p.train_next, p.next_stage, devs, colocated=True))
+            elif p.pending:  # a preemption took the step's replicas: its engines start again
+                out += launch_replicas(state, p, devs)
             elif p.gen_next == p.train_next < p.total_steps and p.rollout_version == p.gen_next:
                 out += launch_replicas(state, p, devs)
                 out.append(StartGen(p.name, p.gen_next))
@@ -324,7 +326,10 @@ class RollMux(Policy):
             if all_free(state, roll) and not any(q.replicas for q in pair):
                 ready = [q for q in pair if not q.done and q.gen_next == q.train_next < q.total_steps
                          and q.rollout_version == q.gen_next]
-                if ready:
+                lost = [q for q in pair if q.pending]  # a preemption took its step's replicas
+                if lost:
+                    out += launch_replicas(state, lost[0], roll)
+                elif ready:
                     q = min(ready, key=lambda q: (q.gen_next, q.index))
                     out += launch_replicas(state, q, roll)
                     out.append(StartGen(q.name, q.gen_next))
