@@ -331,3 +331,29 @@ def test_ablate_flips_each_mechanism_from_its_default():
             assert e.field == "--ablate"
         else:
             raise AssertionError(f"{bad} with {name} must be refused")
+
+
+def test_report_and_summary_show_preemptions_only_where_a_run_lost_a_device(bench_dir, tmp_path):
+    # a simulated run on a pool with preemptible classes carries ``preemptions``; the report
+    # and the printed A/B show what they cost each side, and nothing where none happened
+    import shutil
+
+    from jigsaw_plugin.bench.ab import format_ab
+
+    run = tmp_path / "preempted"
+    shutil.copytree(bench_dir, run)
+    result = json.loads((run / "result.json").read_text())
+    assert "preemptions" not in format_ab(result)
+    assert "preemptions (devices lost)" not in (bench_dir / "report.md").read_text()
+    for side, (n, moved, again) in (("baseline", (37, 120, 2)), ("candidate", (17, 45, 0))):
+        result[side]["preemptions"] = {"recovery": "migrate", "preemptions": n, "resumed_requests": moved,
+                                       "restarted_stages": again, "per_class": {"spot": n}}
+    (run / "result.json").write_text(json.dumps(result))
+    p = jigsaw("report", run)
+    assert p.returncode == 0, p.stderr
+    report = (run / "report.md").read_text()
+    assert "| preemptions (devices lost) | 37 | 17 |" in report
+    assert "| - requests resumed elsewhere with their tokens | 120 | 45 |" in report
+    text = format_ab(result)
+    assert f"{'preemptions':<22}{37:>14}{17:>14}" in text
+    assert f"{'  requests resumed':<22}{120:>14}{45:>14}" in text

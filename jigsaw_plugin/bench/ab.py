@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.bench.spans import Timeline
-from jigsaw_plugin.core.result import chain_rows, last_chain
+from jigsaw_plugin.core.result import chain_rows, last_chain, preemption_rows
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
@@ -201,6 +201,8 @@ def format_ab(ab: dict) -> str:
         *([f"{'cost (' + b['cost']['unit'] + ')':<22}{b['cost']['total']:>14.3f}{c['cost']['total']:>14.3f}",
            f"{'samples per cost':<22}{b['cost']['samples_per_cost']:>14.1f}{c['cost']['samples_per_cost']:>14.1f}"]
           if b.get("cost") and c.get("cost") else []),
+        *[f"{label:<22}{'-' if vb is None else vb:>14}{'-' if vc is None else vc:>14}"
+          for label, vb, vc in preemption_rows(b, c, short=True)],
         *_breakdown_rows(b, c),
         *_chain_rows(b, c),
         "mean step s per pipeline:",

@@ -12,7 +12,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.figures import render_figures
 from jigsaw_plugin.bench.perfetto import write_perfetto_trace
 from jigsaw_plugin.bench.rundir import SIDES, SavedRun
-from jigsaw_plugin.core.result import chain_rows, last_chain
+from jigsaw_plugin.core.result import chain_rows, last_chain, preemption_rows
 
 __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
 
@@ -79,6 +79,7 @@ def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
         unit = cb.get("unit") or cc.get("unit")
         rows += [(f"cost ({unit})", cb.get("total"), cc.get("total")),
                  (f"samples per cost ({unit})", cb.get("samples_per_cost"), cc.get("samples_per_cost"))]
+    rows += preemption_rows(b, c)
     sb, sc = b.get("scheduler", {}), c.get("scheduler", {})
     if sb or sc:
         rows += [("scheduler decisions", sb.get("decisions"), sc.get("decisions")),

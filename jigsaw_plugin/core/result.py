@@ -6,7 +6,7 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "chain_rows", "STAGE_KEYS",
+__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "chain_rows", "preemption_rows", "STAGE_KEYS",
            "ELASTIC_ASSUMES"]
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
@@ -194,3 +194,17 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
         "cost": cost_result(ex, makespan, samples),
         "preemptions": ex.preemptions.summary() if getattr(ex, "preemptions", None) is not None else None,
     }
+
+
+def preemption_rows(b: dict, c: dict, short: bool = False) -> list[tuple[str, object, object]]:
+    """What preemptions did to each run (``preemptions`` of a simulated result on a pool
+    with preemptible classes), where either run lost a device; none otherwise. ``short``:
+    labels that fit the printed A/B's column."""
+    pb, pc = b.get("preemptions") or {}, c.get("preemptions") or {}
+    if not (pb.get("preemptions") or pc.get("preemptions")):
+        return []
+    labels = (("preemptions", "  requests resumed", "  stages run again") if short else
+              ("preemptions (devices lost)", "- requests resumed elsewhere with their tokens",
+               "- training stages run again from the last version"))
+    keys = ("preemptions", "resumed_requests", "restarted_stages")
+    return [(label, pb.get(key), pc.get(key)) for label, key in zip(labels, keys)]
