@@ -182,6 +182,19 @@ def test_lookahead_waits_for_a_home_device_about_to_free():
     assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
 
 
+def test_lookahead_does_not_wait_for_a_home_device_that_left_the_pool():
+    # device 3 was preempted: no task and not free (its replacement's arrival is not in the
+    # state); the look-ahead priced it as free now and waited, round after round, while
+    # preemptions kept some home device down (odd_workloads --preempt seed 200)
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
+                  steps={1: step(1, done=32, rewarded=32)})
+    busy = {d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}
+    down = dataclasses.replace(state([p0, p1], busy=busy), free=frozenset({0, 1, 2}))
+    out = get_policy("jigsaw", migration=False).decide(down)
+    assert [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"] == [(0, 1, 2)]
+
+
 def _agent_step_ready_own_replica_busy(in_tools, tool_s):
     """An asynchronous agent: step 0 is ready to train on its three free home devices; step
     1 generates on the fourth, its one replica, with one request predicted to end in a
