@@ -231,21 +231,30 @@ def test_doctor_verdicts_and_exit_code():
         assert p.returncode == 1 and "not ready for: ray" in p.stdout and "torch==2.13.0" in p.stdout
 
 
-def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_dir, tmp_path):
-    # the policy issue adds these fields to the result; the report prints them as they are
+def _rerendered(bench_dir, run, edit) -> tuple[dict, str]:
+    """A copy of the saved run at ``run`` whose result.json ``edit`` changed, re-rendered by
+    ``jigsaw report``: (the edited result, its report.md)."""
     import shutil
 
-    run = tmp_path / "with-bounds"
     shutil.copytree(bench_dir, run)
     result = json.loads((run / "result.json").read_text())
-    for side, eff, lb in (("baseline", 0.41, 250.0), ("candidate", 0.57, 250.0)):
-        result[side]["effective_utilisation"] = eff
-        result[side]["bounds"] = {"work_s": 180.5, "critical_path_s": 240.25, "makespan_lower_bound_s": lb}
-    result["gap_recovered"] = 0.625
+    edit(result)
     (run / "result.json").write_text(json.dumps(result))
     p = jigsaw("report", run)
     assert p.returncode == 0, p.stderr
-    report = (run / "report.md").read_text()
+    return result, (run / "report.md").read_text()
+
+
+def test_report_shows_utilisation_bounds_and_gap_when_the_result_has_them(bench_dir, tmp_path):
+    # the policy issue adds these fields to the result; the report prints them as they are
+    def add_bounds(result):
+        for side, eff, lb in (("baseline", 0.41, 250.0), ("candidate", 0.57, 250.0)):
+            result[side]["effective_utilisation"] = eff
+            result[side]["bounds"] = {"work_s": 180.5, "critical_path_s": 240.25, "makespan_lower_bound_s": lb}
+        result["gap_recovered"] = 0.625
+
+    run = tmp_path / "with-bounds"
+    _, report = _rerendered(bench_dir, run, add_bounds)
     assert "| effective utilisation | 0.41 | 0.57 | 1.39x |" in report
     assert "| bound: makespan_lower_bound_s | 250.00 | 250.00 |" in report
     assert "| bound: critical_path_s | 240.25 | 240.25 |" in report
@@ -336,22 +345,17 @@ def test_ablate_flips_each_mechanism_from_its_default():
 def test_report_and_summary_show_preemptions_only_where_a_run_lost_a_device(bench_dir, tmp_path):
     # a simulated run on a pool with preemptible classes carries ``preemptions``; the report
     # and the printed A/B show what they cost each side, and nothing where none happened
-    import shutil
-
     from jigsaw_plugin.bench.ab import format_ab
 
-    run = tmp_path / "preempted"
-    shutil.copytree(bench_dir, run)
-    result = json.loads((run / "result.json").read_text())
-    assert "preemptions" not in format_ab(result)
+    assert "preemptions" not in format_ab(json.loads((bench_dir / "result.json").read_text()))
     assert "preemptions (devices lost)" not in (bench_dir / "report.md").read_text()
-    for side, (n, moved, again) in (("baseline", (37, 120, 2)), ("candidate", (17, 45, 0))):
-        result[side]["preemptions"] = {"recovery": "migrate", "preemptions": n, "resumed_requests": moved,
-                                       "restarted_stages": again, "per_class": {"spot": n}}
-    (run / "result.json").write_text(json.dumps(result))
-    p = jigsaw("report", run)
-    assert p.returncode == 0, p.stderr
-    report = (run / "report.md").read_text()
+
+    def add_preemptions(result):
+        for side, (n, moved, again) in (("baseline", (37, 120, 2)), ("candidate", (17, 45, 0))):
+            result[side]["preemptions"] = {"recovery": "migrate", "preemptions": n, "resumed_requests": moved,
+                                           "restarted_stages": again, "per_class": {"spot": n}}
+
+    result, report = _rerendered(bench_dir, tmp_path / "preempted", add_preemptions)
     assert "| preemptions (devices lost) | 37 | 17 |" in report
     assert "| - requests resumed elsewhere with their tokens | 120 | 45 |" in report
     text = format_ab(result)
