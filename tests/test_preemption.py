@@ -3,6 +3,7 @@ holds, and the same samples are trained with and without preemptions."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -108,3 +109,41 @@ def test_a_rollout_whose_every_replica_is_preempted_starts_its_engines_again(pol
     calm, calm_log = _run(_workload(None), policy)
     assert hit["preemptions"]["preemptions"] == 6 and hit["preemptions"]["resumed_requests"] > 0
     assert _finished(hit_log) == _finished(calm_log) and max(_finished(hit_log).values()) == 1
+
+
+def test_the_state_shows_the_preemptions_seen_so_far_and_none_to_come(tmp_path):
+    # spot devices 0 and 5 preempted at 1 s and 2 s, each down 5 s: a round's state counts
+    # what has happened by its time (a down still open up to then), never what is to come
+    (tmp_path / "pre.csv").write_text("t_s,device\n1.0,0\n2.0,5\n")
+    d = _workload(None).to_dict()
+    d["cluster"]["classes"][0]["preemptible"] = {"trace": "pre.csv", "replace_s": 5}
+    pol = get_policy("one-step-off")
+    seen = []
+    decide = pol.decide
+    pol.decide = lambda state: (seen.append((state.t, state.preemptions)), decide(state))[1]
+    Simulation(parse_workload(d, base_dir=tmp_path), pol, seed=3).run()
+    checked = set()
+    for t, pre in seen:
+        if t < 1.0:
+            assert pre == ()
+            continue
+        (s,) = pre
+        starts = [x for x in (1.0, 2.0) if x <= t]
+        down = sum(min(t, x + 5.0) - x for x in starts)
+        assert (s.cls, s.count) == (0, len(starts))
+        assert s.down_s == pytest.approx(down) and s.exposed_s == pytest.approx(6 * t - down)
+        assert s.rate_per_s == pytest.approx(len(starts) / (6 * t - down))
+        checked.add((len(starts), t >= 7.0))
+    assert {(1, False), (2, False), (2, True)} <= checked  # rounds between and after the downs
+
+
+def test_restart_pricing_is_the_pass_itself_without_preemptions_and_grows_with_the_gang():
+    from jigsaw_plugin.scheduler.estimates import restart_priced_s
+
+    assert restart_priced_s(3.0, 0.0, 30.0) == 3.0
+    # rare preemptions: about the pass plus the expected lost work and waits (rate t (t/2 + wait))
+    assert restart_priced_s(3.0, 1e-6, 30.0) == pytest.approx(3.0 + 1e-6 * 3.0 * (1.5 + 30.0), rel=1e-9)
+    # (e^(rate t) - 1)(1/rate + wait): one device every 20 s, a 2 s pass, 10 s down
+    assert restart_priced_s(2.0, 0.05, 10.0) == pytest.approx(math.expm1(0.1) * 30.0)
+    # a pass that would almost never finish is infinite, not an overflow
+    assert restart_priced_s(1e4, 1.0, 1.0) == float("inf")

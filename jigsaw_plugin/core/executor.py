@@ -351,6 +351,11 @@ class ExecutorCore:
             self._emit("jigsaw_register_pipeline", pipeline=p.name, spec=p.spec.to_dict())
             self._emit("jigsaw_pipeline_start", pipeline=p.name, t=0.0)
 
+    def preemptions_seen(self) -> tuple:
+        """``PreemptionsSeen`` per device class that has lost a device so far (what
+        ``SchedulerState.preemptions`` carries); none on an executor without preemptions."""
+        return ()
+
     def device_views(self) -> tuple:
         if self._device_views is None or self._device_views[0] != self._devices_version:
             nodes = self.nodes

@@ -1092,5 +1092,5 @@ def build_state(ex, memo=None, refresh: RefreshPolicy | None = None, caches: dic
         classes=ex.device_classes.views() if getattr(ex, "device_classes", None) is not None else (),
         early_passes=ex.supports_early_passes, colocation=ex.supports_colocation,
         reshard_in_place=ex.supports_reshard_in_place, concurrent_stages=ex.supports_concurrent_stages,
-        admission_limits=ex.supports_admission_limits,
+        admission_limits=ex.supports_admission_limits, preemptions=ex.preemptions_seen(),
     )

@@ -34,6 +34,7 @@ __all__ = [
     "DeviceTask",
     "DeviceView",
     "DeviceClassView",
+    "PreemptionsSeen",
     "SchedulerState",
 ]
 
@@ -411,6 +412,29 @@ class DeviceClassView:
         return self.cost.hw.memory_gb
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptionsSeen:
+    """What the pool has seen of one device class's preemptions so far: a live system sees
+    a node leave and its replacement join, never when the next one leaves. Rates are
+    estimated from this history (``scheduler.estimates.restart_risk``)."""
+
+    cls: int  # index into ``SchedulerState.classes``
+    count: int  # devices of the class lost so far
+    exposed_s: float  # device-seconds its devices were in the pool so far
+    down_s: float  # device-seconds they were down so far (downs still open count up to now)
+
+    @property
+    def rate_per_s(self) -> float:
+        """Preemptions per device-second in the pool so far (0 before the first)."""
+        return self.count / self.exposed_s if self.count and self.exposed_s > 0 else 0.0
+
+    @property
+    def mean_down_s(self) -> float:
+        """Mean time a lost device stayed down so far (a down still open counts what it
+        has been down: an underestimate until its replacement joins)."""
+        return self.down_s / self.count if self.count else 0.0
+
+
 @dataclass(frozen=True)
 class SchedulerState:
     """Everything a policy may read in one decide round."""
@@ -433,6 +457,9 @@ class SchedulerState:
     # node -> its size as provisioned (``DeviceView.node`` numbers the nodes; empty: every
     # node holds ``gpus_per_node``); nodes of a pool's device classes may differ in size
     node_sizes: tuple[int, ...] = ()
+    # per class that has lost a device so far (empty: no preemption seen, or an executor
+    # without preemptions)
+    preemptions: tuple[PreemptionsSeen, ...] = ()
 
     def node_size(self, node: int) -> int:
         """How many devices node ``node`` holds as provisioned (a whole node is that many)."""

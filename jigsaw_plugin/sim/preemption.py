@@ -76,6 +76,8 @@ class Preemptions:
         self.down: dict[int, float] = {}  # device -> when its replacement joins
         self.count = [0] * len(classes.specs)  # preemptions per class
         self.downtime: list[list] = [[] for _ in classes.specs]  # (start, end) per class
+        self._down_total = [0.0] * len(classes.specs)  # the downs' full lengths, summed
+        self._open: list[list] = [[] for _ in classes.specs]  # ends of downs that may still be open
         self.resumed_requests = 0  # in-flight requests moved off preempted replicas
         self.restarted_stages = 0
         self._drawn = 0
@@ -133,8 +135,7 @@ class Preemptions:
             if run is not None:
                 w.restart_stage(run, d, back_t)
                 self.restarted_stages += 1
-                self.count[k] += 1
-                self.downtime[k].append((w.t, back_t))
+                self._count_down(k, back_t)
             else:  # a weight sync, a stage run alongside, or a pending resize: preempt it when it ends
                 p = w.pipelines.get(task.pipeline)
                 end = None
@@ -147,14 +148,35 @@ class Preemptions:
             self._draw(k, d, back_t)
 
     def _went_down(self, k: int, d: int, back_t: float) -> None:
-        self.count[k] += 1
+        self._count_down(k, back_t)
         self.down[d] = back_t
-        self.downtime[k].append((self.world.t, back_t))
         self.world.push_event(DeviceBack(back_t, d))
+
+    def _count_down(self, k: int, back_t: float) -> None:
+        self.count[k] += 1
+        self.downtime[k].append((self.world.t, back_t))
+        self._down_total[k] += back_t - self.world.t
+        self._open[k].append(back_t)
 
     def on_back(self, ev: DeviceBack) -> None:
         if self.down.pop(ev.device, None) is not None:
             self.world.bring_up(ev.device)
+
+    # ---- what a policy sees ---------------------------------------------------------------
+    def seen(self, t: float) -> tuple:
+        """``PreemptionsSeen`` of each class that has lost a device by ``t`` (what
+        ``SchedulerState.preemptions`` carries): counts and device-seconds down so far, a
+        down still open counted up to ``t``; never a preemption still to come."""
+        from jigsaw_plugin.scheduler.state import PreemptionsSeen
+
+        out = []
+        for k, c in enumerate(self.classes.specs):
+            if not self.count[k]:
+                continue
+            still = self._open[k] = [b for b in self._open[k] if b > t]
+            down = self._down_total[k] - sum(b - t for b in still)
+            out.append(PreemptionsSeen(k, self.count[k], max(0.0, c.count * t - down), down))
+        return tuple(out)
 
     # ---- result ---------------------------------------------------------------------------
     def downtime_s(self, k: int, until: float) -> float:

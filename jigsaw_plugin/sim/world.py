@@ -74,6 +74,7 @@ class World(ExecutorCore):
         self.colocations: list[dict] = []  # one record per co-located pair launched
         # before the executor's init: the policy's setup reads the classes (``SchedulerState.classes``)
         self.device_classes = DeviceClasses(workload.cluster, kw.get("factors"))
+        self.preemptions: Preemptions | None = None  # none at the policy's setup (t = 0)
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
         self.decides_on_preemption = getattr(policy, "decides_on_preemption", False)
@@ -663,6 +664,11 @@ class World(ExecutorCore):
     def bring_up(self, device: int) -> None:
         """The replacement of a preempted device joins the pool (empty)."""
         self._release((device,))
+
+    def preemptions_seen(self) -> tuple:
+        if self.preemptions is None or not any(self.preemptions.count):
+            return ()
+        return self.preemptions.seen(self.t)
 
     # ---- end of run ---------------------------------------------------------------------
     def close_all(self) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from jigsaw_plugin.algorithms import FORWARD_STAGES, early_stages, may_run_alongside
 from jigsaw_plugin.scheduler.activation import trainer_site
 from jigsaw_plugin.scheduler.decisions import RunStage
-from jigsaw_plugin.scheduler.estimates import rollout_tp
-from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, STAGE_TIMES_KEPT, prefix_fastest
+from jigsaw_plugin.scheduler.estimates import device_risks, restart_priced_s, rollout_tp
+from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, STAGE_TIMES_KEPT, UNSET, prefix_fastest
 
 __all__ = ["TrainingGangs"]
 
@@ -48,13 +48,55 @@ class TrainingGangs:
     def _affinity(self, rnd, p, devices, kind) -> list:
         state = rnd.state
         home = set(rnd.home[p.name][0 if kind == "rollout" else 1])
+        risk = self._risk(rnd) if kind == "train" else None
 
         def key(d):
             dev = state.devices[d]
             resident = p.name in dev.resident if kind == "rollout" else dev.train_resident == p.name
             return (d not in home, not resident, d)
 
+        if risk:  # a gang restarts whenever one of its devices is preempted: the least preempted first
+            return sorted(devices, key=lambda d: (risk.get(d, (0.0,))[0], key(d)))
         return sorted(devices, key=key)
+
+    @staticmethod
+    def _risk(rnd) -> dict:
+        """Device -> (preemptions a second, seconds down) its class has shown so far
+        (``estimates.device_risks``), once a round; empty where no device was preempted."""
+        if rnd.risk is UNSET:
+            rnd.risk = device_risks(rnd.state)
+        return rnd.risk
+
+    def _restart_risks(self, rnd, devices) -> list | None:
+        """For a gang of the first 1, 2, ... of ``devices`` taken least preempted first
+        (``_affinity`` orders a training gang so): its preemptions a second in all and the
+        wait for a replacement once one comes (each device's observed down time, weighted
+        by its rate). None where none of ``devices`` was preempted so far: gangs are priced
+        as if their devices stayed."""
+        risk = self._risk(rnd)
+        if not risk or not devices:
+            return None
+        each = sorted(risk.get(d, (0.0, 0.0)) for d in devices)
+        if each[-1][0] <= 0:
+            return None
+        out, rate, weighted = [], 0.0, 0.0
+        for r, down in each:
+            rate += r
+            weighted += r * down
+            out.append((rate, weighted / rate if rate > 0 else 0.0))
+        return out
+
+    @staticmethod
+    def _at_risk(t: float, g: int, risks: list | None) -> float:
+        """A pass of ``t`` seconds on a gang of ``g`` devices priced with its expected
+        restarts (``restart_priced_s``); ``risks`` from ``_restart_risks`` (None: ``t``).
+        A gang wider than the devices ``risks`` was built from adds devices at their mean rate."""
+        if risks is None:
+            return t
+        rate, wait = risks[min(g, len(risks)) - 1]
+        if g > len(risks):
+            rate *= g / len(risks)
+        return restart_priced_s(t, rate, wait)
 
     def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
@@ -277,6 +319,9 @@ class TrainingGangs:
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
         later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
+        # the devices its candidate gangs are drawn from, priced with the restarts their
+        # preemptions so far foretell (None: none of them was preempted)
+        risks = self._restart_risks(rnd, now + [d for d in home if d not in free])
         best = None
         for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate plans
             wait = later[i - 1] if i else 0.0
@@ -285,9 +330,9 @@ class TrainingGangs:
             g = len(now) + i
             if g == 0:
                 continue
-            whole = self._gang_s(rnd, p, stage, g)
+            whole = self._gang_s(rnd, p, stage, g, risks=risks)
             if whole == INF and held is not state.cost:
-                whole = self._gang_s(rnd, p, stage, g, held)
+                whole = self._gang_s(rnd, p, stage, g, held, risks)
             if whole == INF:
                 continue  # too few devices to hold the pass's state
             end = wait + whole
@@ -295,7 +340,8 @@ class TrainingGangs:
                 first = self._micro_batch_s(state, p, stage, g)
                 joined = sum(1 for x in later if x <= first)
                 rest = (MICRO_BATCHES - 1) / MICRO_BATCHES
-                end = min(end, first + rest * self._stage_s(state, p, stage, g + joined))
+                grown = self._at_risk(first + rest * self._stage_s(state, p, stage, g + joined), g + joined, risks)
+                end = min(end, grown)
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
         if best is None or best[1] > 0:
@@ -304,11 +350,11 @@ class TrainingGangs:
             return ()  # waiting for devices that free up soon, and that no one takes back, finishes sooner
         if unnarrowed:
             return tuple(self._affinity(rnd, p, now, "train"))
-        narrow = self._no_slower_gang(rnd, p, stage, now)
+        narrow = self._no_slower_gang(rnd, p, stage, now, risks)
         if narrow:
             return narrow
         if self.config.idle_spread and all(o.done for o in state.order if o is not p):
-            narrow = self._fastest_gang(rnd, p, stage, now, best[0])
+            narrow = self._fastest_gang(rnd, p, stage, now, best[0], risks)
             if narrow:
                 return narrow
         return self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
@@ -363,6 +409,9 @@ class TrainingGangs:
         if n < 2:
             return False
         partner = p.stages[p.stage_next + 1]
+        risks = self._restart_risks(rnd, pool)
+        if risks is not None:
+            return self._run_alongside_at_risk(rnd, p, out, pool)
         first = prefix_fastest(self._stage_times(rnd, p, stage, n)[:n])
         second = prefix_fastest(self._stage_times(rnd, p, partner, n)[:n])
         # (end, width of the first, width of the second) for each split k | n - k
@@ -374,6 +423,38 @@ class TrainingGangs:
         a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
         rest = [d for d in pool if d not in a]
         b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or self._take(rnd, p, partner, rest, w2)
+        return self._start_alongside(rnd, p, out, stage, partner, a, b)
+
+    def _run_alongside_at_risk(self, rnd, p, out, pool) -> bool:
+        """``_run_alongside`` on a pool some of whose devices were preempted: the first
+        stage's gang is drawn from the least preempted devices (``_affinity``), the
+        partner's from those left, each width priced with its expected restarts
+        (``_restart_risks``) on the devices it would get. Priced on the whole pool as the
+        split without risks is, the partner of a 14B PPO step (odd_workloads --preempt seed
+        158, cost-aware activation off) was priced on the 18 devices never preempted and
+        got the 15 that were, each preempted every 1.8 s: its pass never finished."""
+        state, cfg = rnd.state, self.config
+        stage, partner = p.next_stage, p.stages[p.stage_next + 1]
+        order = self._affinity(rnd, p, pool, "train")
+        n = len(order)
+        risks = self._restart_risks(rnd, order)
+        first = prefix_fastest(self._stage_times(rnd, p, stage, n, risks=risks)[:n])
+        together = first[n - 1][0] + prefix_fastest(self._stage_times(rnd, p, partner, n, risks=risks)[:n])[n - 1][0]
+        best = None
+        for k in range(1, n):
+            second = prefix_fastest(self._stage_times(rnd, p, partner, n - k, risks=self._restart_risks(rnd, order[k:]))[:n - k])
+            cand = (max(first[k - 1][0], second[n - k - 1][0]), k, first[k - 1][1], second[n - k - 1][1])
+            if best is None or cand[0] < best[0]:
+                best = cand
+        end, k, w1, w2 = best
+        if end == INF or end > together * (1 - cfg.alongside_gain):
+            return False
+        a = self._take(rnd, p, stage, order[:k], w1)
+        b = self._take(rnd, p, partner, order[k:], w2)
+        return self._start_alongside(rnd, p, out, stage, partner, a, b)
+
+    def _start_alongside(self, rnd, p, out, stage, partner, a, b) -> bool:
+        state = rnd.state
         a, b = self._holding(state, p, stage, a), self._holding(state, p, partner, b)
         if not a or not b:
             return False
@@ -383,33 +464,37 @@ class TrainingGangs:
         rnd.free.difference_update(b)
         return True
 
-    def _no_slower_gang(self, rnd, p, stage, devices: list) -> tuple:
+    def _no_slower_gang(self, rnd, p, stage, devices: list, risks=None) -> tuple:
         """``fastest_width``: the narrowest gang of the fastest width below ``len(devices)``
         when every one of ``devices`` would make the pass slower (few tokens a device leave
-        it bound by parameter all-gathers, over the node NICs once it outgrows a node); ()
-        when all of them are the fastest."""
+        it bound by parameter all-gathers, over the node NICs once it outgrows a node; or,
+        with ``risks``, each device more preempts it more often); () when all of them are
+        the fastest."""
         if not self.config.fastest_width or len(devices) < 2:
             return ()
         state = rnd.state
-        full = self._stage_s(state, p, stage, len(devices))
-        fastest = self._gang_s(rnd, p, stage, len(devices))
+        full = self._at_risk(self._stage_s(state, p, stage, len(devices)), len(devices), risks)
+        fastest = self._gang_s(rnd, p, stage, len(devices), risks=risks)
         if fastest >= full * (1 - 1e-9):
             return ()
-        return self._fastest_gang(rnd, p, stage, devices, fastest)
+        return self._fastest_gang(rnd, p, stage, devices, fastest, risks)
 
-    def _gang_s(self, rnd, p, stage, g: int, cost=None) -> float:
+    def _gang_s(self, rnd, p, stage, g: int, cost=None, risks=None) -> float:
         """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
         gang they hold (any width up to ``g``: FSDP shards over any count); priced on
-        ``cost`` (None: ``state.cost``)."""
+        ``cost`` (None: ``state.cost``) and with the restarts ``risks`` foretells
+        (``_restart_risks``; None: none)."""
         if not self.config.fastest_width:
-            return self._stage_s(rnd.state, p, stage, g, cost)
-        return min(self._stage_times(rnd, p, stage, g, cost)[:g])
+            return self._at_risk(self._stage_s(rnd.state, p, stage, g, cost), g, risks)
+        return min(self._stage_times(rnd, p, stage, g, cost, risks)[:g])
 
-    def _stage_times(self, rnd, p, stage, upto: int, cost=None) -> list:
+    def _stage_times(self, rnd, p, stage, upto: int, cost=None, risks=None) -> list:
         """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
         (maybe more: callers slice), each width priced once for what the pass reads: the
         look-ahead and the width rules read every width below a gang's, every round the
-        stage waits. Priced on ``cost`` (None: ``state.cost``)."""
+        stage waits. Priced on ``cost`` (None: ``state.cost``), and with ``risks`` (from
+        ``_restart_risks``) each width with its expected restarts (a new list; the cache
+        keeps the times without)."""
         cost = cost or rnd.state.cost
         key = (cost, p.model, stage, self._pass_tokens(p, stage))
         times = self._widths_s.get(key)
@@ -419,9 +504,11 @@ class TrainingGangs:
             times = self._widths_s[key] = []
         while len(times) < upto:
             times.append(self._stage_s(rnd.state, p, stage, len(times) + 1, cost))
+        if risks is not None:
+            return [self._at_risk(t, w, risks) for w, t in enumerate(times, 1)]
         return times
 
-    def _fastest_gang(self, rnd, p, stage, now: list, end: float) -> tuple:
+    def _fastest_gang(self, rnd, p, stage, now: list, end: float, risks=None) -> tuple:
         """The narrowest gang of fewer than ``now`` devices that ends no later than ``end``,
         on one node where it fits; () if none: for ``fastest_width`` (``end`` the fastest
         width's time) and for the run's last pipeline (``idle_spread``: ``end`` the
@@ -432,8 +519,9 @@ class TrainingGangs:
         matches the whole width's end is for the last pipeline only: while others run, such
         a gang changes who gets which devices when, and measured chaotic (docs/simulator.md)."""
         gpn = max(1, rnd.state.gpus_per_node)
-        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
+        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1, risks=risks)[:len(now) - 1], 1):
             if t <= end + 1e-9:
-                group = self._node_group(rnd, p, now, g) if g <= gpn else ()
+                # at risk, the least preempted devices (``_node_group`` ranks by decode speed)
+                group = self._node_group(rnd, p, now, g) if g <= gpn and risks is None else ()
                 return group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
         return ()

@@ -231,6 +231,9 @@ class Loans:
                 continue
             switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
             grown = switch + left * self._layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
+            risks = self._restart_risks(rnd, grown_set)
+            if risks is not None:  # more devices, more preemptions, each restarting the pass
+                now, grown = self._at_risk(now, len(base), risks), self._at_risk(grown, len(grown_set), risks)
             if now - grown <= switch:
                 continue
             rnd.resize(out, p, grown_set)
@@ -249,6 +252,7 @@ class Loans:
         if len(devs) < state.cost.stage_min_gang(p.model, rs.stage):
             return ()  # too few to hold its state: it stays paused
         devs = list(self._packed(rnd, p, rs.stage, devs))
-        narrow = self._no_slower_gang(rnd, p, rs.stage, devs) or tuple(self._affinity(rnd, p, devs, "train"))
+        narrow = (self._no_slower_gang(rnd, p, rs.stage, devs, self._restart_risks(rnd, devs))
+                  or tuple(self._affinity(rnd, p, devs, "train")))
         return (self._holding(state, p, rs.stage, narrow)
                 or self._holding(state, p, rs.stage, self._affinity(rnd, p, devs, "train")))
