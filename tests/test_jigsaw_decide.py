@@ -1154,3 +1154,25 @@ def test_stages_run_alongside_on_the_devices_preemptions_have_spared():
         if isinstance(d, RunStage)]
     assert stages(()) == [("old_log_prob", (0, 1, 2, 3)), ("ref", (4, 5, 6, 7))]
     assert stages((PreemptionsSeen(0, 40, 800.0, 400.0),)) == [("old_log_prob", (4, 5)), ("ref", (6, 7))]
+
+
+def test_a_gang_at_risk_may_leave_out_the_least_preempted_device_when_its_class_is_too_small():
+    # the least preempted free device (0) is of a 24 GB class that holds a 7B update only
+    # six at a time; the spot H100s 1-3 hold it two at a time. Candidates taken only in
+    # order of least preempted all include device 0 and cannot hold the state, so the
+    # update waited; each class's devices first is a candidate too, and it runs on two
+    # spot devices (odd_workloads --preempt seed 36 with activation off)
+    small = CostModel(hardware_profile({"name": "rtx4090", "flops_tflops": 165.0, "hbm_tbps": 1.008,
+                                        "memory_gb": 24.0, "link_gbps": 32.0}))
+    classes = (DeviceClassView(0, "small", "rtx4090", range(0, 1), small, None, False, None),
+               DeviceClassView(1, "spot", "h100", range(1, 4), COST, None, True, None),
+               DeviceClassView(2, "od", "h100", range(4, 8), COST, None, False, None))
+    assert small.stage_min_gang(MODEL, "update_actor") > 4 >= 2 == COST.stage_min_gang(MODEL, "update_actor")
+    p0 = pipeline(0, range(4), gen_next=1, stage_next=3, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, stage_running=True, running_end=1e6,
+                  steps={1: step(1, done=32, rewarded=32)})
+    busy = {d: DeviceTask("stage", "p1", stage="old_log_prob") for d in range(4, 8)}
+    seen = dataclasses.replace(state([p0, p1], busy=busy), classes=classes,
+                               preemptions=(PreemptionsSeen(1, 30, 600.0, 300.0),))
+    out = get_policy("jigsaw", migration=False, cost_aware=False).decide(seen)
+    assert [(d.stage, d.devices) for d in out if isinstance(d, RunStage)] == [("update_actor", (1, 2))]

@@ -51,21 +51,26 @@ def device_risks(state) -> dict[int, tuple[float, float]]:
     return out
 
 
-def restart_priced_s(t: float, rate: float, wait_s: float) -> float:
-    """Expected time to finish a pass of ``t`` seconds that loses its progress and starts
-    again, ``wait_s`` later (its device's replacement), whenever one of its devices is
-    preempted, at ``rate`` preemptions a second over all of them (Poisson): the classic
-    checkpoint-free restart, (e^(rate t) - 1)(1/rate + wait_s); ``t`` itself at rate 0. A
+def restart_priced_s(t: float, rate: float, wait_s: float, again_s: float | None = None) -> float:
+    """Expected time to finish a pass of ``t`` seconds that loses its progress whenever one
+    of its devices is preempted (Poisson, ``rate`` preemptions a second over all of them)
+    and starts again ``wait_s`` later (its device's replacement joins), each new attempt
+    taking ``again_s`` (default ``t``; a training stage reloads its state first). The
+    classic checkpoint-free restart: an attempt of ``L`` seconds from its start takes
+    ``X = (e^(rate L) - 1)(1/rate + wait_s)`` expected, so the pass takes
+    ``q/rate + q (wait_s + X(again_s))`` with ``q = 1 - e^(-rate t)`` the odds the first
+    attempt is cut, which is ``X(t)`` where ``again_s == t``; ``t`` itself at rate 0. A
     training stage restarts so (``sim/preemption.py``: the update's start is its only
     checkpoint), so a wide gang of preemptible devices can take far longer than a narrow
     one: odd_workloads --preempt seed 200's values pass on 10 devices preempted every 18 s
     each ran 16,345 s."""
     if rate <= 0 or t <= 0:
         return t
-    x = rate * t
-    if x > 700:  # past what a float holds: it never finishes
+    again = t if again_s is None else again_s
+    if rate * max(t, again) > 700:  # past what a float holds: it never finishes
         return float("inf")
-    return math.expm1(x) * (1.0 / rate + wait_s)
+    q = -math.expm1(-rate * t)
+    return q / rate + q * (wait_s + math.expm1(rate * again) * (1.0 / rate + wait_s))
 
 
 def split_rollout_sizes(tp: int, model, cost, devices: int) -> range:

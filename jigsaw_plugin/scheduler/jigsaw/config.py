@@ -213,6 +213,10 @@ class JigsawConfig:
     # ... the peak taken this many standard deviations above the expected KV: admitted up to
     # its expected peak, a replica overflows about half the time (docs/simulator.md)
     admission_margin_sd: float = 1.0
+    # training gangs priced with the restarts the preemptions seen so far foretell (a pass
+    # restarts whenever a device of its gang is preempted: scheduler/jigsaw/restarts.py);
+    # off: gangs priced as if their devices stayed. Nothing changes before a preemption
+    restart_pricing: bool = True
 
     def __post_init__(self) -> None:
         # each knob within the range its rule reads it in (a negative width or a slack of

@@ -8,8 +8,8 @@ from __future__ import annotations
 from jigsaw_plugin.algorithms import FORWARD_STAGES, early_stages, may_run_alongside
 from jigsaw_plugin.scheduler.activation import trainer_site
 from jigsaw_plugin.scheduler.decisions import RunStage
-from jigsaw_plugin.scheduler.estimates import device_risks, restart_priced_s, rollout_tp
-from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, STAGE_TIMES_KEPT, UNSET, prefix_fastest
+from jigsaw_plugin.scheduler.estimates import rollout_tp
+from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, STAGE_TIMES_KEPT, prefix_fastest
 
 __all__ = ["TrainingGangs"]
 
@@ -59,45 +59,6 @@ class TrainingGangs:
             return sorted(devices, key=lambda d: (risk.get(d, (0.0,))[0], key(d)))
         return sorted(devices, key=key)
 
-    @staticmethod
-    def _risk(rnd) -> dict:
-        """Device -> (preemptions a second, seconds down) its class has shown so far
-        (``estimates.device_risks``), once a round; empty where no device was preempted."""
-        if rnd.risk is UNSET:
-            rnd.risk = device_risks(rnd.state)
-        return rnd.risk
-
-    def _restart_risks(self, rnd, devices) -> list | None:
-        """For a gang of the first 1, 2, ... of ``devices`` taken least preempted first
-        (``_affinity`` orders a training gang so): its preemptions a second in all and the
-        wait for a replacement once one comes (each device's observed down time, weighted
-        by its rate). None where none of ``devices`` was preempted so far: gangs are priced
-        as if their devices stayed."""
-        risk = self._risk(rnd)
-        if not risk or not devices:
-            return None
-        each = sorted(risk.get(d, (0.0, 0.0)) for d in devices)
-        if each[-1][0] <= 0:
-            return None
-        out, rate, weighted = [], 0.0, 0.0
-        for r, down in each:
-            rate += r
-            weighted += r * down
-            out.append((rate, weighted / rate if rate > 0 else 0.0))
-        return out
-
-    @staticmethod
-    def _at_risk(t: float, g: int, risks: list | None) -> float:
-        """A pass of ``t`` seconds on a gang of ``g`` devices priced with its expected
-        restarts (``restart_priced_s``); ``risks`` from ``_restart_risks`` (None: ``t``).
-        A gang wider than the devices ``risks`` was built from adds devices at their mean rate."""
-        if risks is None:
-            return t
-        rate, wait = risks[min(g, len(risks)) - 1]
-        if g > len(risks):
-            rate *= g / len(risks)
-        return restart_priced_s(t, rate, wait)
-
     def _node_group(self, rnd, p, devices, w) -> tuple:
         """``w`` of ``devices`` on one node (tensor-parallel groups stay within a node),
         preferring the pipeline's home and resident devices, and on a pool of several
@@ -146,6 +107,17 @@ class TrainingGangs:
         ``_stage_s`` prices a width as it would be placed at best."""
         price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
         return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
+
+    def _class_layout_s(self, state, p, stage, devices) -> float:
+        """The pass's time on exactly ``devices``, in the layouts their nodes allow, at each
+        of their classes' cost models, the slowest answer (as the simulator's
+        ``ClassPricer`` prices a gang across classes), where ``_layout_s`` prices every
+        device as the pool's first class."""
+        costs = [c.cost for c in state.classes if any(d in c.devices for d in devices)] if len(state.classes) > 1 else ()
+        tokens, nodes = self._pass_tokens(p, stage), self._nodes(state, devices)
+        forward = stage in FORWARD_STAGES
+        return max((c.forward_s if forward else c.train_s)(p.model, len(devices), tokens, nodes=nodes)
+                   for c in costs or (state.cost,))
 
     @staticmethod
     def _by_node(state, devices) -> dict:
@@ -321,7 +293,7 @@ class TrainingGangs:
         later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
         # the devices its candidate gangs are drawn from, priced with the restarts their
         # preemptions so far foretell (None: none of them was preempted)
-        risks = self._restart_risks(rnd, now + [d for d in home if d not in free])
+        risks = self._restart_risks(rnd, p, now + [d for d in home if d not in free])
         best = None
         for i in range(0, min(len(later), self.config.width - 1) + 1):  # ``width`` candidate plans
             wait = later[i - 1] if i else 0.0
@@ -340,7 +312,7 @@ class TrainingGangs:
                 first = self._micro_batch_s(state, p, stage, g)
                 joined = sum(1 for x in later if x <= first)
                 rest = (MICRO_BATCHES - 1) / MICRO_BATCHES
-                grown = self._at_risk(first + rest * self._stage_s(state, p, stage, g + joined), g + joined, risks)
+                grown = self._at_risk(rnd, p, first + rest * self._stage_s(state, p, stage, g + joined), g + joined, risks)
                 end = min(end, grown)
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
@@ -409,8 +381,7 @@ class TrainingGangs:
         if n < 2:
             return False
         partner = p.stages[p.stage_next + 1]
-        risks = self._restart_risks(rnd, pool)
-        if risks is not None:
+        if self._restart_risks(rnd, p, pool) is not None:
             return self._run_alongside_at_risk(rnd, p, out, pool)
         first = prefix_fastest(self._stage_times(rnd, p, stage, n)[:n])
         second = prefix_fastest(self._stage_times(rnd, p, partner, n)[:n])
@@ -426,32 +397,28 @@ class TrainingGangs:
         return self._start_alongside(rnd, p, out, stage, partner, a, b)
 
     def _run_alongside_at_risk(self, rnd, p, out, pool) -> bool:
-        """``_run_alongside`` on a pool some of whose devices were preempted: the first
-        stage's gang is drawn from the least preempted devices (``_affinity``), the
-        partner's from those left, each width priced with its expected restarts
-        (``_restart_risks``) on the devices it would get. Priced on the whole pool as the
-        split without risks is, the partner of a 14B PPO step (odd_workloads --preempt seed
-        158, cost-aware activation off) was priced on the 18 devices never preempted and
-        got the 15 that were, each preempted every 1.8 s: its pass never finished."""
-        state, cfg = rnd.state, self.config
+        """``_run_alongside`` on a pool some of whose devices were preempted: for each width
+        of the first stage, its best gang of the pool (``_gangs_on``: on the devices it
+        would get, with its expected restarts), and the partner's best gang of those left;
+        the pair whose later end is soonest. Priced on the whole pool as the split without
+        risks is, the partner of a 14B PPO step (odd_workloads --preempt seed 158,
+        cost-aware activation off) was priced on the 18 devices never preempted and got
+        the 15 that were, each preempted every 1.8 s: its pass never finished."""
+        cfg = self.config
         stage, partner = p.next_stage, p.stages[p.stage_next + 1]
-        order = self._affinity(rnd, p, pool, "train")
-        n = len(order)
-        risks = self._restart_risks(rnd, order)
-        first = prefix_fastest(self._stage_times(rnd, p, stage, n, risks=risks)[:n])
-        together = first[n - 1][0] + prefix_fastest(self._stage_times(rnd, p, partner, n, risks=risks)[:n])[n - 1][0]
+        firsts = self._gangs_on(rnd, p, stage, pool)
+        together = min(t for t, _ in firsts) + min(t for t, _ in self._gangs_on(rnd, p, partner, pool))
         best = None
-        for k in range(1, n):
-            second = prefix_fastest(self._stage_times(rnd, p, partner, n - k, risks=self._restart_risks(rnd, order[k:]))[:n - k])
-            cand = (max(first[k - 1][0], second[n - k - 1][0]), k, first[k - 1][1], second[n - k - 1][1])
-            if best is None or cand[0] < best[0]:
-                best = cand
-        end, k, w1, w2 = best
-        if end == INF or end > together * (1 - cfg.alongside_gain):
+        for t1, a in firsts[:-1]:
+            if t1 == INF:
+                continue
+            rest = [d for d in pool if d not in a]
+            t2, b = min(self._gangs_on(rnd, p, partner, rest), key=lambda x: (x[0], len(x[1])))
+            if best is None or max(t1, t2) < best[0]:
+                best = (max(t1, t2), a, b)
+        if best is None or best[0] == INF or best[0] > together * (1 - cfg.alongside_gain):
             return False
-        a = self._take(rnd, p, stage, order[:k], w1)
-        b = self._take(rnd, p, partner, order[k:], w2)
-        return self._start_alongside(rnd, p, out, stage, partner, a, b)
+        return self._start_alongside(rnd, p, out, stage, partner, best[1], best[2])
 
     def _start_alongside(self, rnd, p, out, stage, partner, a, b) -> bool:
         state = rnd.state
@@ -472,8 +439,11 @@ class TrainingGangs:
         the fastest."""
         if not self.config.fastest_width or len(devices) < 2:
             return ()
+        if risks is not None:  # the best gang of them, on the devices it was priced on
+            _, gang = min(self._gangs_on(rnd, p, stage, devices), key=lambda x: (x[0], len(x[1])))
+            return gang if len(gang) < len(devices) else ()
         state = rnd.state
-        full = self._at_risk(self._stage_s(state, p, stage, len(devices)), len(devices), risks)
+        full = self._stage_s(state, p, stage, len(devices))
         fastest = self._gang_s(rnd, p, stage, len(devices), risks=risks)
         if fastest >= full * (1 - 1e-9):
             return ()
@@ -485,16 +455,20 @@ class TrainingGangs:
         ``cost`` (None: ``state.cost``) and with the restarts ``risks`` foretells
         (``_restart_risks``; None: none)."""
         if not self.config.fastest_width:
-            return self._at_risk(self._stage_s(rnd.state, p, stage, g, cost), g, risks)
+            if risks is not None:
+                return self._risky_times(rnd, p, stage, g, risks)[-1]
+            return self._stage_s(rnd.state, p, stage, g, cost)
         return min(self._stage_times(rnd, p, stage, g, cost, risks)[:g])
 
     def _stage_times(self, rnd, p, stage, upto: int, cost=None, risks=None) -> list:
         """The pass's time on 1, 2, ... devices (index ``w - 1``), at least ``upto`` of them
         (maybe more: callers slice), each width priced once for what the pass reads: the
         look-ahead and the width rules read every width below a gang's, every round the
-        stage waits. Priced on ``cost`` (None: ``state.cost``), and with ``risks`` (from
-        ``_restart_risks``) each width with its expected restarts (a new list; the cache
-        keeps the times without)."""
+        stage waits. Priced on ``cost`` (None: ``state.cost``); with ``risks`` (from
+        ``_restart_risks``) on the first devices of ``risks.order`` and with their
+        expected restarts (``_risky_times``; not kept)."""
+        if risks is not None:
+            return self._risky_times(rnd, p, stage, upto, risks)
         cost = cost or rnd.state.cost
         key = (cost, p.model, stage, self._pass_tokens(p, stage))
         times = self._widths_s.get(key)
@@ -504,8 +478,6 @@ class TrainingGangs:
             times = self._widths_s[key] = []
         while len(times) < upto:
             times.append(self._stage_s(rnd.state, p, stage, len(times) + 1, cost))
-        if risks is not None:
-            return [self._at_risk(t, w, risks) for w, t in enumerate(times, 1)]
         return times
 
     def _fastest_gang(self, rnd, p, stage, now: list, end: float, risks=None) -> tuple:
@@ -518,10 +490,11 @@ class TrainingGangs:
         on one 4-device node, 29 s on 16 devices over four). The narrowest gang that merely
         matches the whole width's end is for the last pipeline only: while others run, such
         a gang changes who gets which devices when, and measured chaotic (docs/simulator.md)."""
+        if risks is not None:  # the narrowest of ``now``'s gangs priced with restarts that ends by then
+            return next((gang for t, gang in self._gangs_on(rnd, p, stage, now)[:len(now) - 1] if t <= end + 1e-9), ())
         gpn = max(1, rnd.state.gpus_per_node)
-        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1, risks=risks)[:len(now) - 1], 1):
+        for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
             if t <= end + 1e-9:
-                # at risk, the least preempted devices (``_node_group`` ranks by decode speed)
-                group = self._node_group(rnd, p, now, g) if g <= gpn and risks is None else ()
+                group = self._node_group(rnd, p, now, g) if g <= gpn else ()
                 return group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
         return ()

@@ -223,17 +223,24 @@ class Loans:
             if not add:
                 continue
             left = rs.micro_batches_left - 1  # the one in progress keeps its width
-            now = left * self._layout_s(state, p, rs.stage, base) / rs.micro_batches
+            # priced at the gang's class (on a pool of several, the first class's profile
+            # priced a 14B update running on 3 H20s of 96 GB as one 80 GB H100s cannot hold:
+            # infinite, so any growth looked like a gain)
+            now = left * self._class_layout_s(state, p, rs.stage, base) / rs.micro_batches
             grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
                                      keep=base)
             add = [d for d in grown_set if d not in base]
             if not add or len(self._holding(state, p, rs.stage, grown_set)) < len(grown_set):
                 continue
             switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
-            grown = switch + left * self._layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
-            risks = self._restart_risks(rnd, grown_set)
-            if risks is not None:  # more devices, more preemptions, each restarting the pass
-                now, grown = self._at_risk(now, len(base), risks), self._at_risk(grown, len(grown_set), risks)
+            grown = switch + left * self._class_layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
+            if self._restart_risks(rnd, p, grown_set) is not None:
+                # more devices, more preemptions, each of which runs the whole pass again on
+                # them (odd_workloads --preempt seed 158, activation off: a 14B update grown
+                # from 3 devices never preempted onto 8 preempted every 2 s never ended)
+                now, grown = (self._with_restarts(rnd, p, t, len(g), *self._set_risk(rnd, g),
+                                                  whole=self._class_layout_s(state, p, rs.stage, g))
+                              for t, g in ((now, base), (grown, grown_set)))
             if now - grown <= switch:
                 continue
             rnd.resize(out, p, grown_set)
@@ -252,7 +259,7 @@ class Loans:
         if len(devs) < state.cost.stage_min_gang(p.model, rs.stage):
             return ()  # too few to hold its state: it stays paused
         devs = list(self._packed(rnd, p, rs.stage, devs))
-        narrow = (self._no_slower_gang(rnd, p, rs.stage, devs, self._restart_risks(rnd, devs))
+        narrow = (self._no_slower_gang(rnd, p, rs.stage, devs, self._restart_risks(rnd, p, devs))
                   or tuple(self._affinity(rnd, p, devs, "train")))
         return (self._holding(state, p, rs.stage, narrow)
                 or self._holding(state, p, rs.stage, self._affinity(rnd, p, devs, "train")))

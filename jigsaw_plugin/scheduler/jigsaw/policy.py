@@ -80,6 +80,7 @@ from jigsaw_plugin.scheduler.jigsaw.config import JigsawConfig
 from jigsaw_plugin.scheduler.jigsaw.gangs import TrainingGangs
 from jigsaw_plugin.scheduler.jigsaw.loans import Loans
 from jigsaw_plugin.scheduler.jigsaw.projections import Projections
+from jigsaw_plugin.scheduler.jigsaw.restarts import RestartPricing
 from jigsaw_plugin.scheduler.jigsaw.rollout import RolloutReplicas
 from jigsaw_plugin.scheduler.jigsaw.round import JigsawMemo, Round, apportion, assign_devices, finish_together
 from jigsaw_plugin.scheduler.jigsaw.tails import TailMoves
@@ -88,7 +89,7 @@ __all__ = ["Jigsaw"]
 
 
 @register_policy("jigsaw")
-class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RolloutReplicas, Policy):
+class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, RolloutReplicas, Policy):
     """The jigsaw policy; each mechanism's methods are in the mixin of its module."""
 
     name = "jigsaw"

@@ -1,8 +1,8 @@
 """What the jigsaw policy projects: each pipeline's step and whole run on its static share,
 its finish at the observed pace, the job set's critical path, and when busy devices free.
 
-A mixin of ``Jigsaw`` (``policy.py``), as are ``loans``, ``tails``, ``gangs`` and
-``rollout``: its methods read the policy's config and caches through ``self`` and call
+A mixin of ``Jigsaw`` (``policy.py``), as are ``loans``, ``tails``, ``gangs``,
+``restarts`` and ``rollout``: its methods read the policy's config and caches through ``self`` and call
 one another across the mixins; ``round.py`` holds what they share besides."""
 
 from __future__ import annotations

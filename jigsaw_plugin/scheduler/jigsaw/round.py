@@ -176,7 +176,7 @@ class Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in", "claim", "risk")
+                 "moved_in", "claim", "risk", "risky")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -201,6 +201,7 @@ class Round:
         self.moved_in: dict[int, tuple[int, float]] = {}
         self.claim: tuple | None = None  # (seconds until the critical pipeline's next gang is ready, its name)
         self.risk = UNSET  # device -> (preemptions a second, seconds down) seen (estimates.device_risks)
+        self.risky: dict = {}  # (pipeline, stage, devices) -> its gangs priced with restarts (``_gangs_on``)
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
