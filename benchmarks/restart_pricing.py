@@ -31,6 +31,7 @@ import resource
 import signal
 import statistics
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 
 from common import EXAMPLES, ROOT, load, md_table, measure_and_write
@@ -91,6 +92,8 @@ def _run(job: tuple) -> dict:
         return dict(row, outcome="refused", detail=str(e))
     except _OverCpu:
         return dict(row, outcome="slow", detail=f"past {CPU_S} CPU seconds")
+    except Exception:  # a stall or a crash is a finding: reported in the table, not raised
+        return dict(row, outcome="failed", detail=traceback.format_exc())
     pre = r["preemptions"] or {}
     return dict(row, outcome="ok", makespan_s=r["makespan_s"], samples_per_s=r["samples_per_s"],
                 preemptions=pre.get("preemptions", 0), restarted_stages=pre.get("restarted_stages", 0),

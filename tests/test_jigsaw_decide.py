@@ -1176,3 +1176,13 @@ def test_a_gang_at_risk_may_leave_out_the_least_preempted_device_when_its_class_
                                preemptions=(PreemptionsSeen(1, 30, 600.0, 300.0),))
     out = get_policy("jigsaw", migration=False, cost_aware=False).decide(seen)
     assert [(d.stage, d.devices) for d in out if isinstance(d, RunStage)] == [("update_actor", (1, 2))]
+
+
+def test_a_gang_whose_every_width_would_almost_never_finish_still_starts():
+    # each device preempted 1,000 times a second so far: every width's expected time is
+    # past what a float holds. Priced infinite, the pass never started, not even after the
+    # preemptions stopped (odd_workloads --preempt seed 68 stalled); it starts on its
+    # likeliest gang, one device
+    out = get_policy("jigsaw", migration=False).decide(
+        _ready_beside_a_running_stage((PreemptionsSeen(0, 800_000, 800.0, 4000.0),)))
+    assert [d.devices for d in out if isinstance(d, RunStage)] == [(0,)]

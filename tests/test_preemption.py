@@ -145,5 +145,8 @@ def test_restart_pricing_is_the_pass_itself_without_preemptions_and_grows_with_t
     assert restart_priced_s(3.0, 1e-6, 30.0) == pytest.approx(3.0 + 1e-6 * 3.0 * (1.5 + 30.0), rel=1e-9)
     # (e^(rate t) - 1)(1/rate + wait): one device every 20 s, a 2 s pass, 10 s down
     assert restart_priced_s(2.0, 0.05, 10.0) == pytest.approx(math.expm1(0.1) * 30.0)
-    # a pass that would almost never finish is infinite, not an overflow
-    assert restart_priced_s(1e4, 1.0, 1.0) == float("inf")
+    # a pass that would almost never finish is priced past any real time, finite and in
+    # order (its stage still starts on its likeliest gang), not an overflow
+    hopeless = [restart_priced_s(t, 1.0, 1.0) for t in (800.0, 1e3, 1e4)]
+    assert all(math.isfinite(x) and x > 1e299 for x in hopeless) and hopeless == sorted(set(hopeless))
+    assert restart_priced_s(650.0, 1.0, 1.0) < hopeless[0]

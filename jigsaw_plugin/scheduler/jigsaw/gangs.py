@@ -444,10 +444,10 @@ class TrainingGangs:
             return gang if len(gang) < len(devices) else ()
         state = rnd.state
         full = self._stage_s(state, p, stage, len(devices))
-        fastest = self._gang_s(rnd, p, stage, len(devices), risks=risks)
+        fastest = self._gang_s(rnd, p, stage, len(devices))
         if fastest >= full * (1 - 1e-9):
             return ()
-        return self._fastest_gang(rnd, p, stage, devices, fastest, risks)
+        return self._fastest_gang(rnd, p, stage, devices, fastest)
 
     def _gang_s(self, rnd, p, stage, g: int, cost=None, risks=None) -> float:
         """The pass's time on ``g`` devices, or with ``fastest_width`` on the fastest
