@@ -160,11 +160,14 @@ def render(data: dict) -> str:
         faster = sorted((g, k) for k, g in per.items() if g < 0.99)
         slower = sorted(((g, k) for k, g in per.items() if g > 1.01), reverse=True)
         fmt = lambda xs: ", ".join(f"s{k} {g:.2f}x" for g, k in xs) or "none"
-        other = [(a["outcome"], b["outcome"]) for a, b in zip(on, off) if not a["outcome"] == b["outcome"] == "ok"]
+        other = {}
+        for a, b in zip(on, off):
+            if not a["outcome"] == b["outcome"] == "ok":
+                other.setdefault((a["outcome"], b["outcome"]), []).append(f"s{a['key']}.{a['seed']}")
         table.append([variant, len(ok), f"{allg:.3f}", fmt(faster), fmt(slower),
-                      ", ".join(f"{x} / {y}" for x, y in other) or "none"])
+                      "; ".join(f"{x} / {y}: {', '.join(runs)}" for (x, y), runs in sorted(other.items())) or "none"])
     out += [md_table(["policy", "runs ok both ways", "on / off (geometric mean)", "workloads faster by over 1% "
-                      "(geometric mean over seeds)", "slower by over 1%", "other outcomes (on / off)"], table), ""]
+                      "(geometric mean over seeds)", "slower by over 1%", "other outcomes (on / off: workload.seed)"], table), ""]
     out += [f"Wall time {data['wall_s']:.0f} s; load average at the end: "
             f"{' / '.join(f'{x:.1f}' for x in data['load'])} (2 cores shared; simulated time, so load does not "
             "change these numbers)."]
