@@ -49,7 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 import yaml
 from common import EXAMPLES
 
-__all__ = ["spec_of", "run_one", "POLICIES"]
+__all__ = ["spec_of", "with_classes", "with_preemption", "run_one", "limit_cpu", "OverCpu", "CPU_S", "POLICIES"]
 
 POLICIES = ("jigsaw", "verl-sync", "one-step-off", "streamrl", "areal", "rollmux")
 # with --classes: jigsaw with cost-aware activation off too (gangs sized from the first class)
@@ -64,12 +64,12 @@ SOURCES = ("demo.yaml", "f_agentic_32gpu.yaml", "e_dapo_longtail_32gpu.yaml")
 CPU_S = 120  # a run past this many CPU seconds is stopped and reported as "slow"
 
 
-class _OverCpu(BaseException):  # not an Exception: no handler in the run swallows it
+class OverCpu(BaseException):  # not an Exception: no handler in the run swallows it
     """The run's worker passed ``CPU_S`` CPU seconds (SIGXCPU at the soft limit)."""
 
 
 def _over_cpu(signum, frame):
-    raise _OverCpu
+    raise OverCpu
 
 
 def _pipelines() -> list:
@@ -157,7 +157,7 @@ def run_one(job: tuple) -> tuple:
         r = Simulation(wl, pol, 0).run()
     except SpecError as e:
         return seed, policy, "refused", str(e)
-    except _OverCpu:
+    except OverCpu:
         return seed, policy, "slow", f"past {CPU_S} CPU seconds"
     except Exception:  # what this script hunts: reported, not raised
         return seed, policy, "crash", traceback.format_exc()
@@ -167,7 +167,7 @@ def run_one(job: tuple) -> tuple:
     return seed, policy, "ok", f"{r['makespan_s']:.1f} s, {r['preemptions']['preemptions']} preemptions"
 
 
-def _limit_cpu() -> None:
+def limit_cpu() -> None:
     """Each worker process (one run each) is told past ``CPU_S`` CPU seconds: the run is
     reported as "slow" (one that may not end), the hard limit a little later kills it."""
     signal.signal(signal.SIGXCPU, _over_cpu)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     laid = args.classes or args.preempt
     jobs = [(s, p, laid, args.preempt) for s in args.seeds for p in (CLASS_POLICIES if laid else POLICIES)]
     counts = Counter()
-    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=_limit_cpu) as ex:
+    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=limit_cpu) as ex:
         for seed, policy, outcome, detail in ex.map(run_one, jobs):
             counts[outcome] += 1
             if outcome in ("crash", "below-bound", "slow"):

@@ -27,14 +27,13 @@ from __future__ import annotations
 import copy
 import math
 import os
-import resource
-import signal
 import statistics
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 
 from common import EXAMPLES, ROOT, load, md_table, measure_and_write
+from odd_workloads import CPU_S, OverCpu, limit_cpu, spec_of, with_classes, with_preemption
 
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler import get_policy
@@ -48,20 +47,6 @@ DEVICES = 12
 # the odd --preempt workloads of seeds 0-69 with a preemptible class that jigsaw runs
 ODD_SEEDS = (2, 18, 24, 28, 30, 35, 36, 48, 51, 52, 56, 58, 61, 63, 68, 69)
 VARIANTS = {"jigsaw": {}, "jigsaw-activation-off": {"cost_aware": False}}
-CPU_S = 120  # a run past this many CPU seconds is stopped and reported as "slow"
-
-
-class _OverCpu(BaseException):
-    """The run's worker passed ``CPU_S`` CPU seconds."""
-
-
-def _over_cpu(signum, frame):
-    raise _OverCpu
-
-
-def _limit_cpu() -> None:
-    signal.signal(signal.SIGXCPU, _over_cpu)
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_S, CPU_S + 30))
 
 
 def _spot(rate: float) -> dict:
@@ -75,9 +60,7 @@ def _spot(rate: float) -> dict:
 
 
 def _odd(seed: int) -> dict:
-    import odd_workloads as ow
-
-    return ow.with_preemption(ow.with_classes(ow.spec_of(seed), seed), seed)
+    return with_preemption(with_classes(spec_of(seed), seed), seed)
 
 
 def _run(job: tuple) -> dict:
@@ -90,7 +73,7 @@ def _run(job: tuple) -> dict:
         r = Simulation(load(spec), get_policy("jigsaw", **options), seed).run()
     except SpecError as e:
         return dict(row, outcome="refused", detail=str(e))
-    except _OverCpu:
+    except OverCpu:
         return dict(row, outcome="slow", detail=f"past {CPU_S} CPU seconds")
     except Exception:  # a stall or a crash is a finding: reported in the table, not raised
         return dict(row, outcome="failed", detail=traceback.format_exc())
@@ -106,7 +89,7 @@ def measure(args) -> dict:
     jobs = [("spot", rate, "jigsaw", pricing, seed) for rate in RATES for seed in seeds for pricing in (True, False)]
     jobs += [("odd", s, v, pricing, sim) for s in odd_seeds for v in VARIANTS for sim in range(sims)
              for pricing in (True, False)]
-    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=_limit_cpu) as ex:
+    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1, initializer=limit_cpu) as ex:
         rows = list(ex.map(_run, jobs))
     return {"rows": rows, "seeds": list(seeds), "odd_seeds": list(odd_seeds), "sims": sims,
             "wall_s": time.time() - t0, "load": os.getloadavg()}
