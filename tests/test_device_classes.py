@@ -9,7 +9,7 @@ import pytest
 from sim_helpers import small_workload
 
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.sim import simulate
+from jigsaw_plugin.sim import Simulation, simulate
 from jigsaw_plugin.workload import parse_workload
 
 TWO_CLASSES = {"classes": [
@@ -152,7 +152,6 @@ def test_gangs_sized_by_the_first_class_stay_on_classes_that_hold_them():
     # a pool that also has 24 GB devices a gang reaches them only where they hold its state
     # (the executor refuses a gang whose smallest devices cannot)
     from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim import Simulation
 
     d = _with_cluster({"classes": [
         {"name": "h100", "gpu": "h100", "count": 8, "gpus_per_node": 8},
@@ -225,14 +224,29 @@ def test_a_share_is_checked_against_its_own_classes():
 
 def test_cost_aware_jigsaw_refuses_a_trainer_site_too_small_for_a_pipeline():
     # the trainer site is the first on-demand class: 4 devices of 24 GB cannot hold a 7B's
-    # update (6 needed); with activation off the gangs go to the H100s
+    # update (6 needed) beside 8 spot H100; with activation off the gangs go to the H100s
     from jigsaw_plugin.scheduler import get_policy
 
-    w = _two_sizes((_SMALL, 4), ("h100", 8), gpus=12)
+    d = _two_sizes((_SMALL, 4), ("h100", 8), gpus=12).to_dict()
+    d["cluster"]["classes"][1]["preemptible"] = {"rate_per_hour": 0.0}
+    w = parse_workload(d)
     with pytest.raises(SpecError, match="cluster.classes") as e:
         simulate(w, get_policy("jigsaw"))
     assert "trainer site" in str(e.value) and "cost_aware=False" in str(e.value)
     assert simulate(w, get_policy("jigsaw", cost_aware=False))["samples"] > 0
+
+
+def test_a_pool_of_on_demand_classes_in_one_data_centre_is_one_trainer_site():
+    # nothing for activation to choose (every device billed whole): the 24 GB first class
+    # is no trainer site that must hold the update alone, and the H100s train
+    from jigsaw_plugin.scheduler import get_policy
+
+    w = _two_sizes((_SMALL, 4), ("h100", 8), gpus=12)
+    sim = Simulation(w, get_policy("jigsaw"), seed=0)
+    r = sim.run()
+    off = simulate(w, get_policy("jigsaw", cost_aware=False))
+    assert r["samples"] > 0 and r["makespan_s"] == off["makespan_s"]
+    assert any(kind != "rollout" and set(devs) & set(range(4, 12)) for _n, kind, devs, _a, _b in sim.world.trace)
 
 
 def test_a_gang_narrowed_onto_too_few_of_a_small_class_starts_on_the_devices_that_hold_it():

@@ -113,11 +113,27 @@ class TrainingGangs:
         of their classes' cost models, the slowest answer (as the simulator's
         ``ClassPricer`` prices a gang across classes), where ``_layout_s`` prices every
         device as the pool's first class."""
-        costs = [c.cost for c in state.classes if any(d in c.devices for d in devices)] if len(state.classes) > 1 else ()
         tokens, nodes = self._pass_tokens(p, stage), self._nodes(state, devices)
         forward = stage in FORWARD_STAGES
         return max((c.forward_s if forward else c.train_s)(p.model, len(devices), tokens, nodes=nodes)
-                   for c in costs or (state.cost,))
+                   for c in self._costs_of(state, devices))
+
+    @staticmethod
+    def _costs_of(state, devices) -> tuple:
+        """The cost models of ``devices``' classes (the pool's first class's on a pool of one)."""
+        if len(state.classes) <= 1:
+            return (state.cost,)
+        return tuple(c.cost for c in state.classes if any(d in c.devices for d in devices)) or (state.cost,)
+
+    def _switch_in_s(self, state, p, devices) -> float:
+        """Seconds loading ``p``'s training state onto ``devices`` adds before a pass there: 0
+        where every one holds it, else the slowest class's load (the executor loads it
+        onto a gang any of whose devices lacks it, ``Executor._switch_s``). A gang of the
+        resident devices and one more was priced 0.002 s faster than theirs alone and ran
+        1.7 s slower (odd_workloads --classes seed 36: an 8B's reference pass)."""
+        if all(state.devices[d].train_resident == p.name for d in devices):
+            return 0.0
+        return max(c.context_switch_s(p.model, len(devices), train_state=True) for c in self._costs_of(state, devices))
 
     @staticmethod
     def _by_node(state, devices) -> dict:

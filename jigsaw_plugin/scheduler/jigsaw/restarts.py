@@ -28,6 +28,13 @@ class GangRisks(NamedTuple):
     wait: tuple  # seconds a restart waits for the replacement (down times weighted by rate)
 
 
+def _several_classes(state, devices) -> bool:
+    """Whether ``devices`` are of more than one of the pool's classes."""
+    if len(state.classes) <= 1:
+        return False
+    return sum(1 for c in state.classes if any(d in c.devices for d in devices)) > 1
+
+
 class RestartPricing:
     """``Jigsaw``'s pricing of training gangs on devices that are preempted."""
 
@@ -43,10 +50,17 @@ class RestartPricing:
         """``devices`` in ``_affinity``'s training order (the least preempted first) and,
         for a gang of the first 1, 2, ... of them, its preemptions a second in all and the
         wait for a replacement once one comes (each device's observed down time, weighted
-        by its rate). None where none of ``devices`` was preempted so far: gangs are priced
-        as if their devices stayed."""
+        by its rate). None where none of ``devices`` was preempted so far and all are of one
+        class: gangs are priced as if their devices stayed, on that class, placed at best.
+        Devices of several classes are priced as they would be placed (``_gangs_on``), their
+        preemptions or none: a gang priced as the first class, placed at best, misjudged
+        what a wider gang costs where it reaches a slower class in nodes of one
+        (odd_workloads --classes seed 70: a 14B update on 13 A100 and 36 RTX 4090-like
+        devices grown to 45 of them, priced as 45 A100 and run in 59 s, where verl-sync's 32
+        took 30 s)."""
         risk = self._risk(rnd)
-        if not risk or not any(risk.get(d, (0.0,))[0] > 0 for d in devices):
+        preempted = bool(risk) and any(risk.get(d, (0.0,))[0] > 0 for d in devices)
+        if not preempted and not _several_classes(rnd.state, devices):
             return None
         order = tuple(self._affinity(rnd, p, devices, "train"))
         rates, waits, rate, weighted = [], [], 0.0, 0.0
@@ -111,16 +125,21 @@ class RestartPricing:
         first: the least preempted device may be of a class too small to hold the state in
         few, where two devices of a class preempted now and then hold it (odd_workloads
         --preempt seed 36, activation off: an 8B update on an L40S and three A100s
-        preempted every 18 s). Widths past 8 are priced about four to an octave (a wider
-        width takes the best below it: at 54 devices every width, priced in each of a
-        round's five calls, made a run preempted every 2 s crawl); once a round for each
-        pipeline, stage and set of devices."""
+        preempted every 18 s). Where some of ``devices`` were preempted, widths past 8 are
+        priced about four to an octave (a wider width takes the best below it: at 54
+        devices every width, priced in each of a round's five calls, made a run preempted
+        every 2 s crawl); where none were (a pool of several classes), every width: the
+        two halves of a PPO step's updates run alongside need the width that just holds
+        each (odd_workloads --classes seed 78, a 72B on 36 devices: 17 and 17, where the
+        grid offered 16, too few, and 20, leaving too few for the other: 791 -> 1,342 s).
+        Once a round for each pipeline, stage and set of devices."""
         key = (p.name, stage, tuple(devices))
         got = rnd.risky.get(key)
         if got is not None:
             return got
         state = rnd.state
         base = self._affinity(rnd, p, devices, "train")
+        grid = self._set_risk(rnd, base)[0] > 0
         orders = [base]
         for c in state.classes if len(state.classes) > 1 else ():
             mine = [d for d in base if d in c.devices]
@@ -128,7 +147,7 @@ class RestartPricing:
                 orders.append(mine + [d for d in base if d not in c.devices])
         out, best = [], None
         for w in range(1, len(base) + 1):
-            step = 1 << max(0, w.bit_length() - 3)  # 1 up to 7, then 2, 4, ...
+            step = 1 << max(0, w.bit_length() - 3) if grid else 1  # 1 up to 7, then 2, 4, ...
             if w % step and w < len(base):
                 out.append(best)  # between the widths priced: the best of at most ``w``
                 continue
@@ -139,7 +158,7 @@ class RestartPricing:
                 if members in seen:
                     continue
                 seen.add(members)
-                t = self._class_layout_s(state, p, stage, gang)
+                t = self._class_layout_s(state, p, stage, gang) + self._switch_in_s(state, p, gang)
                 rate, wait = self._set_risk(rnd, gang)
                 if rate > 0:
                     t = self._with_restarts(rnd, p, t, w, rate, wait)

@@ -350,9 +350,15 @@ class RolloutReplicas:
         return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
 
     def _cost_aware(self, state) -> bool:
-        """Whether rollout goes on activation's devices and training on the trainer's site
-        (a pool of more than one device class)."""
-        return self.config.cost_aware and len(state.classes) > 1
+        """Whether rollout goes on activation's devices and training on the trainer's site: a
+        pool of several device classes, some of them spot or behind a link. A pool of
+        on-demand classes in one data centre has nothing for activation to choose (every
+        device is billed for the whole run, idle or not); there the trainer's site, its first
+        class, kept training off the others and rollout off it (odd_workloads --classes seed
+        60: a 7B and a 14B on two classes of RTX 4090-like devices, 91.1 s against 71.9 s
+        with activation off and 80.0 s under verl-sync)."""
+        return (self.config.cost_aware and len(state.classes) > 1
+                and any(c.preemptible or c.link is not None for c in state.classes))
 
     def _borrows(self) -> bool:
         """Rollout replicas go beyond the home only where the look-ahead can tell how long
