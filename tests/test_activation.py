@@ -68,21 +68,44 @@ def test_the_cheaper_per_token_class_is_chosen_first():
     # two classes of the same GPU at different prices: the cheap one's samples come first
     state, p = hand_state(workload([TRAINER, spot("dear", 3.0), spot("cheap", 1.2)], prompts=32))
     a = activate(state, p, sorted(state.free), 1)
-    assert a.devices and set(classes_of(state, a.devices)) == {"cheap"}
+    elastic = [d for d in a.devices if d not in trainer_site(state)]
+    assert elastic and set(classes_of(state, elastic)) == {"cheap"}
     assert [o.name for o in a.offers] == ["cheap", "dear"]
     assert a.offers[0].tokens_per_cost > a.offers[1].tokens_per_cost
     # a demand beyond the cheap class: every cheap device before the first dear one
     state, p = hand_state(workload([TRAINER, spot("dear", 3.0), spot("cheap", 1.2, count=2)], prompts=32))
     a = activate(state, p, sorted(state.free), 1, staleness=2)
-    names = classes_of(state, a.devices)
+    names = classes_of(state, [d for d in a.devices if d not in trainer_site(state)])
     assert "dear" in names and names == ["cheap"] * 2 + ["dear"] * (len(names) - 2)
 
 
-def test_the_trainer_site_is_not_a_rollout_candidate():
+def test_the_trainer_sites_free_devices_are_activated_first_without_the_rule():
+    # the on-demand classes in the trainer's data centre are billed whole, idle or not:
+    # their free devices run rollout ahead of any elastic one, and the rule provisions
+    # only the elastic classes (a spot class offered, the site's not)
     state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=512))
     a = activate(state, p, sorted(state.free), 1)
-    assert not set(a.devices) & set(range(4))
+    assert a.devices[:4] == (0, 1, 2, 3) and set(a.devices[4:]) <= set(range(4, 12))
+    assert [o.name for o in a.offers] == ["cheap"]
     assert trainer_site(state) == frozenset(range(4))
+    # every on-demand class without a link is the site (not only the first)
+    a100 = {"name": "a100", "gpu": "a100", "count": 2, "gpus_per_node": 2, "price_per_hour": 2.0}
+    state, p = hand_state(workload([TRAINER, spot("cheap", 1.2), a100, remote(0.3)], prompts=512))
+    assert trainer_site(state) == frozenset([0, 1, 2, 3, 12, 13])
+    a = activate(state, p, [13, 5, 0, 20], 1)
+    assert a.devices[:2] == (13, 0) and {o.name for o in a.offers} <= {"cheap", "remote"}
+
+
+def test_a_pool_with_no_on_demand_class_gives_a_running_rollout_more_devices():
+    # every class spot: the whole pool is the site, and a rollout that runs replicas
+    # already still gets the free devices (it got none: no class was offered)
+    from jigsaw_plugin.scheduler.state import ReplicaView
+
+    state, p = hand_state(workload([spot("a", 1.2, count=4), spot("b", 0.9, count=4)], prompts=64))
+    running = (ReplicaView(0, p.name, (0,), 10, 0, 0.0, 1e6, 256, False, 0.02, 0.0),)
+    busy = dataclasses.replace(p, replicas=running)
+    again = dataclasses.replace(state, order=(busy,), free=state.free - {0})
+    assert activate(again, busy, sorted(again.free), 1).devices == tuple(range(1, 8))
 
 
 def test_a_tighter_staleness_bound_activates_more_devices():
@@ -116,13 +139,14 @@ def test_replicas_already_running_count_towards_the_pool():
     from jigsaw_plugin.scheduler.state import ReplicaView
 
     state, p = hand_state(workload([TRAINER, spot("cheap", 1.2)], prompts=32))
-    first = activate(state, p, sorted(state.free), 1, staleness=2)
+    site = trainer_site(state)
+    first = activate(state, p, sorted(d for d in state.free if d not in site), 1, staleness=2)
     running = tuple(ReplicaView(i, p.name, (d,), 10, 0, 0.0, 1e6, 256, False, 0.02, 0.0)
                     for i, d in enumerate(first.devices[:2]))
     busy = dataclasses.replace(p, replicas=running)
     again = dataclasses.replace(state, order=(busy,), free=state.free - set(first.devices[:2]))
-    more = activate(again, busy, sorted(again.free), 1, staleness=2)
-    assert len(more.devices) == len(first.devices) - 2
+    more = activate(again, busy, sorted(d for d in again.free if d not in site), 1, staleness=2)
+    assert len(more.devices) == len(first.devices) - 2 >= 1
 
 
 def test_a_single_class_pool_is_left_as_given():

@@ -88,6 +88,14 @@ from jigsaw_plugin.scheduler.jigsaw.tails import TailMoves
 __all__ = ["Jigsaw"]
 
 
+def _with_more_memory(state, devices) -> list:
+    """For each class among ``devices``: its devices and those of the classes with more
+    memory per device (a gang of them is priced at that class: the executor checks a gang's
+    state against its smallest devices)."""
+    held = [c for c in state.classes if any(d in c.devices for d in devices)]
+    return [[d for d in devices if any(d in o.devices for o in held if o.memory_gb >= c.memory_gb)] for c in held]
+
+
 @register_policy("jigsaw")
 class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, RolloutReplicas, Policy):
     """The jigsaw policy; each mechanism's methods are in the mixin of its module."""
@@ -117,14 +125,17 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
     def setup(self, state) -> PolicySetup:
         if self._cost_aware(state):  # training stays on the trainer's site: it must hold every pipeline's state
             site = sorted(trainer_site(state))
-            cost = state.cost_of(site)
             for p in state.order:
-                need = cost.min_gang(p.model, update=True)
-                if len(site) < need:
-                    raise SpecError("cluster.classes", f"a trainer site of {len(site)} {cost.hw.name} devices",
-                                    f"a trainer site (the first on-demand class without a link, where cost-aware "
-                                    f"jigsaw trains) of at least {need} such devices for {p.name}: "
-                                    f"{cost.min_gang_reason(p.model)}; or cost_aware=False")
+                if not any(len(part) >= state.cost_of(part).min_gang(p.model, update=True)
+                           for part in _with_more_memory(state, site)):
+                    cost = state.cost_of(site)
+                    need = cost.min_gang(p.model, update=True)
+                    raise SpecError("cluster.classes", f"a trainer site of {len(site)} devices ({cost.hw.name} "
+                                    f"the smallest)",
+                                    f"a trainer site (the on-demand classes without a link, where cost-aware "
+                                    f"jigsaw trains) with enough devices of a class, with those of more memory, "
+                                    f"to hold {p.name}'s update ({need} of {cost.hw.name}: "
+                                    f"{cost.min_gang_reason(p.model)}); or cost_aware=False")
         elif len(state.classes) > 1:  # gangs sized from the first class's profile: the pool must hold one
             for p in state.order:
                 need = state.cost.min_gang(p.model, update=True)
