@@ -96,6 +96,22 @@ def test_the_trainer_sites_free_devices_are_activated_first_without_the_rule():
     assert a.devices[:2] == (13, 0) and {o.name for o in a.offers} <= {"cheap", "remote"}
 
 
+def test_spot_classes_join_the_trainer_site_only_where_the_on_demand_ones_cannot_hold_an_update():
+    from jigsaw_plugin.scheduler.activation import holds_updates, trainer_classes
+
+    def small(count):
+        return {"name": "small", "gpu": RTX4090, "count": count, "gpus_per_node": 8, "price_per_hour": 1.0}
+
+    # the pipeline's 7B update needs 6 devices of 24 GB: 8 hold it, the site is theirs alone
+    state, _ = hand_state(workload([small(8), spot("cheap", 1.2), remote(0.3)]))
+    assert [c.name for c in trainer_classes(state)] == ["small"]
+    # 2 do not: the spot A100s join them (the remote class never does)
+    state, _ = hand_state(workload([small(2), spot("cheap", 1.2), remote(0.3)]))
+    site = trainer_classes(state)
+    assert [c.name for c in site] == ["small", "cheap"] and holds_updates(site, (MODEL,))
+    assert not holds_updates(site[:1], (MODEL,))
+
+
 def test_a_pool_with_no_on_demand_class_gives_a_running_rollout_more_devices():
     # every class spot: the whole pool is the site, and a rollout that runs replicas
     # already still gets the free devices (it got none: no class was offered)

@@ -223,17 +223,23 @@ def test_a_share_is_checked_against_its_own_classes():
 
 
 def test_cost_aware_jigsaw_refuses_a_trainer_site_too_small_for_a_pipeline():
-    # the trainer site is the first on-demand class: 4 devices of 24 GB cannot hold a 7B's
-    # update (6 needed) beside 8 spot H100; with activation off the gangs go to the H100s
+    # the trainer site is the on-demand classes in the trainer's data centre: 4 devices of
+    # 24 GB cannot hold a 7B's update (6 needed) beside 8 remote H100 (behind a link); with
+    # activation off the gangs go to the H100s
     from jigsaw_plugin.scheduler import get_policy
 
     d = _two_sizes((_SMALL, 4), ("h100", 8), gpus=12).to_dict()
-    d["cluster"]["classes"][1]["preemptible"] = {"rate_per_hour": 0.0}
+    d["cluster"]["classes"][1]["link"] = {"bandwidth_gbit_s": 100.0, "latency_ms": 1}
     w = parse_workload(d)
     with pytest.raises(SpecError, match="cluster.classes") as e:
         simulate(w, get_policy("jigsaw"))
     assert "trainer site" in str(e.value) and "cost_aware=False" in str(e.value)
     assert simulate(w, get_policy("jigsaw", cost_aware=False))["samples"] > 0
+    # the same H100 as spot in the trainer's data centre: the site takes them beside the
+    # 24 GB devices (a gang there restarts when one is preempted: priced, not refused)
+    del d["cluster"]["classes"][1]["link"]
+    d["cluster"]["classes"][1]["preemptible"] = {"rate_per_hour": 0.0}
+    assert simulate(parse_workload(d), get_policy("jigsaw"))["samples"] > 0
 
 
 def test_a_pool_of_on_demand_classes_in_one_data_centre_is_one_trainer_site():

@@ -97,6 +97,17 @@ def test_jigsaw_on_a_pool_of_on_demand_classes_is_no_slower_than_verl_sync(seed,
     assert makespan(detail) <= within * makespan(base_detail), (detail, base_detail)
 
 
+def test_cost_aware_jigsaw_trains_on_spot_devices_where_the_on_demand_ones_cannot_hold_the_update():
+    # --preempt seed 36: an 8B PPO step on 4 spot A100 (preempted about every 1.8 s) and
+    # one on-demand L40S, too few to hold its update: refused as a trainer site too small;
+    # now the site takes the A100s and the gangs are priced with their restarts
+    *_, outcome, detail = odd_workloads.run_one((36, "jigsaw", True, True))
+    *_, base_outcome, base_detail = odd_workloads.run_one((36, "one-step-off", True, True))
+    assert outcome == base_outcome == "ok", (detail, base_detail)
+    makespan = lambda detail: float(detail.split(" s,")[0])
+    assert makespan(detail) < 0.5 * makespan(base_detail), (detail, base_detail)
+
+
 def test_a_gang_is_priced_with_the_load_its_devices_lack():
     # seed 36: an 8B PPO step on 4 A100 (its share, its training state resident) and an
     # L40S; the reference pass's gang of two A100 and the L40S, priced 0.002 s faster than

@@ -32,6 +32,7 @@ A single-class pool has nothing to choose: ``activate`` returns the candidates a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -41,7 +42,7 @@ import numpy as np
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ClassOffer", "RolloutDemand", "Activation", "rollout_demand", "trainer_classes", "trainer_devices",
-           "trainer_site", "activate"]
+           "trainer_site", "holds_updates", "activate"]
 
 
 @dataclass(frozen=True)
@@ -108,13 +109,36 @@ def rollout_demand(p) -> RolloutDemand:
 
 
 def trainer_classes(state) -> tuple:
-    """The trainer's site: the on-demand classes without a link; every class where the pool
-    has none. Only the first of them was, as ``jigsaw plan`` trains on one class: a pool of
-    14 on-demand 24 GB devices, 2 on-demand A100 and 4 spot 24 GB devices trained a 7B
-    on the 24 GB ones only and kept the A100s to rollout (odd_workloads --preempt seed 2:
-    22.3 s, 13.6 s with activation off)."""
-    site = [c for c in state.classes if not c.preemptible and c.link is None]
-    return tuple(site) or tuple(state.classes)
+    """The trainer's site: the on-demand classes without a link, and the spot classes
+    without a link beside them where those alone cannot hold some pipeline's update (a
+    gang on spot devices restarts when one is preempted, and the jigsaw policy prices
+    that: restarts.py); every class where the pool has no on-demand class. Only the first
+    on-demand class was, as ``jigsaw plan`` trains on one class: a pool of 14 on-demand
+    24 GB devices, 2 on-demand A100 and 4 spot 24 GB devices trained a 7B on the 24 GB ones
+    only and kept the A100s to rollout (odd_workloads --preempt seed 2: 22.3 s, 13.6 s with
+    activation off); and a pool whose on-demand class could not hold an update was refused
+    (seed 36: an 8B on one on-demand L40S beside 4 spot A100)."""
+    return _site(tuple(state.classes), tuple(p.model for p in state.order))
+
+
+@functools.lru_cache(maxsize=64)
+def _site(classes: tuple, models: tuple) -> tuple:
+    local = [c for c in classes if c.link is None]
+    site = [c for c in local if not c.preemptible]
+    if not site:
+        return classes
+    wider = [c for c in local if c in site or c.preemptible]
+    if len(wider) > len(site) and not holds_updates(site, models) and holds_updates(wider, models):
+        return tuple(wider)
+    return tuple(site)
+
+
+def holds_updates(classes, models) -> bool:
+    """Whether the devices of ``classes`` hold each of ``models``' update: for some class
+    among them, its devices and those of the classes with more memory are at least the
+    gang that class's memory needs (a gang is priced, and checked, at its smallest devices)."""
+    return all(any(sum(len(o.devices) for o in classes if o.memory_gb >= c.memory_gb)
+                   >= c.cost.min_gang(m, update=True) for c in classes) for m in models)
 
 
 def trainer_devices(state, p) -> frozenset:

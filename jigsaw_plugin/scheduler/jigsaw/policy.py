@@ -70,7 +70,7 @@ import math
 
 from jigsaw_plugin.algorithms import HOST_STAGES
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.scheduler.activation import trainer_site
+from jigsaw_plugin.scheduler.activation import holds_updates, trainer_classes, trainer_site
 from jigsaw_plugin.scheduler.admission import FittingMemo
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
@@ -86,14 +86,6 @@ from jigsaw_plugin.scheduler.jigsaw.round import JigsawMemo, Round, apportion, a
 from jigsaw_plugin.scheduler.jigsaw.tails import TailMoves
 
 __all__ = ["Jigsaw"]
-
-
-def _with_more_memory(state, devices) -> list:
-    """For each class among ``devices``: its devices and those of the classes with more
-    memory per device (a gang of them is priced at that class: the executor checks a gang's
-    state against its smallest devices)."""
-    held = [c for c in state.classes if any(d in c.devices for d in devices)]
-    return [[d for d in devices if any(d in o.devices for o in held if o.memory_gb >= c.memory_gb)] for c in held]
 
 
 @register_policy("jigsaw")
@@ -126,8 +118,7 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         if self._cost_aware(state):  # training stays on the trainer's site: it must hold every pipeline's state
             site = sorted(trainer_site(state))
             for p in state.order:
-                if not any(len(part) >= state.cost_of(part).min_gang(p.model, update=True)
-                           for part in _with_more_memory(state, site)):
+                if not holds_updates(trainer_classes(state), (p.model,)):
                     cost = state.cost_of(site)
                     need = cost.min_gang(p.model, update=True)
                     raise SpecError("cluster.classes", f"a trainer site of {len(site)} devices ({cost.hw.name} "
