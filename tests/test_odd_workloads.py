@@ -108,6 +108,15 @@ def test_cost_aware_jigsaw_trains_on_spot_devices_where_the_on_demand_ones_canno
     assert makespan(detail) < 0.5 * makespan(base_detail), (detail, base_detail)
 
 
+def test_a_rollout_whose_replica_spans_the_trainer_site_and_a_spot_class_starts():
+    # --preempt seed 88: a 1.5B at rollout_tp 2 on one on-demand H100 (the trainer site,
+    # its free devices activated outside the rule) and one spot L40S (no whole replica
+    # group of its own, so no offer): the H100 alone was activated and no replica ever
+    # launched (SimulationStalled); a pipeline with no replica gets every candidate
+    *_, outcome, detail = odd_workloads.run_one((88, "jigsaw", True, True))
+    assert outcome == "ok", detail
+
+
 def test_a_gang_is_priced_with_the_load_its_devices_lack():
     # seed 36: an 8B PPO step on 4 A100 (its share, its training state resident) and an
     # L40S; the reference pass's gang of two A100 and the L40S, priced 0.002 s faster than

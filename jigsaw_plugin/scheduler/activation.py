@@ -231,10 +231,12 @@ def activate(state, p, candidates, tp: int, demand: RolloutDemand | None = None,
     offers.sort(key=lambda o: -o.tokens_per_cost)
     rank = {o.name: i for i, o in enumerate(offers)}
     if not rates:
-        # nothing admitted is free; a pipeline with no replica still gets the candidates
-        # (it must progress), cheapest first; otherwise it waits for its admitted classes
+        # nothing admitted is free; a pipeline with no replica still gets every candidate
+        # (it must progress: the site's alone may hold no replica group, odd_workloads
+        # --preempt seed 88's tp-2 replica on one on-demand H100 and one spot L40S),
+        # cheapest first; otherwise it waits for its admitted classes
         rest = [d for d in candidates if d not in billed]
-        chosen = () if live or billed else tuple(sorted(rest, key=lambda d: _rank_of(state, d, rank)))
+        chosen = () if live else tuple(sorted(rest, key=lambda d: _rank_of(state, d, rank)))
         return Activation(p.name, billed + chosen, {}, tuple(offers), train_s, staleness, False)
     if staleness <= 0:
         chosen = [d for r in sorted(rates, key=lambda r: rank[r.name]) for d in pick[r.name]]
