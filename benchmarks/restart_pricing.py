@@ -11,7 +11,8 @@ a grown stage at its own class).
    staleness 1) on 12 H100, every device preemptible at 1, 5 and 20 per device-hour (and
    at 0, where on and off must be the same run),
    replaced after 120 s (a spot market's order of magnitude: a device lost every few hours
-   to every few minutes); seeds 0-2 (the preemption times).
+   to every few minutes); seeds 0-8 (the preemption times: at 5 and 20 per device-hour a
+   run's makespan moves with the draws by 0.6-1.7x a seed).
 2. The odd workloads of ``odd_workloads.py --preempt`` (1-4 pipelines on 1-3 device
    classes, each preemptible at even odds at 200-20,000 per device-hour) with a
    preemptible class that jigsaw ran on stop 67's build (stop 68's also runs 17, 22, 25
@@ -172,4 +173,4 @@ def render(data: dict) -> str:
 
 if __name__ == "__main__":
     measure_and_write("restart-pricing", RESULTS, measure, render,
-                      full=((0, 1, 2), ODD_SEEDS, 5), quick_args=((0,), ODD_SEEDS[:3], 1))
+                      full=(tuple(range(9)), ODD_SEEDS, 5), quick_args=((0,), ODD_SEEDS[:3], 1))
