@@ -82,7 +82,8 @@ def _run(job: tuple) -> dict:
         return dict(row, outcome="failed", detail=traceback.format_exc())
     pre = r["preemptions"] or {}
     return dict(row, outcome="ok", makespan_s=r["makespan_s"], samples_per_s=r["samples_per_s"],
-                bound_s=r["bounds"]["makespan_lower_bound_s"], preemptions=pre.get("preemptions", 0), restarted_stages=pre.get("restarted_stages", 0),
+                bound_s=r["bounds"]["makespan_lower_bound_s"], preemptions=pre.get("preemptions", 0),
+                restarted_stages=pre.get("restarted_stages", 0),
                 cpu_s=time.process_time() - t0)
 
 

@@ -15,6 +15,16 @@ from jigsaw_plugin.errors import SpecError  # noqa: E402
 from jigsaw_plugin.workload import parse_workload  # noqa: E402
 
 
+def _makespans(*jobs) -> list:
+    """Each ``run_one`` job's makespan, every one of them run to its end ("ok")."""
+    out = []
+    for job in jobs:
+        *_, outcome, detail = odd_workloads.run_one(job)
+        assert outcome == "ok", (job, detail)
+        out.append(float(detail.split(" s,")[0]))
+    return out
+
+
 def test_each_odd_workload_parses_or_is_refused_by_field():
     parsed = 0
     for seed in range(40):
@@ -73,11 +83,8 @@ def test_jigsaw_on_a_pool_preempted_every_few_seconds_ends_near_one_step_off(see
     # devices stayed restarted their passes for 17,368 and 15,598 simulated s (one-step-off:
     # 15.5 and 59.3 s); priced with the restarts the preemptions seen so far foretell
     # (estimates.restart_priced_s) they are narrow, or on the devices never preempted
-    *_, outcome, detail = odd_workloads.run_one((seed, policy, True, True))
-    *_, base_outcome, base_detail = odd_workloads.run_one((seed, "one-step-off", True, True))
-    assert outcome == base_outcome == "ok", (detail, base_detail)
-    makespan = lambda detail: float(detail.split(" s,")[0])
-    assert makespan(detail) < 2 * makespan(base_detail), (detail, base_detail)
+    ours, base = _makespans((seed, policy, True, True), (seed, "one-step-off", True, True))
+    assert ours < 2 * base, (ours, base)
 
 
 @pytest.mark.parametrize("seed, within", [(60, 1.0), (70, 1.0), (78, 0.7)])
@@ -90,22 +97,16 @@ def test_jigsaw_on_a_pool_of_on_demand_classes_is_no_slower_than_verl_sync(seed,
     # seed 78, a 72B PPO step on 16 H100 and 20 A100, was refused (a trainer site of 16
     # H100 too small) and, priced on a grid of widths, ran its critic's and actor's updates
     # one after the other (1,342 s; verl-sync 1,373 s; alongside on 17 and 17, 786 s)
-    *_, outcome, detail = odd_workloads.run_one((seed, "jigsaw", True))
-    *_, base_outcome, base_detail = odd_workloads.run_one((seed, "verl-sync", True))
-    assert outcome == base_outcome == "ok", (detail, base_detail)
-    makespan = lambda detail: float(detail.split(" s,")[0])
-    assert makespan(detail) <= within * makespan(base_detail), (detail, base_detail)
+    ours, base = _makespans((seed, "jigsaw", True), (seed, "verl-sync", True))
+    assert ours <= within * base, (ours, base)
 
 
 def test_cost_aware_jigsaw_trains_on_spot_devices_where_the_on_demand_ones_cannot_hold_the_update():
     # --preempt seed 36: an 8B PPO step on 4 spot A100 (preempted about every 1.8 s) and
     # one on-demand L40S, too few to hold its update: refused as a trainer site too small;
     # now the site takes the A100s and the gangs are priced with their restarts
-    *_, outcome, detail = odd_workloads.run_one((36, "jigsaw", True, True))
-    *_, base_outcome, base_detail = odd_workloads.run_one((36, "one-step-off", True, True))
-    assert outcome == base_outcome == "ok", (detail, base_detail)
-    makespan = lambda detail: float(detail.split(" s,")[0])
-    assert makespan(detail) < 0.5 * makespan(base_detail), (detail, base_detail)
+    ours, base = _makespans((36, "jigsaw", True, True), (36, "one-step-off", True, True))
+    assert ours < 0.5 * base, (ours, base)
 
 
 def test_a_rollout_whose_replica_spans_the_trainer_site_and_a_spot_class_starts():

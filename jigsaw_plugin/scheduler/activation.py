@@ -81,7 +81,8 @@ class Activation:
     """What to activate for one pipeline's rollout, and why."""
 
     pipeline: str
-    devices: tuple[int, ...]  # candidates to activate: the trainer site's (billed whole) first, then the cheapest samples
+    # candidates to activate: the trainer site's (billed whole) first, then the cheapest samples
+    devices: tuple[int, ...]
     target: Mapping[str, int]  # class -> rollout devices the rule wants active (existing included)
     offers: tuple[ClassOffer, ...]
     train_s: float  # T_train on the trainer's site

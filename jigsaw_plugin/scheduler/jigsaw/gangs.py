@@ -38,7 +38,7 @@ class TrainingGangs:
         if len(state.classes) <= 1:
             return devices
         while devices and len(devices) < state.cost_of(devices).stage_min_gang(p.model, stage):
-            held = [c for c in state.classes if any(d in c.devices for d in devices)]
+            held = TrainingGangs._classes_of(state, devices)
             if len(held) <= 1:
                 return ()
             least = min(held, key=lambda c: c.memory_gb)
@@ -119,11 +119,16 @@ class TrainingGangs:
                    for c in self._costs_of(state, devices))
 
     @staticmethod
+    def _classes_of(state, devices) -> tuple:
+        """The pool's classes that hold any of ``devices`` (() on a pool of one class)."""
+        if len(state.classes) <= 1:
+            return ()
+        return tuple(c for c in state.classes if any(d in c.devices for d in devices))
+
+    @staticmethod
     def _costs_of(state, devices) -> tuple:
         """The cost models of ``devices``' classes (the pool's first class's on a pool of one)."""
-        if len(state.classes) <= 1:
-            return (state.cost,)
-        return tuple(c.cost for c in state.classes if any(d in c.devices for d in devices)) or (state.cost,)
+        return tuple(c.cost for c in TrainingGangs._classes_of(state, devices)) or (state.cost,)
 
     def _switch_in_s(self, state, p, devices) -> float:
         """Seconds loading ``p``'s training state onto ``devices`` adds before a pass there: 0
@@ -133,7 +138,8 @@ class TrainingGangs:
         1.7 s slower (odd_workloads --classes seed 36: an 8B's reference pass)."""
         if all(state.devices[d].train_resident == p.name for d in devices):
             return 0.0
-        return max(c.context_switch_s(p.model, len(devices), train_state=True) for c in self._costs_of(state, devices))
+        return max(c.context_switch_s(p.model, len(devices), train_state=True)
+                   for c in self._costs_of(state, devices))
 
     @staticmethod
     def _by_node(state, devices) -> dict:

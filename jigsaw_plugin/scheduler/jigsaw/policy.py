@@ -116,9 +116,10 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
 
     def setup(self, state) -> PolicySetup:
         if self._cost_aware(state):  # training stays on the trainer's site: it must hold every pipeline's state
-            site = sorted(trainer_site(state))
+            site_classes = trainer_classes(state)
             for p in state.order:
-                if not holds_updates(trainer_classes(state), (p.model,)):
+                if not holds_updates(site_classes, (p.model,)):
+                    site = sorted(trainer_site(state))
                     cost = state.cost_of(site)
                     need = cost.min_gang(p.model, update=True)
                     raise SpecError("cluster.classes", f"a trainer site of {len(site)} devices ({cost.hw.name} "

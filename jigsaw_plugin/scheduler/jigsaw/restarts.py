@@ -28,13 +28,6 @@ class GangRisks(NamedTuple):
     wait: tuple  # seconds a restart waits for the replacement (down times weighted by rate)
 
 
-def _several_classes(state, devices) -> bool:
-    """Whether ``devices`` are of more than one of the pool's classes."""
-    if len(state.classes) <= 1:
-        return False
-    return sum(1 for c in state.classes if any(d in c.devices for d in devices)) > 1
-
-
 class RestartPricing:
     """``Jigsaw``'s pricing of training gangs on devices that are preempted."""
 
@@ -60,7 +53,7 @@ class RestartPricing:
         took 30 s)."""
         risk = self._risk(rnd)
         preempted = bool(risk) and any(risk.get(d, (0.0,))[0] > 0 for d in devices)
-        if not preempted and not _several_classes(rnd.state, devices):
+        if not preempted and len(self._classes_of(rnd.state, devices)) <= 1:
             return None
         order = tuple(self._affinity(rnd, p, devices, "train"))
         rates, waits, rate, weighted = [], [], 0.0, 0.0
