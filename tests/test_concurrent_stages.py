@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from jigsaw_plugin.costmodel import CostModel
 from jigsaw_plugin.algorithms import STAGES_BY_ALGORITHM, may_run_alongside
 from jigsaw_plugin.core.executor import PolicyViolation
 from jigsaw_plugin.errors import SpecError
@@ -14,7 +15,7 @@ from jigsaw_plugin.scheduler import RunStage, get_policy
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.sim.engine import Simulation
 from sim_helpers import HookLog, device_overlaps, small_workload
-from test_jigsaw_decide import pipeline, state, step
+from test_jigsaw_decide import COST, pipeline, state, step
 
 PPO = STAGES_BY_ALGORITHM["ppo"]
 
@@ -154,6 +155,20 @@ def test_the_policy_splits_the_free_devices_between_the_two_updates():
     assert len(critic) == 1 and critic[0].alongside and len(actor) == 1 and not actor[0].alongside
     assert critic[0].devices and actor[0].devices and not set(critic[0].devices) & set(actor[0].devices)
     assert out.index(critic[0]) < out.index(actor[0])  # the executor checks them in this order
+
+
+def test_the_split_is_priced_with_the_load_of_the_training_state():
+    # a host link a tenth of the usual (2.5 GB/s: 24 s to load the 7B's training state onto
+    # two devices, 6 s onto eight): where every device holds p0's state the updates still
+    # split; where all but one hold another pipeline's, each gang of the pair would load
+    # it, where the two in turn load it once: the critic's update runs first, alone
+    slow = CostModel(dataclasses.replace(COST.hw, host_gbps=2.5))
+    st = _ready_for_updates()
+    holding = lambda ids: dataclasses.replace(st, cost=slow, devices=tuple(
+        dataclasses.replace(d, train_resident="p0" if d.id in ids else "p1") for d in st.devices))
+    stages = lambda s: [(d.stage, d.alongside) for d in get_policy("jigsaw").decide(s) if isinstance(d, RunStage)]
+    assert stages(holding(range(8))) == [("update_critic", True), ("update_actor", False)]
+    assert stages(holding({0})) == [("update_critic", False)]
 
 
 @pytest.mark.parametrize("concurrent, option", [(False, True), (True, False)])

@@ -149,6 +149,23 @@ def test_policy_reads_what_the_free_devices_can_before_the_tail_ends():
     assert COST.forward_s(MODEL, len(early.devices), early.tokens) <= drain * 1.01
 
 
+def test_policy_prices_loading_the_training_state_onto_devices_that_lack_it():
+    # the tail's projected end (6.7 s) leaves one device time to read the finished tokens
+    # (4.7 s) where it holds p0's training state, not where it holds another pipeline's
+    # (the load onto one device, 4.9 s, comes first): then a wider gang, whose load is
+    # shorter, and the pass with the load still ends by the tail's end
+    st = _tail_state(done=31, tokens_each=3000, left=1000)
+    drain = max(r.predicted_drain_s() for r in st.order[0].replicas)
+    (early,) = _early(get_policy("jigsaw", migration=False).decide(st))
+    assert len(early.devices) == 1 and early.tokens == 0
+    foreign = dataclasses.replace(st, devices=tuple(dataclasses.replace(d, train_resident="p1") if d.id in (1, 2, 3)
+                                                    else d for d in st.devices))
+    (early,) = _early(get_policy("jigsaw", migration=False).decide(foreign))
+    n = len(early.devices)
+    assert n > 1 and early.tokens == 0
+    assert COST.forward_s(MODEL, n, 31 * 3000) + COST.context_switch_s(MODEL, n, train_state=True) <= drain
+
+
 def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
     out = get_policy("jigsaw", migration=False).decide(_tail_state(done=31, covered={"old_log_prob": 31 * 750}))
     (early,) = _early(out)

@@ -101,6 +101,16 @@ def test_jigsaw_on_a_pool_of_on_demand_classes_is_no_slower_than_verl_sync(seed,
     assert ours <= within * base, (ours, base)
 
 
+def test_an_early_pass_is_priced_with_the_load_of_the_training_state():
+    # seed 30 (one A100 class, no preemptions): a 32B's early log-prob pass went to the
+    # narrowest gang that read the finished tokens before the rollout's projected end, one
+    # A100 holding another pipeline's training state, priced at its 2.4 s forward pass; it
+    # ran 23.2 s (20.8 s loading the 32B's state) and held the log-prob pass 20 s past the
+    # rollout's end: 270.1 s, RollMux 256.2 s; priced with the load, 253.6 s
+    ours, base = _makespans((30, "jigsaw"), (30, "rollmux"))
+    assert ours < base, (ours, base)
+
+
 def test_cost_aware_jigsaw_trains_on_spot_devices_where_the_on_demand_ones_cannot_hold_the_update():
     # --preempt seed 36: an 8B PPO step on 4 spot A100 (preempted about every 1.8 s) and
     # one on-demand L40S, too few to hold its update: refused as a trainer site too small;

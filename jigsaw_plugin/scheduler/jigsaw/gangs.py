@@ -248,18 +248,27 @@ class TrainingGangs:
             tokens = s.finished_tokens - s.covered.get(stage, 0)
             price = lambda g, n: state.cost.forward_s(p.model, g, n)
             fixed = state.cost.f.train_stage_overhead_s
+            ranked = self._affinity(rnd, p, pool, "train")
+            # the load of the training state onto devices that lack it comes first: the
+            # narrowest gang pays the most of it (odd_workloads seed 30: a 32B's early pass
+            # on one A100 priced at 2.4 s ran 23.2 s, 20.8 s of it the load, and held the
+            # log-prob pass 20 s past the rollout's end)
+            held = next((i for i, d in enumerate(ranked) if state.devices[d].train_resident != p.name), len(ranked))
+            costs = self._costs_of(state, ranked)  # every class of the pool's: one scan, not one a width
+            switch = lambda g: 0.0 if g <= held else max(c.context_switch_s(p.model, g, train_state=True) for c in costs)
             # the narrowest gang that reads them all before the rollout is projected to end
             # (a pass's fixed cost is paid per device); else all free devices, reading what
             # they can by then (a pass still running when the batch is complete would hold
             # the stage back), if that is worth a pass's fixed cost
-            g = next((g for g in range(need, len(pool) + 1) if price(g, tokens) <= drain), 0)
+            g = next((g for g in range(need, len(pool) + 1) if price(g, tokens) + switch(g) <= drain), 0)
             chunk = tokens
             if not g:
                 g = len(pool)
-                chunk = int(tokens * (drain - fixed) / max(1e-9, price(g, tokens) - fixed))
+                room = drain - fixed - switch(g)
+                chunk = int(tokens * room / max(1e-9, price(g, tokens) - fixed))
                 if chunk <= 0 or price(g, chunk) - fixed < cfg.early_min_fixed * fixed:
                     continue
-            devs = self._holding(state, p, stage, self._affinity(rnd, p, pool, "train")[:g])
+            devs = self._holding(state, p, stage, ranked[:g])
             if not devs:
                 continue
             out.append(RunStage(p.name, p.train_next, stage, devs, colocated=False, early=True,
@@ -407,15 +416,24 @@ class TrainingGangs:
             return self._run_alongside_at_risk(rnd, p, out, pool)
         first = prefix_fastest(self._stage_times(rnd, p, stage, n)[:n])
         second = prefix_fastest(self._stage_times(rnd, p, partner, n)[:n])
-        # (end, width of the first, width of the second) for each split k | n - k
-        end, w1, w2 = min((max(first[k - 1][0], second[n - k - 1][0]), first[k - 1][1], second[n - k - 1][1])
-                          for k in range(1, n))
-        if end == INF or end > (first[n - 1][0] + second[n - 1][0]) * (1 - cfg.alongside_gain):
+        # (end, the first's time and width, the second's) for each split k | n - k
+        end, t1, w1, t2, w2 = min((max(first[k - 1][0], second[n - k - 1][0]), *first[k - 1], *second[n - k - 1])
+                                  for k in range(1, n))
+        in_turn = first[n - 1][0] + second[n - 1][0]
+        if end == INF or end > in_turn * (1 - cfg.alongside_gain):
             return False
         gpn = max(1, state.gpus_per_node)
         a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
         rest = [d for d in pool if d not in a]
         b = (self._node_group(rnd, p, rest, w2) if w2 <= gpn else ()) or self._take(rnd, p, partner, rest, w2)
+        # each gang of the pair loads the training state onto its devices that lack it,
+        # where the two in turn on the pool load it once (odd_workloads seed 194: a 72B's
+        # log-prob and reference passes on 5 + 8 H20 each loaded it, the second 6 s, and
+        # ended 0.9 s after the two in turn would have)
+        switch = self._switch_in_s
+        end = max(t1 + switch(state, p, a), t2 + switch(state, p, b))
+        if end > (in_turn + switch(state, p, pool)) * (1 - cfg.alongside_gain):
+            return False
         return self._start_alongside(rnd, p, out, stage, partner, a, b)
 
     def _run_alongside_at_risk(self, rnd, p, out, pool) -> bool:
