@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from jigsaw_plugin.algorithms import STAGES_BY_ALGORITHM
 from jigsaw_plugin.costmodel import CostModel, EfficiencyFactors, hardware_profile, model_profile
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, RunStage, StartGen, get_policy
@@ -85,6 +86,14 @@ def state(pipes, busy=None, t=100.0):
                           max_num_seqs=256, memo=JigsawMemo(home, owner))
 
 
+def _trained_on(st, name="p0"):
+    """``st`` with every device holding ``name``'s training state (as if its gangs had run
+    on all of them): for the tests of who lends whom which devices, apart from what
+    loading the state onto a device costs (priced since stop 69:
+    test_a_gang_leaves_out_devices_without_its_state_...)."""
+    return dataclasses.replace(st, devices=tuple(dataclasses.replace(d, train_resident=name) for d in st.devices))
+
+
 def _busy_with_replicas(pipes):
     return {d: DeviceTask("replica", p.name, replica=r.id) for p in pipes for r in p.replicas for d in r.devices}
 
@@ -155,7 +164,7 @@ def test_a_ready_stage_borrows_devices_its_owner_can_spare():
     tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
     p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
     p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=1, generating=True, steps={0: step(0, done=31)})
-    out = get_policy("jigsaw", migration=False).decide(state([p0, p1], busy=_busy_with_replicas([p1])))
+    out = get_policy("jigsaw", migration=False).decide(_trained_on(state([p0, p1], busy=_busy_with_replicas([p1]))))
     stage = [d for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
     assert stage and stage[0].stage == "old_log_prob"
     assert set(range(4)) < set(stage[0].devices) and set(stage[0].devices) - set(range(4)) <= {5, 6, 7}
@@ -365,7 +374,7 @@ def test_balance_gives_a_ready_stage_the_devices_of_a_pipeline_near_its_end():
     p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
     p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=last + 1, train_next=last, generating=True,
                   steps={last: step(last, done=31)})
-    st = state([p0, p1], busy=_busy_with_replicas([p1]))
+    st = _trained_on(state([p0, p1], busy=_busy_with_replicas([p1])))
     # predicted_pace off: p0 (no step finished) would be critical by its projected
     # finish, and lend_to_critical would give it p1's devices without balance
     off = [d for d in get_policy("jigsaw", migration=False, balance=False, predicted_pace=False).decide(st)
@@ -389,7 +398,7 @@ def _critical_gang_state(p0_started, p1_started):
                                                                             predicted=[20])]
     p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=2, train_next=1, version=1, generating=True,
                   steps={1: _paced(step(1, samples=32, done=30), p1_started)})
-    return state([p0, p1], busy=_busy_with_replicas([p1]), t=max(p0_started, p1_started) + 60.0)
+    return _trained_on(state([p0, p1], busy=_busy_with_replicas([p1]), t=max(p0_started, p1_started) + 60.0))
 
 
 def test_a_critical_pipelines_gang_takes_devices_an_owner_with_slack_wants_back():
@@ -417,7 +426,7 @@ def _async_pace_state(p0_trained_at):
                                                                             predicted=[20])]
     p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=2, train_next=1, version=1, generating=True,
                   steps={1: _paced(step(1, samples=32, done=30), 100.0)}, spec=dataclasses.replace(SPECS[1], steps=10))
-    return state([p0, p1], busy=_busy_with_replicas([p1]), t=200.0)
+    return _trained_on(state([p0, p1], busy=_busy_with_replicas([p1]), t=200.0))
 
 
 def test_an_asynchronous_pipelines_pace_counts_its_trained_steps_not_those_generated_ahead():
@@ -653,6 +662,22 @@ def test_the_fastest_width_is_any_count_not_only_a_power_of_two():
     assert len(got) == 1 and len(got[0]) == 6 and len({d // 6 for d in got[0]}) == 1
 
 
+def test_a_gang_leaves_out_devices_without_its_state_where_loading_it_costs_more_than_they_gain():
+    # p0's update is ready with its home (0-3, holding its training state) and the devices
+    # of p1, done (4-7, holding p1's), free: on 8 the pass is 4.2 -> 3.3 s, and loading the
+    # 7B's state onto them 0.6 s at 25 GB/s from the host, 6.1 s at 2.5 GB/s, where the
+    # gang of the 4 that hold it loads nothing
+    ppo = STAGES_BY_ALGORITHM["ppo"]
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, samples=32, done=32, rewarded=32, tokens=100000)})
+    p0 = dataclasses.replace(p0, stages=ppo, stage_next=ppo.index("update_critic"))
+    p1 = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
+    st = dataclasses.replace(state([p0, p1]), concurrent_stages=False)
+    slow = CostModel(dataclasses.replace(COST.hw, host_gbps=2.5))
+    gangs = [[d.devices for d in get_policy("jigsaw").decide(dataclasses.replace(st, cost=cost))
+              if isinstance(d, RunStage)] for cost in (COST, slow)]
+    assert gangs == [[tuple(range(8))], [(0, 1, 2, 3)]]
+
+
 def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
     # p0's update over 32 x 900 tokens, paused by a reclaim, resumes with its 8-device home
     # free on nodes of 4: 3 devices of one node end the pass sooner than all 8 (their
@@ -852,7 +877,7 @@ def _first_step_gang_state(p0_steps):
             replica("p1", 2, (5,), generated=[100], predicted=[20])]
     p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=32, done=30)},
                   spec=dataclasses.replace(SPECS[1], steps=1))
-    return state([p0, p1], busy=_busy_with_replicas([p1]))
+    return _trained_on(state([p0, p1], busy=_busy_with_replicas([p1])))
 
 
 def test_a_pipeline_predicted_to_finish_clearly_last_is_critical_from_its_first_step():
@@ -1040,7 +1065,7 @@ def test_the_critical_pipelines_next_gang_is_not_lent_away_while_its_advantages_
         p0 = pipeline(0, range(2), gen_next=2, train_next=1, version=1, steps={1: ready(p0_start)})
         p1 = pipeline(1, range(2, 4), gen_next=2, train_next=1, version=1, stage_next=2 if running else 3,
                       stage_running=running, running_end=100.05 if running else None, steps={1: ready(p1_start)})
-        out = get_policy("jigsaw", migration=False, **opts).decide(state([p0, p1]))
+        out = get_policy("jigsaw", migration=False, **opts).decide(_trained_on(state([p0, p1])))
         return {d.pipeline: (d.stage, set(d.devices)) for d in out if isinstance(d, RunStage)}
 
     assert decide("adv") == {"p0": ("old_log_prob", {0, 1})}
