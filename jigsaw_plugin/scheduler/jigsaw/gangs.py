@@ -138,8 +138,13 @@ class TrainingGangs:
         1.7 s slower (odd_workloads --classes seed 36: an 8B's reference pass)."""
         if all(state.devices[d].train_resident == p.name for d in devices):
             return 0.0
-        return max(c.context_switch_s(p.model, len(devices), train_state=True)
-                   for c in self._costs_of(state, devices))
+        return self._load_s(p, len(devices), self._costs_of(state, devices))
+
+    @staticmethod
+    def _load_s(p, g: int, costs) -> float:
+        """Seconds loading ``p``'s training state onto ``g`` devices, at the slowest of the
+        cost models ``costs`` (their classes')."""
+        return max(c.context_switch_s(p.model, g, train_state=True) for c in costs)
 
     @staticmethod
     def _by_node(state, devices) -> dict:
@@ -255,7 +260,7 @@ class TrainingGangs:
             # log-prob pass 20 s past the rollout's end)
             held = next((i for i, d in enumerate(ranked) if state.devices[d].train_resident != p.name), len(ranked))
             costs = self._costs_of(state, ranked)  # every class of the pool's: one scan, not one a width
-            switch = lambda g: 0.0 if g <= held else max(c.context_switch_s(p.model, g, train_state=True) for c in costs)
+            switch = lambda g: 0.0 if g <= held else self._load_s(p, g, costs)
             # the narrowest gang that reads them all before the rollout is projected to end
             # (a pass's fixed cost is paid per device); else all free devices, reading what
             # they can by then (a pass still running when the batch is complete would hold
