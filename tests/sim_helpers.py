@@ -101,10 +101,26 @@ def run_with_probe(probe, name: str):
     return sim
 
 
-def full_tail_pricing(policy, cost, p, src, live, ends, extra, used, slack):
+def one_class_state(cost, t: float = 0.0, gpus_per_node: int | None = None, **fields):
+    """A hand-built ``SchedulerState`` stand-in of a pool of one class priced by ``cost``:
+    what tail pricing reads of the state (``cost``, ``t``, the class and node queries).
+    ``gpus_per_node``: nodes of that many devices (None: every device set on one node)."""
+    from types import SimpleNamespace
+
+    from jigsaw_plugin.costmodel.predictor import spans_extra_nodes
+
+    def cross_node(devices):
+        return gpus_per_node is not None and spans_extra_nodes(devices, gpus_per_node)
+
+    return SimpleNamespace(cost=cost, t=t, class_costs=lambda: (cost,), cost_of=lambda devices: cost,
+                           cross_node=cross_node, **fields)
+
+
+def full_tail_pricing(policy, state, p, src, live, ends, extra, used, slack):
     """``Jigsaw._price_move``'s answer priced in full for every destination, with no early
-    exit or pre-filter: the reference the policy's cheaper pricing must agree with."""
-    cfg = policy.config
+    exit or pre-filter: the reference the policy's cheaper pricing must agree with
+    (``state``: ``one_class_state``'s, or a ``SchedulerState``)."""
+    cfg, cost = policy.config, state.cost
     k, ctx = src.load, src.kv_tokens
     bound = max(ends.values()) * (1 + slack)
     best = None
@@ -118,8 +134,10 @@ def full_tail_pricing(policy, cost, p, src, live, ends, extra, used, slack):
         prefill = cost.migration_s(p.model, dst.tp, ctx)
         # steps at the KV halfway through the predicted work of what each replica holds
         grown = (src.predicted_work_tokens + dst.predicted_work_tokens) / 2
-        new = cost.decode_step_s(p.model, dst.tp, n + k, dst.kv_tokens + kv_in + ctx + grown)
-        old = cost.decode_step_s(p.model, dst.tp, max(1, n), dst.kv_tokens + kv_in + dst.predicted_work_tokens / 2)
+        # at the destination's class and with its all-reduces over the NICs where it straddles nodes
+        step, xn = state.cost_of(dst.devices).decode_step_s, state.cross_node(dst.devices)
+        new = step(p.model, dst.tp, n + k, dst.kv_tokens + kv_in + ctx + grown, xn)
+        old = step(p.model, dst.tp, max(1, n), dst.kv_tokens + kv_in + dst.predicted_work_tokens / 2, xn)
         end = prefill + max(src.predicted_tokens_left, dst.predicted_tokens_left) * new
         others = max((e for i, e in ends.items() if i not in (src.id, dst.id)), default=0.0)
         if max(end, others) > bound:

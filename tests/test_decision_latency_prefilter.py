@@ -12,7 +12,7 @@ from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.scheduler.jigsaw.round import Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
-from sim_helpers import full_tail_pricing
+from sim_helpers import full_tail_pricing, one_class_state
 
 COST = CostModel(hardware_profile("h100"))
 MODEL = model_profile("qwen2.5-7b")
@@ -58,13 +58,13 @@ def test_a_hopeless_width_prices_no_destination_but_another_width_still_takes_th
     wide = _replica(5, 40, 40_000.0, 200.0, tp=2, step_s=0.00497)
     live = [tail, *narrow, wide]
     cost = _CountingCost()
-    state = SimpleNamespace(cost=cost, t=0.0)
+    state = one_class_state(cost)
     ends = Ends(0.05)
     got = policy._price_move(state, p, tail, live, ends, {}, set(), {1, 2})
     drains = {r.id: r.predicted_drain_s() for r in live}
     assert COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0) \
         > max(drains.values()) * 1.05  # tp1 is hopeless ...
-    want = full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05)
+    want = full_tail_pricing(policy, one_class_state(COST), p, tail, live, drains, {}, set(), 0.05)
     assert want is not None and want[0] is wide  # ... and the full pricing moves the tail onto tp2
     assert got is not None and got[0] is wide and got[1] == want[1]
     assert cost.steps == 1 + 1 + 2  # the tp1 floor, the tp2 floor, the tp2 sibling's two steps
@@ -76,9 +76,9 @@ def test_when_every_width_is_hopeless_the_siblings_are_not_priced():
     tail = _replica(1, 4, 8_000.0, 300.0, step_s=0.0068)
     live = [tail] + [_replica(i, 40, 40_000.0, 200.0, step_s=0.00737) for i in range(2, 30)]
     cost = _CountingCost()
-    got = policy._price_move(SimpleNamespace(cost=cost, t=0.0), p, tail, live, Ends(0.05), {}, set(), {1})
+    got = policy._price_move(one_class_state(cost), p, tail, live, Ends(0.05), {}, set(), {1})
     drains = {r.id: r.predicted_drain_s() for r in live}
-    assert got is None and full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05) is None
+    assert got is None and full_tail_pricing(policy, one_class_state(COST), p, tail, live, drains, {}, set(), 0.05) is None
     assert cost.steps == 1  # the width's floor step only, not 28 siblings' two steps each
 
 
@@ -96,8 +96,8 @@ def test_a_move_ending_just_inside_the_bound_is_still_made():
     bound = max(drains.values()) * 1.05
     floor_end = COST.migration_s(MODEL, 1, 8_000.0) + 300.0 * COST.decode_step_s(MODEL, 1, 4, 8_000.0)
     assert 0.99 * bound < floor_end < bound
-    want = full_tail_pricing(policy, COST, p, tail, live, drains, {}, set(), 0.05)
-    got = policy._price_move(SimpleNamespace(cost=COST, t=0.0), p, tail, live, Ends(0.05), {}, set(), {1})
+    want = full_tail_pricing(policy, one_class_state(COST), p, tail, live, drains, {}, set(), 0.05)
+    got = policy._price_move(one_class_state(COST), p, tail, live, Ends(0.05), {}, set(), {1})
     assert want is not None and want[0] is empty
     assert got is not None and got[0] is empty and got[1] == want[1]
 
@@ -120,7 +120,7 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
     policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(7)
     p = SimpleNamespace(model=MODEL)
-    state = SimpleNamespace(cost=COST, t=0.0)
+    state = one_class_state(COST)
     moves = hopeless_all = hopeless_some = 0
     for _ in range(400):
         live = _case(rng, rng.randint(2, 12))
@@ -133,7 +133,7 @@ def test_the_pre_filtered_pricing_makes_every_move_the_full_pricing_makes():
             if src.load > 32:
                 continue
             got = policy._price_move(state, p, src, live, Ends(slack, dict(drains)), extra, set(), widths)
-            want = full_tail_pricing(policy, COST, p, src, live, drains, extra, set(), slack)
+            want = full_tail_pricing(policy, one_class_state(COST), p, src, live, drains, extra, set(), slack)
             assert (got is None) == (want is None)
             if got is not None:
                 moves += 1
@@ -154,7 +154,7 @@ def _round(replicas):
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
                         lengths=SimpleNamespace(turns=1.0), requests_changed=True)
     # spread=None: no pipeline critical_spread serves (its cap on merges is not in play)
-    return SimpleNamespace(state=SimpleNamespace(cost=COST, t=0.0, order=(p,)), gone=set(), free=set(), spread=None,
+    return SimpleNamespace(state=one_class_state(COST, order=(p,)), gone=set(), free=set(), spread=None,
                            moved_in={}), p
 
 
@@ -173,7 +173,7 @@ def _full_consolidation(policy, p, slack):
     for src in sorted(tails, key=lambda r: r.load):
         if src.id in used:
             continue
-        move = full_tail_pricing(policy, COST, p, src, live, ends, extra, used, slack)
+        move = full_tail_pricing(policy, one_class_state(COST), p, src, live, ends, extra, used, slack)
         if move is None:
             continue
         dst, end = move

@@ -13,7 +13,7 @@ from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.scheduler.jigsaw.round import Ends
 from jigsaw_plugin.scheduler.state import ReplicaView
-from sim_helpers import full_tail_pricing
+from sim_helpers import full_tail_pricing, one_class_state
 
 COST = CostModel(hardware_profile("h100"))
 MODEL = model_profile("qwen2.5-7b")
@@ -46,7 +46,7 @@ def _replica(i, running, kv, left, tp=1, max_seqs=256, work=None, step_s=0.02):
 def test_price_move_skips_work_but_answers_as_the_full_pricing():
     policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
     rng = random.Random(0)
-    state = SimpleNamespace(cost=COST, t=0.0)
+    state = one_class_state(COST)
     p = SimpleNamespace(model=MODEL)
     moves = 0
     for _ in range(300):
@@ -59,7 +59,7 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
         # the drains read as the pricing needs them (the consolidation's way), or all given
         lazy = Ends(slack, {} if rng.random() < 0.5 else dict(ends))
         got = policy._price_move(state, p, src, live, lazy, extra, set(), {r.tp for r in live})
-        want = full_tail_pricing(policy, state.cost, p, src, live, ends, extra, set(), slack)
+        want = full_tail_pricing(policy, state, p, src, live, ends, extra, set(), slack)
         assert (got is None) == (want is None)
         if got is not None:
             moves += 1
@@ -67,12 +67,35 @@ def test_price_move_skips_work_but_answers_as_the_full_pricing():
     assert 10 < moves < 290  # both answers are exercised
 
 
+def test_a_destination_straddling_nodes_is_priced_with_its_all_reduces_over_the_nics():
+    # two tp2 siblings alike but for placement: devices 11-12 straddle nodes of 4, 16-17 do
+    # not; the straddler's steps are slower (as the executor prices them), so the tail goes
+    # to the other one, where on one node's price the two tie and the first would take it
+    policy = Jigsaw(idle_spread=False)  # the hand-built pipeline is alone: see idle_spread below
+    p = SimpleNamespace(model=MODEL)
+
+    def rep(i, devices, running, kv, left, step_s):
+        return ReplicaView.build(i, "p", devices, running, 0, kv, 400_000.0, 256, False, step_s, 0.0,
+                                 _Source(left * running, left))
+
+    tail = rep(1, (20, 21), 2, 4_000.0, 300.0, 0.0060)
+    across, inside = (rep(i, devs, 40, 40_000.0, 400.0, 0.0062) for i, devs in ((2, (11, 12)), (3, (16, 17))))
+    live = [tail, across, inside]
+    drains = {r.id: r.predicted_drain_s() for r in live}
+    state = one_class_state(COST, gpus_per_node=4)
+    got = policy._price_move(state, p, tail, live, Ends(0.2), {}, set(), {2})
+    want = full_tail_pricing(policy, state, p, tail, live, drains, {}, set(), 0.2)
+    assert want is not None and want[0] is inside and got[0] is inside and got[1] == want[1]
+    flat = full_tail_pricing(policy, one_class_state(COST), p, tail, live, drains, {}, set(), 0.2)
+    assert flat[0] is across and flat[1] == got[1]  # on one node's price: a tie, the first sibling takes it
+
+
 def _round(replicas, t, done=60, samples=64, turns=1.0, changed=True):
     step = SimpleNamespace(samples=samples, gen_done=done)  # a StepView's progress
     p = SimpleNamespace(name="p", model=MODEL, replicas=tuple(replicas), next_stage=None, steps={0: step},
                         lengths=SimpleNamespace(turns=turns),  # mean turns of its finished trajectories
                         requests_changed=changed)
-    state = SimpleNamespace(cost=COST, t=t, order=(p,))
+    state = one_class_state(COST, t, order=(p,))
     return SimpleNamespace(state=state, gone=set(), free=set(), spread=None,  # spread: no pipeline critical_spread serves
                            moved_in={})  # moves this round sent each replica: none yet
 

@@ -136,3 +136,41 @@ def test_on_a_pool_of_several_classes_a_group_goes_to_the_fastest_class_and_is_p
     assert fast is state.classes[0].cost and slow_cost is state.classes[1].cost
     assert slow_cost.decode_step_s(big.model, 4, 1, 0.0) > fast.decode_step_s(big.model, 4, 1, 0.0)
     assert state.class_costs() == (fast, slow_cost)
+
+
+def _home_left_over(spare: int):
+    """Nodes of 4 A100s: a 0.5B on devices 0-1, then a 32B of 8 requests whose tp4 home
+    (devices 2-9) holds one node-local group (4-7) and two leftovers (2-3 on node 0, 8-9
+    on node 2); ``spare`` devices more after it (10, 11, ...: node 2's rest)."""
+    def pipe(name, model, gpus, tp, n):
+        return {"name": name, "model": model, "algorithm": "grpo", "mode": "sync", "prompts_per_step": n,
+                "samples_per_prompt": 4, "max_response_len": 512, "gpus": gpus, "rollout_tp": tp,
+                "prompt_len": {"dist": "const", "value": 200},
+                "response_len": {"dist": "lognormal", "median": 200, "sigma": 0.4, "min": 1}, "steps": 1}
+    return parse_workload({"version": 1, "cluster": {"gpus": 10 + spare, "gpu": "a100", "gpus_per_node": 4},
+                           "pipelines": [pipe("small", "qwen2.5-0.5b", 2, 2, 8), pipe("big", "qwen2.5-32b", 8, 4, 2)]})
+
+
+def test_jigsaw_borrows_a_nodes_spare_devices_before_it_cuts_its_home_across_nodes():
+    # the home's 8-9 and the spare 10-11 of their node make a node-local tp4 (odd_workloads
+    # seed 393); the home's own leftovers 2-3 and 8-9 would straddle nodes 0 and 2
+    sim = Simulation(_home_left_over(spare=4), get_policy("jigsaw"), seed=0)
+    sim.run()
+    big = [devs for name, devs in _rollouts(sim) if name.startswith("big")]
+    assert (8, 9, 10, 11) in big and (2, 3, 8, 9) not in big
+    assert not any(sim.world.snapshot().cross_node(d) for d in big)
+
+
+def test_jigsaw_cuts_its_home_across_nodes_where_no_node_has_spare_devices():
+    # no spare device: the straddling group is the only second replica the home holds
+    sim = Simulation(_home_left_over(spare=0), get_policy("jigsaw"), seed=0)
+    sim.run()
+    big = [devs for name, devs in _rollouts(sim) if name.startswith("big")]
+    assert (4, 5, 6, 7) in big and (2, 3, 8, 9) in big
+
+
+def test_the_state_says_which_device_sets_straddle_nodes():
+    state = Simulation(_home_left_over(spare=4), get_policy("jigsaw"), seed=0).world.snapshot()
+    assert state.cross_node((2, 3, 8, 9)) and state.cross_node((3, 4))
+    assert not state.cross_node((8, 9, 10, 11)) and not state.cross_node((5,))
+    assert not state.cross_node(tuple(range(0, 8)))  # two whole nodes: as few as 8 can span

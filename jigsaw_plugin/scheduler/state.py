@@ -20,6 +20,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from jigsaw_plugin.algorithms import waits_for_alongside
+from jigsaw_plugin.costmodel.predictor import spans_extra_nodes
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 
@@ -484,6 +485,16 @@ class SchedulerState:
     def class_costs(self) -> tuple:
         """Every class's cost model (``cost`` alone on a pool of one class)."""
         return tuple(c.cost for c in self.classes) if len(self.classes) > 1 else (self.cost,)
+
+    def cross_node(self, devices) -> bool:
+        """A replica on ``devices`` spans more nodes than its width needs, so its all-reduces
+        cross the node NICs (``spans_extra_nodes``; ``CostModel.decode_step_s``'s
+        ``cross_node``), as the executor prices its steps."""
+        return len(devices) > 1 and spans_extra_nodes(devices, self.gpus_per_node, self._device_nodes)
+
+    @cached_property
+    def _device_nodes(self) -> tuple[int, ...]:
+        return tuple(d.node for d in self.devices)
 
     @cached_property
     def pipelines(self) -> Mapping[str, PipelineView]:

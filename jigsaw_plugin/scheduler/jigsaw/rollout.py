@@ -119,7 +119,10 @@ class RolloutReplicas:
                 fast = math.ceil(outstanding / max(1, min(spread, self._fast_batch(state, p, tp, ctx / 2))))
                 want = max(want, min(fast, math.ceil(outstanding / max(1, spread)) + orphans))
             want = max(want, math.ceil(outstanding / max(1, spread)))
-        return want
+        # never more replicas than requests: a home of 16 tp2 groups for a 72B step of 8
+        # samples started 16 engines, 8 of them retired empty in the same instant (odd_workloads
+        # seed 194); the simulator charged them nothing, a live pool pays each engine's start
+        return min(want, max(1, outstanding))
 
     def _orphan_replicas(self, rnd, p, tp: int) -> int:
         """``orphan_spread``: width-``tp`` replicas the free devices no unfinished pipeline's
@@ -434,19 +437,26 @@ class RolloutReplicas:
             avail = list(activate(state, p, avail, tp).devices)
         if not self.config.resize and len(avail) < want * tp:
             return []
-        groups = self._node_groups(state, avail, tp)[:want]
+        groups = self._node_groups(state, avail, tp, cut=False)[:want]
         if len(groups) < want and self._borrows():
-            # the rest on other pipelines' spare devices, for as long as the rollout is projected to run
+            # the rest on other pipelines' spare devices, for as long as the rollout is
+            # projected to run, with the home's leftovers of a node: a tp4 on the home's 8, 9
+            # and the spare 10, 11 of their node before one on the home's 2, 3, 8, 9 cut
+            # across two (odd_workloads seed 393: a 32B's, its steps 3% slower)
             if p.generating:
                 duration = max((r.predicted_drain_s() for r in p.replicas), default=0.0)
             else:
                 duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
             taken = {d for g in groups for d in g}
-            pool = [d for d in self._lendable(rnd, p, duration) if d not in taken]
+            left = [d for d in avail if d not in taken]
+            pool = left + [d for d in self._lendable(rnd, p, duration) if d not in taken]
             groups = self._take_groups(rnd, p, pool, taken, tp, groups, want)
+        if len(groups) < want:  # then the home's devices cut across nodes
+            taken = {d for g in groups for d in g}
+            groups += self._node_groups(state, [d for d in avail if d not in taken], tp)[:want - len(groups)]
         return groups
 
-    def _node_groups(self, state, devices: list, tp: int) -> list:
+    def _node_groups(self, state, devices: list, tp: int, cut: bool = True) -> list:
         """``devices`` (best first) cut into ``tp``-wide groups: first those on one node (a
         width wider than a node: whole nodes), in the order their first devices come, then
         the rest cut in order. A group cut across a node boundary runs its all-reduces over
@@ -454,7 +464,7 @@ class RolloutReplicas:
         rollout takes one only when it wants more replicas than its nodes hold. A 32B's tp8
         home of devices 10-41 on nodes of 8 (cut in order: four replicas, each on two nodes)
         holds three on one node each and one on what is left (10-15 and 40-41), the same
-        count."""
+        count. ``cut`` False: the groups on one node only."""
         local: list = []
         whole: dict[int, list] = {}  # node size -> whole nodes of that size, for a width wider than it
         for node, ds in self._by_node(state, devices).items():
@@ -466,6 +476,8 @@ class RolloutReplicas:
         for size, nodes in whole.items():
             k = tp // size
             local.extend(sum(nodes[i:i + k], ()) for i in range(0, len(nodes) - k + 1, k))
+        if not cut:
+            return local
         used = {d for g in local for d in g}
         rest = [d for d in devices if d not in used]
         return local + [tuple(rest[i:i + tp]) for i in range(0, len(rest) - tp + 1, tp)]

@@ -143,8 +143,8 @@ class TailMoves:
                 bound, top = ends.latest(live)
                 src_left = src.predicted_tokens_left
             floor = step_floor.get(w)
-            if floor is None:
-                floor = step_floor[w] = cost.decode_step_s(p.model, w, k, ctx)
+            if floor is None:  # at the fastest class, on one node: below any destination's step
+                floor = step_floor[w] = min(c.decode_step_s(p.model, w, k, ctx) for c in state.class_costs())
                 if prefill + src_left * floor > bound:
                     hopeless.add(w)
                     if len(hopeless) == len(widths):
@@ -161,11 +161,16 @@ class TailMoves:
             if src_work is None:
                 src_work = src.predicted_work_tokens
             dst_work = dst.predicted_work_tokens
-            new = cost.decode_step_s(p.model, w, n + k, dst.kv_tokens + kv_in + ctx + (src_work + dst_work) / 2)
+            # at the destination's own class and placement, as the executor prices its steps:
+            # a 32B's tp4 cut across two nodes of A100s steps 3% slower than one node's
+            # (0.01195 s against 0.01165 s), and a merge onto it priced on one node's fit
+            # within a slack it overran (odd_workloads seed 393 before its launch kept to nodes)
+            step, xn = state.cost_of(dst.devices).decode_step_s, state.cross_node(dst.devices)
+            new = step(p.model, w, n + k, dst.kv_tokens + kv_in + ctx + (src_work + dst_work) / 2, xn)
             end = prefill + max(src_left, dst_left) * new
             if max(end, others) > bound:
                 continue  # would stretch the pipeline's generation beyond its slack
-            old = cost.decode_step_s(p.model, w, max(1, n), dst.kv_tokens + kv_in + dst_work / 2)
+            old = step(p.model, w, max(1, n), dst.kv_tokens + kv_in + dst_work / 2, xn)
             move_dev_s = (prefill + (new - old) * dst_left) * w
             if src_dev_s < cfg.min_gain * move_dev_s:
                 continue
