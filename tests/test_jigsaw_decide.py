@@ -678,6 +678,21 @@ def test_a_gang_leaves_out_devices_without_its_state_where_loading_it_costs_more
     assert gangs == [[tuple(range(8))], [(0, 1, 2, 3)]]
 
 
+def test_a_forward_pass_on_the_devices_holding_the_state_is_priced_with_the_updates_reload():
+    # p0's log-prob pass over 2,000 tokens is ready; only device 0 holds its training state
+    # (1-7 hold p1's, done). On device 0 alone the pass takes 2.06 s, on all 8 2.01 s plus
+    # 0.61 s loading the state; but the 7B's update needs 2 devices, and its gang would
+    # reach one without the state, loading it onto both (2.44 s): the pass takes all 8
+    p0 = pipeline(0, range(4), gen_next=1, steps={0: step(0, samples=32, done=32, rewarded=32, tokens=2000)})
+    p1 = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
+    st = dataclasses.replace(state([p0, p1]), concurrent_stages=False)
+    st = dataclasses.replace(st, devices=tuple(
+        dataclasses.replace(d, train_resident="p0" if d.id == 0 else "p1") for d in st.devices))
+    assert COST.stage_min_gang(MODEL, "update_actor") == 2
+    gangs = [d.devices for d in get_policy("jigsaw").decide(st) if isinstance(d, RunStage)]
+    assert gangs == [tuple(range(8))]
+
+
 def test_a_paused_stage_resumes_on_no_more_devices_than_its_fastest_width():
     # p0's update over 32 x 900 tokens, paused by a reclaim, resumes with its 8-device home
     # free on nodes of 4: 3 devices of one node end the pass sooner than all 8 (their
