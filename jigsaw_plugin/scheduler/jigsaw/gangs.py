@@ -391,7 +391,8 @@ class TrainingGangs:
         holds fewer, the update's gang reaches devices without the state, which the executor
         loads onto the whole gang again. A 32B's log-prob pass on the 6 of 14 free A100s that
         held its state (4.3 s, against 3.0 s on all 14 plus a 1.5 s load) left its update of
-        8 to load it again (2.6 s; odd_workloads seed 393). 0 for any other stage."""
+        8 to load it again (2.6 s; seen on odd_workloads seed 393 under a variant of the tail
+        moves not kept, docs/simulator.md). 0 for any other stage."""
         if stage not in FORWARD_STAGES:
             return 0.0
         k = p.stages.index(stage) if stage in p.stages else len(p.stages)
