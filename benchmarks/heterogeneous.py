@@ -254,10 +254,12 @@ def render(data: dict) -> str:
     out += ["The activation's verdict on each cost-aware run's observed lengths (seed 0, every device free): "
             "decode tokens/s of one replica at a full batch on the class's cost model, tokens per unit of price, "
             "one version's pull over the class's link, and the pool the rule activates.", ""]
-    vrows = []
+    vrows, fed = [], []
     for s in STALENESS:
         r = next(r for r in data["runs"] if r["label"] == LABELS[2] and r["staleness"] == s)
         v = r["verdict"]
+        if v["fed"]:
+            fed.append(str(s))
         for o in v["offers"]:
             vrows.append([s, o["name"], f"{o['tokens_per_s']:.0f}", f"{o['price_per_hour']:.2f}",
                           f"{o['tokens_per_cost'] / 1e6:.2f} M", f"{o['pull_s']:.0f}",
@@ -267,9 +269,12 @@ def render(data: dict) -> str:
                       "activated", "T_train s", "learner fed"], vrows), "",
             "Reading it: at a full batch decode is compute-bound, so the L40S (362 TFLOPs at 0.90) gives more "
             "tokens per price than the A100 (312 at 1.20); early in a run, on the prior lengths, the A100 ranks "
-            "first, which is why A100 rollout hours remain. In this workload the rule never finds a pool that "
-            "keeps the learner fed (`tail`: the step's longest response, about 8k tokens, decoded on one replica "
-            "outlasts S x T_train even at S = 4), so it takes its fallback, the pool with the least cost per "
+            "first, which is why A100 rollout hours remain. "
+            + (f"On the lengths seed 0 observed the rule finds a pool that keeps the learner fed at S = "
+               f"{', '.join(fed)} only. " if fed else "In this workload the rule never finds a pool that "
+               "keeps the learner fed. ")
+            + "Where it finds none (`tail`: the step's longest response, about 8k tokens, decoded on one replica "
+            "outlasts S x T_train) it takes its fallback, the pool with the least cost per "
             "sample. The H100 rollout time in the table is the trainer site's: its free devices (billed for the "
             "whole run, idle or not) run rollout replicas ahead of any elastic one, outside the rule (which does "
             "not count them), and the jigsaw policy re-shards long tails onto wider replicas on them "

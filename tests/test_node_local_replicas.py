@@ -174,3 +174,20 @@ def test_the_state_says_which_device_sets_straddle_nodes():
     assert state.cross_node((2, 3, 8, 9)) and state.cross_node((3, 4))
     assert not state.cross_node((8, 9, 10, 11)) and not state.cross_node((5,))
     assert not state.cross_node(tuple(range(0, 8)))  # two whole nodes: as few as 8 can span
+
+
+def test_the_state_counts_a_replicas_nodes_against_their_own_size_as_the_pricer_does():
+    # 4 devices in nodes of 2 (nodes 0-1), then 8 in a node of 8: a tp4 on 0-3 spans the
+    # two nodes a width of 4 needs there (not over the NICs beyond need); 2-5 spans three
+    spec = _mixed_nodes().to_dict()
+    spec["cluster"] = {"classes": [{"name": "pairs", "gpu": "h100", "count": 4, "gpus_per_node": 2},
+                                   {"name": "eight", "gpu": "h100", "count": 8, "gpus_per_node": 8}]}
+    spec["pipelines"][0]["gpus"] = 4
+    sim = Simulation(parse_workload(spec), get_policy("jigsaw"), seed=0)
+    state, pricer = sim.world.snapshot(), sim.world.pricer
+    model, kv = sim.world.pipelines["big"].model, 64 * 600.0
+    for devices in ((0, 1, 2, 3), (2, 3, 4, 5), (4, 5, 6, 7), (4, 5, 6, 7, 8, 9, 10, 11)):
+        priced = pricer.decode_step_s("big", devices, 64, kv)
+        across = state.cross_node(devices)
+        assert priced == state.cost_of(devices).decode_step_s(model, len(devices), 64, kv, cross_node=across)
+    assert not state.cross_node((0, 1, 2, 3)) and state.cross_node((2, 3, 4, 5))

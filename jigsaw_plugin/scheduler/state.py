@@ -489,8 +489,12 @@ class SchedulerState:
     def cross_node(self, devices) -> bool:
         """A replica on ``devices`` spans more nodes than its width needs, so its all-reduces
         cross the node NICs (``spans_extra_nodes``; ``CostModel.decode_step_s``'s
-        ``cross_node``), as the executor prices its steps."""
-        return len(devices) > 1 and spans_extra_nodes(devices, self.gpus_per_node, self._device_nodes)
+        ``cross_node``), as the executor prices its steps: against the size of the nodes
+        it is on (a class's own; a tp4 over two nodes of 2 spans no more than it needs)."""
+        if len(devices) <= 1:
+            return False
+        nodes = self._device_nodes
+        return spans_extra_nodes(devices, max(self.node_size(nodes[d]) for d in devices), nodes)
 
     @cached_property
     def _device_nodes(self) -> tuple[int, ...]:

@@ -119,10 +119,7 @@ class RolloutReplicas:
                 fast = math.ceil(outstanding / max(1, min(spread, self._fast_batch(state, p, tp, ctx / 2))))
                 want = max(want, min(fast, math.ceil(outstanding / max(1, spread)) + orphans))
             want = max(want, math.ceil(outstanding / max(1, spread)))
-        # never more replicas than requests: a home of 16 tp2 groups for a 72B step of 8
-        # samples started 16 engines, 8 of them retired empty in the same instant (odd_workloads
-        # seed 194); the simulator charged them nothing, a live pool pays each engine's start
-        return min(want, max(1, outstanding))
+        return want
 
     def _orphan_replicas(self, rnd, p, tp: int) -> int:
         """``orphan_spread``: width-``tp`` replicas the free devices no unfinished pipeline's
