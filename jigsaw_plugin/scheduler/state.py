@@ -490,15 +490,24 @@ class SchedulerState:
         """A replica on ``devices`` spans more nodes than its width needs, so its all-reduces
         cross the node NICs (``spans_extra_nodes``; ``CostModel.decode_step_s``'s
         ``cross_node``), as the executor prices its steps: against the size of the nodes
-        it is on (a class's own; a tp4 over two nodes of 2 spans no more than it needs)."""
-        if len(devices) <= 1:
-            return False
-        nodes = self._device_nodes
-        return spans_extra_nodes(devices, max(self.node_size(nodes[d]) for d in devices), nodes)
+        it is on (a class's own; a tp4 over two nodes of 2 spans no more than it needs).
+        Answered once a round per device set: tail pricing asks it of each destination for
+        every tail it prices."""
+        got = self._cross.get(devices)
+        if got is None:
+            nodes = self._device_nodes
+            got = len(devices) > 1 and spans_extra_nodes(
+                devices, max(self.node_size(nodes[d]) for d in devices), nodes)
+            self._cross[devices] = got
+        return got
 
     @cached_property
     def _device_nodes(self) -> tuple[int, ...]:
         return tuple(d.node for d in self.devices)
+
+    @cached_property
+    def _cross(self) -> dict:
+        return {}  # device set -> cross_node's answer, for this round
 
     @cached_property
     def pipelines(self) -> Mapping[str, PipelineView]:
