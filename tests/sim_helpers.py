@@ -113,7 +113,7 @@ def one_class_state(cost, t: float = 0.0, gpus_per_node: int | None = None, **fi
         return gpus_per_node is not None and spans_extra_nodes(devices, gpus_per_node)
 
     return SimpleNamespace(cost=cost, t=t, class_costs=lambda: (cost,), cost_of=lambda devices: cost,
-                           cross_node=cross_node, **fields)
+                           cross_node=cross_node, classes=(), **fields)
 
 
 def full_tail_pricing(policy, state, p, src, live, ends, extra, used, slack):

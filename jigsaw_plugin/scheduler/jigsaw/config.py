@@ -74,6 +74,13 @@ class JigsawConfig:
     # (the advantage computation) with a training stage next, no other pipeline's gang
     # borrows devices beyond its home for longer than that stage has left (docs/simulator.md)
     critical_claim: bool = True
+    # on a heterogeneous pool under ``cost_aware``, neither a tail merge nor a re-shard holds
+    # trainer-site devices past the time a training gang is due on them: a running stage's
+    # end where a gang stage follows, now where one is ready (``_gang_claims``). A merge is
+    # priced against the rollout's slack only, and heterogeneous S = 2 seed 1 merged every
+    # L40S replica onto the fastest destination, an H100 replica on the trainer's site: five
+    # updates then ran on 3 of the 4 H100s (docs/simulator.md)
+    gang_claims: bool = True
     # an owner whose step has generated every trajectory and waits on their rewards (a
     # sandbox running each one's tests) lends its home for as long as the wait is projected
     # from the rewards seen so far (``_reward_wait_s``, less the time waited); off, and

@@ -176,7 +176,7 @@ class Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in", "claim", "risk", "risky")
+                 "moved_in", "claim", "risk", "risky", "gang_claims")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -202,6 +202,7 @@ class Round:
         self.claim: tuple | None = None  # (seconds until the critical pipeline's next gang is ready, its name)
         self.risk = UNSET  # device -> (preemptions a second, seconds down) seen (estimates.device_risks)
         self.risky: dict = {}  # (pipeline, stage, devices) -> its gangs priced with restarts (``_gangs_on``)
+        self.gang_claims: dict | None = None  # device -> seconds until a training gang takes it (``_gang_claims``)
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
