@@ -8,9 +8,10 @@ import dataclasses
 from types import SimpleNamespace
 
 from jigsaw_plugin.scheduler.activation import trainer_site
+from jigsaw_plugin.scheduler.decisions import LaunchReplica
 from jigsaw_plugin.scheduler.jigsaw import Jigsaw
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, Round
-from jigsaw_plugin.scheduler.state import ReplicaView, StepView
+from jigsaw_plugin.scheduler.state import DeviceTask, ReplicaView, StepView
 from sim_helpers import one_class_state
 from test_activation import MODEL, TRAINER, hand_state, spot, workload
 from test_decision_latency_tails import COST, _Source
@@ -82,3 +83,31 @@ def test_a_tail_is_not_merged_onto_devices_a_gang_is_due_on():
     assert move({0: free[1] + 1.0}) == free  # the gang is due after the merged replica drains
     assert move({0: 1.0})[0] is other
     assert move({0: 1.0, 30: 1.0}) is None
+
+
+def test_a_tail_is_not_re_sharded_onto_devices_a_gang_is_due_on_sooner_than_it_would_end():
+    # the async pipeline's step-1 tail (2 requests on spot device 4) while step 0's update is
+    # due on the site now: the re-shard goes on spot devices; with the claims off it takes
+    # the site's H100s (the fastest), and where the gang is due only after the tail would end
+    # (a log-prob pass running far longer) the site is the tail's to take
+    state, p, site = _pool()
+    n = p.spec.samples_per_step
+    tail = ReplicaView.build(7, p.name, (4,), 2, 0, 18_000.0, 400_000.0, 256, False, 0.012, 0.0,
+                             _Source(16_000.0, 8_000.0))
+    steps = {0: StepView(0, n, n, n, 10_000, 0.0, {}, {}, 0, gen_end_t=5.0), 1: StepView(1, n, n - 2, 0, 0, 6.0, {}, {}, 0)}
+    devices = tuple(dataclasses.replace(d, task=DeviceTask("replica", p.name, replica=7)) if d.id == 4 else d
+                    for d in state.devices)
+
+    def widened(policy=None, **view):
+        q = dataclasses.replace(p, **{"replicas": (tail,), "generating": True, "gen_next": 2, "stage_next": 2,
+                                      "steps": steps, **view})
+        s = dataclasses.replace(state, t=10.0, order=(q,), devices=devices, free=frozenset(range(state.gpus)) - {4})
+        out = []
+        (policy or Jigsaw())._widen_tails(_round(s, q), out)
+        (launch,) = [d for d in out if isinstance(d, LaunchReplica)]
+        assert launch.absorb == (7,)
+        return set(launch.devices)
+
+    assert not widened() & site
+    assert widened(Jigsaw(gang_claims=False)) == site
+    assert widened(stage_running=True, stage_next=0, running_stage_end_t=1e6) == site
