@@ -329,6 +329,32 @@ def test_devices_a_reclaim_takes_from_a_pending_growth_are_free_in_the_same_roun
     assert out.index(ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3))) < out.index(gang[0])
 
 
+def _critical_stage_on_a_ready_owners_devices(resize_to):
+    """p0, paced to finish last, runs its update on its home and p1's devices 4 and 5; p1's
+    batch is ready, its devices 6 and 7 free or (``resize_to``) claimed by p0's stage for
+    its next boundary."""
+    rs = RunningStageView(1, "update_actor", (0, 1, 2, 3, 4, 5), resize_to, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, stage_next=3, stage_running=True, running_end=300.0,
+                  running_stage=rs, version=1,
+                  steps={1: _paced(step(1, done=32, rewarded=32, tokens=8_000_000), 300.0)})
+    p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, version=1,
+                  steps={1: _paced(step(1, done=32, rewarded=32, tokens=32 * 900), 100.0)})
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in set(range(6)) | set(resize_to or ())}
+    return _trained_on(state([p0, p1], busy=busy, t=350.0))
+
+
+def test_a_reclaim_and_a_growth_that_undo_each_other_emit_nothing():
+    # p1 takes 4 and 5 back; the critical p0's stage grows onto p1's free 6 and 7
+    # (lend_to_critical) while p1's gang waits for its whole home
+    grows = (0, 1, 2, 3, 6, 7)
+    out = get_policy("jigsaw").decide(_critical_stage_on_a_ready_owners_devices(None))
+    assert [d.devices for d in out if isinstance(d, ResizeStage)] == [(0, 1, 2, 3), grows]
+    # the next round, that growth pending: the same shrink and growth would only restate it
+    # (they came back every round of the instant: 3,183 in (a)'s run, 183 without them)
+    out = get_policy("jigsaw").decide(_critical_stage_on_a_ready_owners_devices(grows))
+    assert not [d for d in out if isinstance(d, ResizeStage)]
+
+
 def test_a_paused_stage_resumes_on_its_home_devices():
     p0 = _update_actor_running(())
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})

@@ -214,7 +214,7 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
             self._grow_stages(rnd, out)
         if admit:
             self._limit_admission(rnd, out)
-        return out
+        return rnd.drop_undone_resizes(out) if rnd.resized else out
 
     def _homes(self, state) -> tuple[dict, dict]:
         """This round's homes: the static shares, or (``balance``) the pool apportioned so

@@ -216,6 +216,23 @@ class Round:
         self.resized[p.name] = devices
         out.append(ResizeStage(p.name, rs.step, rs.stage, devices))
 
+    def drop_undone_resizes(self, out: list) -> list:
+        """``out`` without the ResizeStages of a stage whose last one this round gives it the
+        devices it already holds from its next boundary (a reclaim shrank it and a growth
+        took the same devices back). No decision between them took a device the shrink let
+        go (the last one would lack it), so the executor ends where it started; emitted, the
+        pair came back every round of the instant, 3,183 of them in (a)'s run."""
+        undone = set()
+        for p in self.state.order:
+            rs = p.running_stage
+            if p.name in self.resized and rs is not None:
+                held = rs.resize_to if rs.resize_to is not None else rs.devices
+                if self.resized[p.name] == held:
+                    undone.add(p.name)
+        if not undone:
+            return out
+        return [d for d in out if not (isinstance(d, ResizeStage) and d.pipeline in undone)]
+
 
 class Ends:
     """One pipeline's predicted drains in a round of tail consolidation (replica ->
