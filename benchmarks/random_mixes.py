@@ -48,6 +48,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "random_mixes.json"
 BLOCK = "random-mixes"
 SYNTHETIC_RESULTS = ROOT / "benchmarks" / "results" / "synthetic_mixes.json"
 SYNTHETIC_BLOCK = "synthetic-mixes"
+DEFAULT_SEED = {"large": 9000, "synthetic": 0, "random": 2026}  # the seed of each kind's block
 LARGE_RESULTS = ROOT / "benchmarks" / "results" / "large_mixes.json"
 LARGE_BLOCK = "large-mixes"
 #: synthetic mixes a large mix puts on one pool
@@ -307,7 +308,10 @@ def section(data: dict, load_before: str, load_after: str) -> str:
     intro = (_LARGE_INTRO if large else _SYNTHETIC_INTRO if synthetic else _INTRO).format(
         seed=data["seed"], steps=data["steps"], pipes=_span(n for n, _ in sizes), gpus=_span(g for _, g in sizes))
     flag = " --large" if large else " --synthetic" if synthetic else ""
+    kind = "large" if large else "synthetic" if synthetic else "random"
     command = "python benchmarks/random_mixes.py" + (f"{flag} --mixes {len(data['mixes'])}" if synthetic else "")
+    if data["seed"] != DEFAULT_SEED[kind]:  # the command reproduces the mixes drawn, not the default ones
+        command += f" --seed {data['seed']}"
     scale = _scale_table(data, by) if large else ""
     return f"""## {title} (`benchmarks/random_mixes.py`)
 
@@ -383,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     results, block = {"large": (LARGE_RESULTS, LARGE_BLOCK), "synthetic": (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK),
                       "random": (RESULTS, BLOCK)}[kind]
     n = args.mixes if args.mixes is not None else {"large": 9, "synthetic": 60, "random": 16}[kind]
-    seed = args.seed if args.seed is not None else {"large": 9000, "synthetic": 0, "random": 2026}[kind]
+    seed = args.seed if args.seed is not None else DEFAULT_SEED[kind]
     return measure_render_write(results, block, lambda: measure(seed, n, args.synthetic, args.large), section,
                                 args.render, args.no_doc)
 

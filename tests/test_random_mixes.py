@@ -71,7 +71,9 @@ def test_the_synthetic_block_counts_rollmux_against_verl_sync():
             {"mix": "s3", "policy": "areal", "makespan_s": 130.0}]
     text = rm.section({"seed": 3, "steps": None, "synthetic": True, "mixes": {"s3": spec}, "runs": runs}, "-", "-")
     assert text.startswith("## Synthetic job mixes")
-    assert "model-algorithm" in text and "--synthetic --mixes 1" in text
+    assert "model-algorithm" in text and "`python benchmarks/random_mixes.py --synthetic --mixes 1 --seed 3`" in text
+    text = rm.section({"seed": 0, "steps": None, "synthetic": True, "mixes": {"s3": spec}, "runs": runs}, "-", "-")
+    assert "`python benchmarks/random_mixes.py --synthetic --mixes 1`" in text  # the default seed: not named
     assert "RollMux against verl-sync: ahead on 1 of 1 mixes, median makespan ratio 0.93." in text
 
 
