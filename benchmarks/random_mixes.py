@@ -307,8 +307,8 @@ def section(data: dict, load_before: str, load_after: str) -> str:
     sizes = [(len(spec["pipelines"]), spec["cluster"]["gpus"]) for spec in data["mixes"].values()]
     intro = (_LARGE_INTRO if large else _SYNTHETIC_INTRO if synthetic else _INTRO).format(
         seed=data["seed"], steps=data["steps"], pipes=_span(n for n, _ in sizes), gpus=_span(g for _, g in sizes))
-    flag = " --large" if large else " --synthetic" if synthetic else ""
     kind = "large" if large else "synthetic" if synthetic else "random"
+    flag = "" if kind == "random" else f" --{kind}"
     command = "python benchmarks/random_mixes.py" + (f"{flag} --mixes {len(data['mixes'])}" if synthetic else "")
     if data["seed"] != DEFAULT_SEED[kind]:  # the command reproduces the mixes drawn, not the default ones
         command += f" --seed {data['seed']}"
