@@ -214,6 +214,14 @@ class Replica:
         rows += [(r.id, r.group, None, r.context, r.done, r.budget, t - r.turn_submit_t, True) for r in self.queue]
         return rows
 
+    def true_remaining(self) -> list[int]:
+        """The tokens each request it holds still generates this turn (running, then queued),
+        from the sampled lengths: the simulator's truth, for scoring predictions
+        (``benchmarks/drain_accuracy.py``); never in a policy's state. At the last sync."""
+        p = self.p
+        return ([r.target - (r.done + int(p - r.admit_p)) for r in self.running()]
+                + [r.target - r.done for r in self.queue])
+
     def request_columns(self, t: float):
         """``request_rows`` as columns (``core.snapshot.RequestColumns``), in the same order,
         read attribute by attribute in C loops rather than a tuple per request: the state

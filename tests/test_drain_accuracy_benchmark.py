@@ -1,0 +1,66 @@
+"""benchmarks/drain_accuracy.py: the order statistic and the per-bucket summary."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import drain_accuracy  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 64])
+def test_equal_exponential_means_give_the_harmonic_number(n):
+    harmonic = sum(1.0 / k for k in range(1, n + 1))
+    assert drain_accuracy.expected_max_exponential([300.0] * n) == pytest.approx(300.0 * harmonic, rel=2e-3)
+
+
+def test_the_order_statistic_matches_a_monte_carlo_of_unequal_means_and_skips_empty_ones():
+    rng = np.random.default_rng(0)
+    means = rng.lognormal(5, 1, 12)
+    draws = rng.exponential(means, size=(200_000, len(means))).max(axis=1)
+    got = drain_accuracy.expected_max_exponential(np.concatenate((means, [0.0, -1.0])))
+    assert got == pytest.approx(draws.mean(), rel=0.01)
+    assert got > means.max()  # the expected largest exceeds the largest expectation
+    assert drain_accuracy.expected_max_exponential([]) == 0.0
+
+
+def test_the_summary_buckets_by_requests_held_and_drops_rows_with_nothing_left():
+    rows = [(1, 100.0, 100.0, 200.0, 100.0, 200.0),  # half the truth
+            (3, 50.0, 120.0, 100.0, 90.0, 90.0),
+            (3, 50.0, 120.0, 0.0, 0.0, 0.0),  # nothing left: dropped
+            (70, 10.0, 40.0, 40.0, 700.0, 350.0)]
+    out = {b["requests"]: b for b in drain_accuracy.summarise(rows)}
+    assert set(out) == {"1", "2-4", "65+"}
+    assert out["1"]["largest_mean"][1] == pytest.approx(0.5)
+    assert out["1"]["largest_mean_log_err"] == pytest.approx(math.log(2))
+    assert out["2-4"]["replicas"] == 1 and out["2-4"]["e_max"][1] == pytest.approx(1.2)
+    assert out["65+"]["largest_mean"][1] == pytest.approx(0.25) and out["65+"]["work"] == pytest.approx(2.0)
+    assert out["65+"]["e_max_log_err"] == pytest.approx(0.0)
+
+
+def test_the_probe_reads_the_simulators_truth_beside_the_predictions():
+    # a short run of the demo workload: each probed replica's rows are consistent (its true
+    # longest within its true work, E[max] at least the largest mean)
+    from common import load
+
+    from jigsaw_plugin.manager import get_plugin_manager, register
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    pm = get_plugin_manager()
+    probe = drain_accuracy._Probe(every=5)
+    register(pm, probe, "drain-accuracy-probe")
+    sim = Simulation(load("demo.yaml"), get_policy("jigsaw"), 0, pm=pm)
+    probe.world = sim.world
+    sim.run()
+    assert probe.rows and probe.rounds >= 5
+    for held, largest, e_max, truth, work, true_work in probe.rows:
+        assert held >= 1 and largest >= 0 and truth >= 0 and true_work >= truth
+        assert e_max >= largest * 0.999  # E[max] of the means is never below the largest mean
+    assert drain_accuracy.summarise(probe.rows)
