@@ -64,3 +64,29 @@ def test_the_probe_reads_the_simulators_truth_beside_the_predictions():
         assert held >= 1 and largest >= 0 and truth >= 0 and true_work >= truth
         assert e_max >= largest * 0.999  # E[max] of the means is never below the largest mean
     assert drain_accuracy.summarise(probe.rows)
+
+
+def test_with_the_oracle_the_probe_finds_every_drain_exact():
+    # the probe pairs each replica's predictions with the truth of the same requests: with the
+    # oracle's answers (the truth itself; ablation only) the largest mean is the true longest,
+    # but for the few replicas whose rows the policy read carried (``RefreshPolicy.carry_drift``:
+    # a large replica keeps its rows, advanced at its step time, until an eighth changed)
+    from common import load
+
+    from jigsaw_plugin.manager import get_plugin_manager, register
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+
+    pm = get_plugin_manager()
+    probe = drain_accuracy._Probe(every=3)
+    register(pm, probe, "drain-accuracy-probe")
+    sim = Simulation(load("demo.yaml"), get_policy("jigsaw"), 0, pm=pm, predictor="oracle")
+    probe.world = sim.world
+    sim.run()
+    rows = np.asarray(probe.rows, float)
+    assert len(rows) > 20
+    largest, truth, work, true_work = rows[:, 1], rows[:, 3], rows[:, 4], rows[:, 5]
+    exact = np.abs(largest - truth) <= 2.0  # whole tokens; a carried row advances by its step time
+    assert exact.mean() >= 0.95
+    assert np.allclose(work[exact & (rows[:, 0] < 64)], true_work[exact & (rows[:, 0] < 64)],
+                       atol=2.0 * rows[exact & (rows[:, 0] < 64), 0])  # replicas too small to carry rows
