@@ -154,10 +154,10 @@ def render(data: dict) -> str:
         "holding requests is set beside the simulator's truth: the longest true remaining of its requests "
         "(this turn's), by how many it holds. Beside it, an order statistic of the same means: E[max] of "
         "independent exponential remainders with those means. Ratios are predicted / true (median, "
-        "10th-90th percentile); |log| error: the median of |log(ratio)|; work: the sum of the means over "
-        "the true sum (median).\n\n"
+        "10th-90th percentile); log error: the median of the absolute log of the ratio; work: the sum of "
+        "the means over the true sum (median).\n\n"
         + md_table(["workload", "requests held", "replicas", "largest mean / true longest",
-                    "|log| error", "E[max] / true longest", "|log| error", "work / true work"], rows)
+                    "its log error", "E[max] / true longest", "its log error", "work / true work"], rows)
         + f"\n\nThe probed runs (their reads may move decisions): {runs}.\n\n"
         "`python benchmarks/drain_accuracy.py`\n")
 
