@@ -109,19 +109,25 @@ class _Probe:
                                   float(max(truth, default=0)), float(v.predicted_work_tokens), float(sum(truth))))
 
 
-def measure_one(job: tuple) -> dict:
-    """(key, workload file, every) -> the probed run's figures, in this process."""
+def probed_run(fname: str, every: int, predictor: str = "history") -> tuple["_Probe", dict]:
+    """jigsaw (defaults, seed 0) on workload ``fname`` with a ``_Probe`` every ``every``
+    rounds: (the probe, the run's result)."""
     from jigsaw_plugin.manager import get_plugin_manager, register
     from jigsaw_plugin.scheduler import get_policy
     from jigsaw_plugin.sim import Simulation
 
-    key, fname, every = job
     pm = get_plugin_manager()
     probe = _Probe(every)
     register(pm, probe, "drain-accuracy-probe")
-    sim = Simulation(load(fname), get_policy("jigsaw"), 0, pm=pm)
+    sim = Simulation(load(fname), get_policy("jigsaw"), 0, pm=pm, predictor=predictor)
     probe.world = sim.world
-    result = sim.run()
+    return probe, sim.run()
+
+
+def measure_one(job: tuple) -> dict:
+    """(key, workload file, every) -> the probed run's figures, in this process."""
+    key, fname, every = job
+    probe, result = probed_run(fname, every)
     return {"workload": key, "makespan_s": result["makespan_s"], "rounds": probe.rounds,
             "probed": len(probe.rows), "buckets": summarise(probe.rows)}
 

@@ -47,18 +47,7 @@ def test_the_summary_buckets_by_requests_held_and_drops_rows_with_nothing_left()
 def test_the_probe_reads_the_simulators_truth_beside_the_predictions():
     # a short run of the demo workload: each probed replica's rows are consistent (its true
     # longest within its true work, E[max] at least the largest mean)
-    from common import load
-
-    from jigsaw_plugin.manager import get_plugin_manager, register
-    from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim import Simulation
-
-    pm = get_plugin_manager()
-    probe = drain_accuracy._Probe(every=5)
-    register(pm, probe, "drain-accuracy-probe")
-    sim = Simulation(load("demo.yaml"), get_policy("jigsaw"), 0, pm=pm)
-    probe.world = sim.world
-    sim.run()
+    probe, _ = drain_accuracy.probed_run("demo.yaml", every=5)
     assert probe.rows and probe.rounds >= 5
     for held, largest, e_max, truth, work, true_work in probe.rows:
         assert held >= 1 and largest >= 0 and truth >= 0 and true_work >= truth
@@ -71,18 +60,7 @@ def test_with_the_oracle_the_probe_finds_every_drain_exact():
     # oracle's answers (the truth itself; ablation only) the largest mean is the true longest,
     # but for the few replicas whose rows the policy read carried (``RefreshPolicy.carry_drift``:
     # a large replica keeps its rows, advanced at its step time, until an eighth changed)
-    from common import load
-
-    from jigsaw_plugin.manager import get_plugin_manager, register
-    from jigsaw_plugin.scheduler import get_policy
-    from jigsaw_plugin.sim import Simulation
-
-    pm = get_plugin_manager()
-    probe = drain_accuracy._Probe(every=3)
-    register(pm, probe, "drain-accuracy-probe")
-    sim = Simulation(load("demo.yaml"), get_policy("jigsaw"), 0, pm=pm, predictor="oracle")
-    probe.world = sim.world
-    sim.run()
+    probe, _ = drain_accuracy.probed_run("demo.yaml", every=3, predictor="oracle")
     rows = np.asarray(probe.rows, float)
     assert len(rows) > 20
     largest, truth, work, true_work = rows[:, 1], rows[:, 3], rows[:, 4], rows[:, 5]
