@@ -1,15 +1,19 @@
 """The decode floor of ``core.bounds`` that counts the HBM reads no decode step avoids (the
-weights once per step, each token's KV cache once): its arithmetic on a hand-built step,
-and that no policy beats the bounds where it binds (long contexts)."""
+weights once per replica step, at least as many steps as the longest trajectory has tokens
+and as the step's contexts fill caches; each token's KV cache once): its arithmetic on a
+hand-built step, and that no policy beats the bounds where it binds (long contexts, and
+many long contexts a step)."""
 
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from jigsaw_plugin.core.bounds import _decode_token_device_s, _kv_read_device_s
+from jigsaw_plugin.core.bounds import (_cache_steps, _class_costs, _decode_token_device_s, _kv_cap, _kv_read_device_s,
+                                       _width_limit)
 from jigsaw_plugin.scheduler import get_policy, policy_names
 from jigsaw_plugin.sim.engine import Simulation
+from jigsaw_plugin.workload import parse_workload
 from jigsaw_plugin.workload.sampling import StepSamples
 from sim_helpers import small_workload
 
@@ -62,4 +66,59 @@ def test_no_policy_beats_the_bounds_where_the_read_floor_binds():
         b, g = r["bounds"], r["gap_breakdown"]
         assert r["makespan_s"] >= b["makespan_lower_bound_s"], (name, r["makespan_s"], b)
         # the rollout replicas held at least the ideal decode and prefill device-seconds
+        assert g["rollout_above_ideal_device_s"] >= -1e-6 * g["gap_device_s"], (name, g)
+
+
+def _brute_cache_steps(smp, cap: float) -> float:
+    """``_cache_steps`` token by token: each token's context (the turn's start context plus
+    the tokens before it), at most ``cap``, summed, over ``cap``."""
+    total = 0.0
+    for s in range(len(smp.prompt_len)):
+        ctx = float(smp.prompt_len[s])
+        for k in range(smp.turn_offset[s], smp.turn_offset[s + 1]):
+            for j in range(int(smp.gen_tokens[k])):
+                total += min(ctx + j, cap)
+            ctx += smp.gen_tokens[k] + smp.observation_len[k]
+    return total / cap
+
+
+def test_the_cache_floor_counts_each_tokens_context_up_to_one_cache():
+    # sample 0's turn starts below the cap and crosses it; sample 1's second turn starts
+    # above it (one sequence may outgrow a cache alone: it counts one full cache a token)
+    smp = StepSamples(prompt_len=np.array([90, 50]), turns=np.array([1, 2]), turn_offset=np.array([0, 1, 3]),
+                      gen_tokens=np.array([20, 30, 5]), tool_latency_s=np.array([0.0, 1.0, 0.0]),
+                      observation_len=np.array([0, 40, 0]), reward_latency_s=np.zeros(2))
+    for cap in (1.0, 60.0, 100.0, 100.5, 125.0, 1e6):
+        assert _cache_steps(smp, cap) == pytest.approx(_brute_cache_steps(smp, cap)), cap
+    assert _cache_steps(smp, 0.0) == 0.0
+
+
+def _many_long_contexts():
+    # 128 sequences a step with 3,000-token prompts on 6 GB devices: their contexts fill
+    # the roomiest replica's cache (about 190K tokens) about twice as often as the longest
+    # response has tokens, so the weights are read in at least that many replica steps
+    small = {"name": "small6", "flops_tflops": 165.0, "hbm_tbps": 1.0, "memory_gb": 6.0, "link_gbps": 32.0}
+    pipes = [{"name": f"p{i}", "model": "qwen2.5-1.5b", "algorithm": "grpo", "mode": mode,
+              "staleness": 1 if mode == "async" else 0, "prompts_per_step": 16, "samples_per_prompt": 8,
+              "max_response_len": 4096, "prompt_len": {"dist": "const", "value": 3000},
+              "response_len": {"dist": "lognormal", "median": 2500, "sigma": 0.2, "min": 1}, "steps": 2}
+             for i, mode in enumerate(("sync", "async"))]
+    return parse_workload({"version": 1, "cluster": {"gpus": 12, "gpu": small, "gpus_per_node": 2},
+                           "pipelines": pipes})
+
+
+def test_no_policy_beats_the_bounds_where_the_cache_floor_binds():
+    wl = _many_long_contexts()
+    runs = [(name, "history") for name in policy_names() if not name.startswith("test-")] + [("jigsaw", "oracle")]
+    for name, predictor in runs:
+        sim = Simulation(wl, get_policy(name), seed=1, predictor=predictor)
+        r = sim.run()
+        ex = sim.world
+        costs = _class_costs(ex)
+        for p in ex.order:  # the floor binds: more cache-filled steps than the longest response's tokens
+            cap = _kv_cap(costs, p.model, _width_limit(costs, p, ex.largest_node))
+            for s in p.steps.values():
+                assert _cache_steps(s.samples, cap) > 1.5 * _kv_read_device_s(p.model, s.samples, 1.0)[1]
+        b, g = r["bounds"], r["gap_breakdown"]
+        assert r["makespan_s"] >= b["makespan_lower_bound_s"], (name, r["makespan_s"], b)
         assert g["rollout_above_ideal_device_s"] >= -1e-6 * g["gap_device_s"], (name, g)

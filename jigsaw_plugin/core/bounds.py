@@ -8,8 +8,9 @@ the record, never the policy's input), priced by the run's cost model:
   steps: over its whole run), each a lower bound on its own: every token at the engine's
   largest batch with no KV reads and no host-side step overhead (``max_num_seqs``
   sequences per step, on the replica width that makes a token cheapest); and the HBM
-  reads no decode step avoids: the weights once per decode step (at least as many steps
-  as the longest trajectory has tokens) and each token's own KV cache, its whole context,
+  reads no decode step avoids: the weights once per replica decode step (at least as many
+  steps as the longest trajectory has tokens, and as the step's contexts fill the roomiest
+  replica's KV cache: ``_cache_steps``) and each token's own KV cache, its whole context,
   once (``_kv_read_device_s``). Every prompt and observation token prefilled once. Every
   training-side pass at its compute on the gang width that makes it cheapest, plus its
   fixed per-stage cost on the fewest devices that hold its state
@@ -134,6 +135,19 @@ def _read_s_per_byte(ex) -> float:
     return min(1.0 / (c.hw.hbm_bytes_per_s * c.f.decode_bw_eff) for c in _class_costs(ex))
 
 
+def _turn_contexts(smp) -> tuple[np.ndarray, np.ndarray]:
+    """Each turn's generated tokens and the context it starts from: its sample's prompt,
+    the earlier turns' tokens and the tools' observations between them (the context of turn
+    k + 1 is turn k's plus its tokens and the observation, as the executor resumes it)."""
+    gen = np.asarray(smp.gen_tokens, dtype=np.float64)
+    starts = np.asarray(smp.turn_offset[:-1])
+    sample = np.repeat(np.arange(len(starts)), np.diff(np.asarray(smp.turn_offset)))
+    grown = gen + np.asarray(smp.observation_len, dtype=np.float64)
+    before = np.cumsum(grown) - grown  # tokens grown in earlier turns, all samples
+    ctx = np.asarray(smp.prompt_len, dtype=np.float64)[sample] + before - before[starts][sample]
+    return gen, ctx
+
+
 def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     """The KV reads a step's decode cannot avoid, in device-seconds, and the fewest decode
     steps it takes (each also reads the weights once: the caller adds them). A decode step of ``b`` sequences on ``tp`` devices takes at least its
@@ -143,19 +157,36 @@ def _kv_read_device_s(model, smp, per_byte: float) -> tuple[float, int]:
     steps: the weights once per step, at least as many steps as the longest trajectory has
     tokens (one token per sequence per step), plus every generated token's KV read once: a
     turn of ``L`` tokens after a context of ``c`` reads ``L c + L (L - 1) / 2`` tokens of KV
-    (the context of turn k + 1 is turn k's plus its tokens and the tool's observation, as
-    the executor resumes it)."""
-    gen = np.asarray(smp.gen_tokens, dtype=np.float64)
-    if not len(gen):
+    (``_turn_contexts``)."""
+    if not len(smp.gen_tokens):
         return 0.0, 0
-    starts = np.asarray(smp.turn_offset[:-1])
-    sample = np.repeat(np.arange(len(starts)), np.diff(np.asarray(smp.turn_offset)))
-    grown = gen + np.asarray(smp.observation_len, dtype=np.float64)
-    before = np.cumsum(grown) - grown  # tokens grown in earlier turns, all samples
-    ctx = np.asarray(smp.prompt_len, dtype=np.float64)[sample] + before - before[starts][sample]
+    gen, ctx = _turn_contexts(smp)
     kv_tokens = float(np.sum(gen * ctx + gen * (gen - 1) / 2))
-    steps = int(np.max(np.add.reduceat(smp.gen_tokens, starts)))
+    steps = int(np.max(np.add.reduceat(smp.gen_tokens, np.asarray(smp.turn_offset[:-1]))))
     return kv_tokens * model.kv_bytes_per_token * per_byte, steps
+
+
+def _cache_steps(smp, cap: float) -> float:
+    """The fewest replica decode steps (each reading its replica's weights once) that a
+    step's tokens fill, where no replica's KV cache holds more than ``cap`` tokens
+    (``_kv_cap``): the sequences a decode step runs together hold their contexts in one
+    cache, so the contexts the step reads sum to at most ``cap`` (one sequence alone may
+    outgrow it: each token counts ``min(context, cap)``). Token ``j`` of a turn reads a
+    context of ``c + j``; summed over the turn, in closed form."""
+    if not len(smp.gen_tokens) or cap <= 0:
+        return 0.0
+    gen, ctx = _turn_contexts(smp)
+    under = np.clip(np.ceil(cap - ctx), 0.0, gen)  # the turn's tokens whose context is below the cap
+    return float(np.sum(under * ctx + under * (under - 1) / 2 + (gen - under) * cap)) / cap
+
+
+def _kv_cap(costs, model, limit: int) -> float:
+    """The most tokens of KV cache one replica of ``model`` holds: on the widest replica a
+    schedule may use (``_widths``), on the pool's roomiest class, with no other weights
+    beside it (a multiplexed or co-located replica holds less), plus one decode step's
+    growth past it (the simulator prices a step before it preempts the overflow: at most
+    ``max_num_seqs`` tokens)."""
+    return max(c.kv_capacity_tokens(model, tp) + c.f.max_num_seqs for c in costs for tp in _widths(c, model, limit))
 
 
 def _step_fixed_s(ex, p, last: bool) -> tuple[float, float, float]:
@@ -366,7 +397,8 @@ def compute_bounds(ex) -> Bounds:
         sync = p.spec.mode == "sync"
         links = []  # per step: (generation floor, update passes, fixed, weight sync)
         weights_s = m.weight_bytes * per_byte  # one decode step's weight read
-        batched = reads = 0.0  # an asynchronous pipeline's decode floors, over its whole run
+        cap = _kv_cap(costs, m, limit)
+        batched = reads = cached = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
         steps = [p.steps[k] for k in sorted(p.steps)]
         for i, s in enumerate(steps):
@@ -374,15 +406,21 @@ def compute_bounds(ex) -> Bounds:
             gen = float(np.sum(smp.gen_tokens))
             fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
             kv_s, longest_tokens = _kv_read_device_s(m, smp, per_byte)
+            # replica decode steps, each reading the weights: at least the longest
+            # trajectory's tokens, and at least as many as one cache holds the contexts of
+            filled = _cache_steps(smp, cap)
             if sync:  # a synchronous step's decode steps are its own: its floors hold alone
-                decode = max(gen * per_token, kv_s + longest_tokens * weights_s)
+                decode = max(gen * per_token, kv_s + max(longest_tokens, filled) * weights_s)
                 own_decode = decode
             else:  # steps may share decode steps: only the run's floors hold (below)
                 batched += gen * per_token
                 reads += kv_s
+                cached += filled
                 decode_steps = max(decode_steps, longest_tokens)
                 decode = 0.0
-                own_decode = max(gen * per_token, kv_s)  # its tokens' share of shared steps
+                # its tokens' share of shared steps: a step's weight read split over its
+                # sequences by their contexts is at least weights x context / cap a token
+                own_decode = max(gen * per_token, kv_s + filled * weights_s)
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
@@ -410,7 +448,7 @@ def compute_bounds(ex) -> Bounds:
         chains.append(floor)
         chain = floor.total_s
         if not sync:
-            decode = max(batched, reads + decode_steps * weights_s)
+            decode = max(batched, reads + max(decode_steps, cached) * weights_s)
             ideal += decode
             rollout_ideal += decode
         critical = max(critical, chain)
