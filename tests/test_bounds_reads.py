@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from jigsaw_plugin.core.bounds import (_cache_steps, _class_costs, _decode_token_device_s, _kv_cap, _kv_read_device_s,
-                                       _width_limit)
+from jigsaw_plugin.core.bounds import (_cache_steps, _class_costs, _decode_chain_s, _decode_token_device_s, _kv_cap,
+                                       _kv_read_device_s, _tail_read_line, _width_limit, _widths)
 from jigsaw_plugin.scheduler import get_policy, policy_names
 from jigsaw_plugin.sim.engine import Simulation
 from jigsaw_plugin.workload import parse_workload
@@ -122,3 +122,24 @@ def test_no_policy_beats_the_bounds_where_the_cache_floor_binds():
         b, g = r["bounds"], r["gap_breakdown"]
         assert r["makespan_s"] >= b["makespan_lower_bound_s"], (name, r["makespan_s"], b)
         assert g["rollout_above_ideal_device_s"] >= -1e-6 * g["gap_device_s"], (name, g)
+
+
+def test_the_longest_trajectorys_floor_reads_its_own_kv_cache_each_token():
+    # a 32B's 8,000-token turn after a 24,000-token context: each token's step reads its
+    # own KV cache too; the floor stays below the cheapest width's step token by token
+    from jigsaw_plugin.costmodel import CostModel
+    from jigsaw_plugin.costmodel.profiles import hardware_profile, model_profile
+
+    cost, model = CostModel(hardware_profile("h100")), model_profile("qwen2.5-32b")
+    widths = _widths(cost, model, 8)
+    tail = min(cost.decode_step_s(model, tp, 1, 0.0) for tp in widths)
+    a, b = _tail_read_line([cost], model, 8)
+    for ctx in (0.0, 1e3, 3e4, 1e6):
+        assert a + b * ctx <= min(cost.decode_step_s(model, tp, 1, ctx) for tp in widths) * (1 + 1e-12)
+    smp = StepSamples(prompt_len=np.array([24000, 100]), turns=np.array([1, 1]), turn_offset=np.array([0, 1, 2]),
+                      gen_tokens=np.array([8000, 50]), tool_latency_s=np.zeros(2), observation_len=np.zeros(2),
+                      reward_latency_s=np.zeros(2))
+    chain = _decode_chain_s(smp, tail, (a, b))
+    exact = sum(min(cost.decode_step_s(model, tp, 1, 24000 + j) for tp in widths) for j in range(8000))
+    assert 8000 * tail < chain[0] <= exact * (1 + 1e-9)
+    assert chain[1] == pytest.approx(50 * tail, rel=1e-3)  # a short context reads little beside the weights

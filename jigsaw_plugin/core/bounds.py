@@ -20,7 +20,8 @@ the record, never the policy's input), priced by the run's cost model:
   work.
 - ``critical_path_s``: the longest pipeline's chain that no scheduling can overlap. For a
   synchronous pipeline, every step's longest trajectory (decoded at batch 1 on the widest
-  replica a node allows, plus its tool and reward latencies) then its update passes, each
+  replica a node allows, each token reading its own KV cache: ``_decode_chain_s``; plus
+  its tool and reward latencies) then its update passes, each
   on its fastest gang of at most the whole pool (``_pass_s``; its forward passes may run
   early, over the trajectories that finished before the longest: ``RunStage.early``); for
   an asynchronous one of staleness ``s``, the same steps in turn, except that a step's
@@ -120,6 +121,39 @@ def _decode_token_device_s(cost, model, limit: int) -> float:
 def _tail_token_s(cost, model, limit: int) -> float:
     """Least seconds per token of one sequence decoded alone (batch 1, widest replica)."""
     return min(cost.decode_step_s(model, tp, 1, 0.0) for tp in _widths(cost, model, limit))
+
+
+def _tail_read_line(costs, model, limit: int) -> tuple[float, float]:
+    """A line under the seconds of a batch-1 decode step as its sequence's context grows:
+    ``(a, b)`` with every such step at least ``a + b x context`` on any width a schedule
+    may use (``_widths``) and any of the pool's classes. A step's memory term reads the
+    weights and the sequence's own KV cache, ``(weights + context x KV bytes) / (tp x
+    bandwidth)``, and the step is at least that plus its host work and all-reduces
+    (``CostModel.decode_step_parts``); ``a`` and ``b`` are the least intercept and the
+    least slope over widths and classes (a sequence may change width as it decodes)."""
+    a = b = _INF
+    for c in costs:
+        weights, per_kv, _ = c.decode_roofline(model)
+        for tp in _widths(c, model, limit):
+            parts = c.decode_step_parts(model, tp, 1, 0.0)
+            a = min(a, parts.host_s + parts.allreduce_s + weights / tp)
+            b = min(b, per_kv / tp)
+    return a, b
+
+
+def _decode_chain_s(smp, tail_token: float, line: tuple[float, float]) -> np.ndarray:
+    """Each sample's least decode seconds, its tokens one at a time (no step decodes two
+    tokens of one sequence): every token at least ``tail_token`` (batch 1, no KV, the
+    fastest width), and at least the read line ``a + b x context`` (``_tail_read_line``)
+    at its context, ``c + j`` for token ``j`` of a turn after a context of ``c``; each turn
+    the larger of the two sums."""
+    if not len(smp.gen_tokens):
+        return np.zeros(0)
+    gen, ctx = _turn_contexts(smp)
+    a, b = line
+    read = gen * a + b * (gen * ctx + gen * (gen - 1) / 2)
+    per_turn = np.maximum(gen * tail_token, read)
+    return np.add.reduceat(per_turn, np.asarray(smp.turn_offset[:-1]))
 
 
 def _class_costs(ex) -> list:
@@ -393,6 +427,7 @@ def compute_bounds(ex) -> Bounds:
         limit = _width_limit(costs, p, gpn)
         per_token = min(_decode_token_device_s(c, m, limit) for c in costs)
         tail_token = min(_tail_token_s(c, m, limit) for c in costs)
+        tail_line = _tail_read_line(costs, m, limit)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
         links = []  # per step: (generation floor, update passes, fixed, weight sync)
@@ -438,7 +473,7 @@ def compute_bounds(ex) -> Bounds:
                     updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
-            per_sample = np.add.reduceat(smp.gen_tokens, starts) * tail_token
+            per_sample = _decode_chain_s(smp, tail_token, tail_line)
             fixed, forward_fixed, weight_sync = _step_fixed_s(ex, p, last=i == len(steps) - 1)
             waits = np.add.reduceat(smp.tool_latency_s, starts) + _reward_after_s(smp.reward_latency_s, forward_fixed)
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
