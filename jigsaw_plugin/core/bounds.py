@@ -219,8 +219,10 @@ def _kv_cap(costs, model, limit: int) -> float:
     schedule may use (``_widths``), on the pool's roomiest class, with no other weights
     beside it (a multiplexed or co-located replica holds less), plus one decode step's
     growth past it (the simulator prices a step before it preempts the overflow: at most
-    ``max_num_seqs`` tokens)."""
-    return max(c.kv_capacity_tokens(model, tp) + c.f.max_num_seqs for c in costs for tp in _widths(c, model, limit))
+    ``max_num_seqs`` tokens, the most of any class: a replica's batch limit is validated
+    against the pool's first class)."""
+    return (max(c.kv_capacity_tokens(model, tp) for c in costs for tp in _widths(c, model, limit))
+            + max(c.f.max_num_seqs for c in costs))
 
 
 def _step_fixed_s(ex, p, last: bool) -> tuple[float, float, float]:
