@@ -443,8 +443,8 @@ def compute_bounds(ex) -> Bounds:
             gen = float(np.sum(smp.gen_tokens))
             fresh = float(np.sum(smp.prompt_len)) + float(np.sum(smp.observation_len))
             kv_s, longest_tokens = _kv_read_device_s(m, smp, per_byte)
-            # replica decode steps, each reading the weights: at least the longest
-            # trajectory's tokens, and at least as many as one cache holds the contexts of
+            # replica decode steps, each reading the weights: at least as many as the longest
+            # trajectory has tokens, and as the step's contexts fill one cache
             filled = _cache_steps(smp, cap)
             if sync:  # a synchronous step's decode steps are its own: its floors hold alone
                 decode = max(gen * per_token, kv_s + max(longest_tokens, filled) * weights_s)
