@@ -50,6 +50,9 @@ class ExecutorCore:
     # forward passes over a step's finished trajectories while the rest generate
     # (RunStage.early; SchedulerState.early_passes): an executor that runs them says so
     supports_early_passes = False
+    # whether its engines' KV-overflow preemptions are counted (``PipelineRun.kv_preemptions``;
+    # the result reports None where they are not)
+    reports_kv_preemptions = False
     # a LaunchReplica whose devices include those of the replicas it absorbs: they stop, and
     # their requests resume on the new, wider replica (re-shard in place; SchedulerState.reshard_in_place)
     supports_reshard_in_place = False

@@ -64,6 +64,10 @@ class PipelineRun:
         self.pending: list = []  # requests waiting for a replica
         self.max_staleness = 0
         self.context_switches = 0
+        # its rollout engines' KV-overflow preemptions and the tokens they prefill again
+        # (an executor that observes them: ExecutorCore.reports_kv_preemptions)
+        self.kv_preemptions = 0
+        self.kv_recompute_tokens = 0
         self.finished_t: float | None = None
         from jigsaw_plugin.predict import LengthHistory  # lazy: numpy-only, but keeps imports light
 

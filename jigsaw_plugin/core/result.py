@@ -29,7 +29,7 @@ def staleness_histogram(p, sample_versions=None) -> dict:
     return {str(k): hist[k] for k in sorted(hist)}
 
 
-def _pipeline_result(p, sample_versions=None) -> dict:
+def _pipeline_result(p, sample_versions=None, kv_preemptions: bool = False) -> dict:
     steps = [s for s in p.steps.values() if s.trained_version is not None]
     stage_s = {k: 0.0 for k in STAGE_KEYS}
     for s in steps:
@@ -52,6 +52,10 @@ def _pipeline_result(p, sample_versions=None) -> dict:
         "migrations": sum(s.migrations for s in steps),
         "early_passes": sum(s.early_passes for s in steps),
         "context_switches": p.context_switches,
+        # sequences its engines preempted because their KV caches overflowed, and the
+        # tokens they prefilled again for it (vLLM's recompute); None: not observed
+        "kv_preemptions": p.kv_preemptions if kv_preemptions else None,
+        "kv_recompute_tokens": p.kv_recompute_tokens if kv_preemptions else None,
         "generated_tokens": sum(s.generated for s in steps),
     }
 
@@ -157,7 +161,8 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     from jigsaw_plugin.core.bounds import chain_split, compute_bounds, gap_breakdown, idle_gaps
 
     versions = getattr(ex, "sample_versions", None)
-    pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None)
+    kv = getattr(ex, "reports_kv_preemptions", False)
+    pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None, kv)
              for p in ex.order}
     makespan = max((p.finished_t or 0.0) for p in ex.order)
     bounds = compute_bounds(ex)

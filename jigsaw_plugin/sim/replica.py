@@ -126,6 +126,10 @@ class Replica:
         self.decode_memory_bound_s = 0.0
         self.decode_compute_bound_s = 0.0
         self.prefill_s = 0.0
+        # sequences preempted because the KV cache overflowed, and the tokens (context and
+        # tokens so far) each must prefill again: what a live vLLM counts as num_preemptions
+        self.kv_preemptions = 0
+        self.kv_recompute_tokens = 0
         self.empty_s = 0.0  # held with no request: its trajectories in tool calls, or the step ending elsewhere
         # ... and of the decode seconds above, those of the engine's host-side step work (the
         # GPU idle meanwhile) and of the tensor-parallel all-reduces (``DecodeStepParts``);
@@ -415,6 +419,8 @@ class Replica:
             self._remove(r)
             self.queue.appendleft(r)
             count += 1
+            self.kv_recompute_tokens += r.context + r.done
+        self.kv_preemptions += count
         return count
 
     def take(self, r: Request) -> None:

@@ -42,6 +42,7 @@ class _StageRun:
 
 class World(ExecutorCore):
     supports_early_passes = True  # forward passes over finished trajectories while the rest generate
+    reports_kv_preemptions = True  # its engines' cache overflows (Replica.preempt_overflow)
     supports_colocation = True  # two pipelines' rollout replicas may share devices (docs/colocation.md)
     supports_reshard_in_place = True  # a widened tail may take its own replicas' devices
     supports_concurrent_stages = True  # a stage on a gang of its own beside the next (algorithms.ALONGSIDE)
@@ -356,6 +357,8 @@ class World(ExecutorCore):
     def _close(self, rep: Replica) -> None:
         rep.sync(self.t)
         p = self.pipelines[rep.pipeline]
+        p.kv_preemptions += rep.kv_preemptions
+        p.kv_recompute_tokens += rep.kv_recompute_tokens
         p.replicas.remove(rep)
         del self.replicas[rep.id]
         rep.tick_epoch += 1
