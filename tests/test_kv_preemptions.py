@@ -59,3 +59,14 @@ def test_the_report_shows_them_and_a_dash_where_not_observed():
     total = sum(p["kv_preemptions"] for p in r["pipelines"].values())
     assert rows["KV-overflow preemptions (sequences recomputed)"] == (None, total)
     assert rows["tokens prefilled again after them"][1] == sum(p["kv_recompute_tokens"] for p in r["pipelines"].values())
+
+
+def test_the_cli_table_counts_them_and_shows_a_dash_where_not_observed():
+    from jigsaw_plugin.cli import _table
+
+    r = _run(TIGHT)
+    total = sum(p["kv_preemptions"] for p in r["pipelines"].values())
+    head, _, row = _table([r]).splitlines()
+    assert head.split()[-1] == "kv_pre" and row.split()[-1] == str(total) and total > 0
+    unobserved = {**r, "pipelines": {k: {**p, "kv_preemptions": None} for k, p in r["pipelines"].items()}}
+    assert _table([unobserved]).splitlines()[2].split()[-1] == "-"
