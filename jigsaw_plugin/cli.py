@@ -33,6 +33,8 @@ examples:
 
 def _table(results: list[dict], reference: dict | None = None) -> str:
     """One row per result; with ``reference``, a throughput ratio column against it."""
+    from jigsaw_plugin.core.result import pipelines_total
+
     ref = f"{'vs ' + reference['policy']:>16}" if reference else ""
     head = (f"{'policy':<14}{'makespan_s':>12}{'samples/s':>12}{'tokens/s':>12}{'busy':>7}{'stale':>7}"
             f"{'migr':>7}{'kv_pre':>8}{ref}")
@@ -41,8 +43,8 @@ def _table(results: list[dict], reference: dict | None = None) -> str:
         stale = max((p["max_staleness"] for p in r["pipelines"].values()), default=0)
         migr = sum(p["migrations"] for p in r["pipelines"].values())
         # sequences the engines preempted on a KV-cache overflow ("-": not observed)
-        kv = [p.get("kv_preemptions") for p in r["pipelines"].values()]
-        kv_pre = "-" if not kv or None in kv else str(sum(kv))
+        kv = pipelines_total(r, "kv_preemptions")
+        kv_pre = "-" if kv is None else str(kv)
         ratio = f"{r['samples_per_s'] / reference['samples_per_s']:>15.2f}x" if reference else ""
         rows.append(f"{r['policy']:<14}{r['makespan_s']:>12.1f}{r['samples_per_s']:>12.2f}"
                     f"{r['tokens_per_s']:>12.0f}{r['gpu_busy_fraction']:>7.2f}{stale:>7d}{migr:>7d}{kv_pre:>8}{ratio}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.figures import render_figures
 from jigsaw_plugin.bench.perfetto import write_perfetto_trace
 from jigsaw_plugin.bench.rundir import SIDES, SavedRun
-from jigsaw_plugin.core.result import chain_rows, last_chain, preemption_rows
+from jigsaw_plugin.core.result import chain_rows, last_chain, pipelines_total, preemption_rows
 
 __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
 
@@ -47,13 +47,6 @@ def _totals(run: dict, key: str, combine=sum):
     return combine([p.get(key, 0) for p in run["pipelines"].values()] or [0])
 
 
-def _observed(run: dict, key: str):
-    """``key`` summed over the run's pipelines, None where its executor did not observe it
-    (the field None, or absent in an older result)."""
-    values = [p.get(key) for p in run["pipelines"].values()]
-    return None if not values or any(v is None for v in values) else sum(values)
-
-
 def _staleness(run: dict) -> str:
     """Every pipeline's histogram of version lag of trained samples, summed: '0: 64, 1: 32'."""
     total: dict[int, int] = {}
@@ -78,10 +71,10 @@ def _summary_rows(b: dict, c: dict) -> list[tuple[str, object, object]]:
         if key in b.get("bounds", {}) or key in c.get("bounds", {}):
             rows.append((f"bound: {key}", b.get("bounds", {}).get(key), c.get("bounds", {}).get(key)))
     rows += [("migrations (requests)", _totals(b, "migrations"), _totals(c, "migrations")),
-             ("KV-overflow preemptions (sequences recomputed)", _observed(b, "kv_preemptions"),
-              _observed(c, "kv_preemptions")),
-             ("tokens prefilled again after them", _observed(b, "kv_recompute_tokens"),
-              _observed(c, "kv_recompute_tokens")),
+             ("KV-overflow preemptions (sequences recomputed)", pipelines_total(b, "kv_preemptions"),
+              pipelines_total(c, "kv_preemptions")),
+             ("tokens prefilled again after them", pipelines_total(b, "kv_recompute_tokens"),
+              pipelines_total(c, "kv_recompute_tokens")),
              ("context switches", _totals(b, "context_switches"), _totals(c, "context_switches")),
              ("max staleness", _totals(b, "max_staleness", max), _totals(c, "max_staleness", max)),
              ("staleness of trained samples (lag: count)", _staleness(b), _staleness(c))]

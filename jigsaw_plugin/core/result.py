@@ -6,7 +6,7 @@ import numpy as np
 
 from jigsaw_plugin.hookspecs import STAGES
 
-__all__ = ["build_result", "cost_result", "staleness_histogram", "last_chain", "chain_rows", "preemption_rows", "STAGE_KEYS",
+__all__ = ["build_result", "cost_result", "pipelines_total", "staleness_histogram", "last_chain", "chain_rows", "preemption_rows", "STAGE_KEYS",
            "ELASTIC_ASSUMES"]
 
 STAGE_KEYS = STAGES  # every stage kind, in the order a synchronous step runs them
@@ -27,6 +27,13 @@ def staleness_histogram(p, sample_versions=None) -> dict:
             lag = int(s.trained_version - v)
             hist[lag] = hist.get(lag, 0) + int(n)
     return {str(k): hist[k] for k in sorted(hist)}
+
+
+def pipelines_total(result: dict, key: str):
+    """``key`` summed over a result's pipelines; None where any pipeline has it None or not
+    at all (a figure its executor did not observe, or an older result)."""
+    values = [p.get(key) for p in result["pipelines"].values()]
+    return None if not values or any(v is None for v in values) else sum(values)
 
 
 def _pipeline_result(p, sample_versions=None, kv_preemptions: bool = False) -> dict:
