@@ -266,6 +266,17 @@ def test_no_limit_where_everything_fits_at_the_mean_final_context():
     assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(_state([limited], final_context=2000.0))) == {0: None}
 
 
+def test_running_sequences_past_the_mean_final_context_are_read_not_assumed_to_fit():
+    # the mean final context (1,200) is of the short trajectories finished so far; the 8
+    # running ones already hold 3,100 tokens each and are predicted 1,000 more: 10 x 1,200
+    # fits a 14,000-token cache, but the 8 alone peak at 32,800, so the rule reads them
+    rep = _replica(0, 8, 2, 100, 3000, 1000.0, 14_000.0)
+    limits = _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(_state([rep], final_context=1200.0)))
+    held = np.array([v.context_tokens + v.generated for v in rep.requests], float)
+    left = np.array([v.predicted_remaining for v in rep.requests], float)
+    assert limits == {0: fitting(held, left, 14_000.0)} and limits[0] < 8
+
+
 def test_no_limit_on_an_executor_without_the_capability_or_with_the_switch_off():
     rep = _replica(0, 4, 6, 100, 1000, 1000.0, 12_000.0)
     assert _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(
