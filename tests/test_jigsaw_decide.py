@@ -1252,3 +1252,26 @@ def test_a_gang_whose_every_width_would_almost_never_finish_still_starts():
     out = get_policy("jigsaw", migration=False).decide(
         _ready_beside_a_running_stage((PreemptionsSeen(0, 800_000, 800.0, 4000.0),)))
     assert [d.devices for d in out if isinstance(d, RunStage)] == [(0,)]
+
+
+def _lendable_to(state_, borrower: int, **options) -> list:
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+
+    home = {p.name: (p.static_devices, p.static_devices) for p in state_.order}
+    owner = {d: p.name for p in state_.order for d in p.static_devices}
+    return get_policy("jigsaw", **options)._lendable(Round(state_, home, owner), state_.order[borrower], 500.0)
+
+
+def test_a_critical_synchronous_rollout_borrows_from_an_owner_with_slack_only_when_switched_on():
+    # p0 (300 s a step) is projected last, p1 (100 s a step) far ahead of it: p1's free 6-7
+    # are back in its hands in moments, too soon for a 500 s rollout loan by the look-ahead
+    # alone; lend_rollouts_to_critical lends them to the critical rollout all the same
+    assert _lendable_to(_critical_gang_state(300.0, 100.0), 0) == []
+    assert _lendable_to(_critical_gang_state(300.0, 100.0), 0, lend_rollouts_to_critical=True) == [6, 7]
+    # not to a pipeline off the critical path
+    assert _lendable_to(_critical_gang_state(100.0, 300.0), 0, lend_rollouts_to_critical=True) == []
+    # nor to an asynchronous one (its chain is its training, not its rollout)
+    st = _critical_gang_state(300.0, 100.0)
+    p0 = dataclasses.replace(st.order[0], spec=dataclasses.replace(st.order[0].spec, mode="async", staleness=1))
+    st = dataclasses.replace(st, order=(p0,) + st.order[1:])
+    assert _lendable_to(st, 0, lend_rollouts_to_critical=True) == []

@@ -69,6 +69,11 @@ class JigsawConfig:
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
     lend_to_critical: bool = True
+    # ... and, with this, a synchronous critical pipeline's rollout replicas too, from owners
+    # projected to finish at least ``max_slack`` before the last pipeline; they reclaim the
+    # devices by evicting the replicas (requests to a sibling). Off: the synthetic mixes
+    # -0.8%, but (d) +1.3% (its 32B's replicas evicted again and again; docs/simulator.md)
+    lend_rollouts_to_critical: bool = False
     # the critical pipeline's next training gang is served first: among stages ready in one
     # round it forms its gang before the others', and while it is in its host-side stage
     # (the advantage computation) with a training stage next, no other pipeline's gang

@@ -85,13 +85,19 @@ class Loans:
         """Free devices outside ``p``'s home whose owners can spare them for ``duration``;
         for a ``training`` gang of a pipeline on the job set's critical path at its observed
         pace (``lend_to_critical``), also devices of owners off it, however soon they want
-        them back: such an owner has slack, the borrower sets the makespan."""
+        them back: such an owner has slack, the borrower sets the makespan. With
+        ``lend_rollouts_to_critical`` the same for a synchronous critical pipeline's rollout
+        replicas, from owners projected to finish at least ``max_slack`` before the last
+        pipeline (a replica holds its devices longer than a micro-batch: an owner reclaims
+        them by evicting it, its requests to a sibling)."""
         if not self.config.multiplex:
             return []
         state = rnd.state
         mine = set(rnd.share[p.name])
         out = []
-        critical = training and self.config.lend_to_critical and self._paced_critical(rnd, p)
+        cfg = self.config
+        rollout = not training and cfg.lend_rollouts_to_critical and p.spec.mode == "sync"
+        critical = (training or rollout) and cfg.lend_to_critical and self._paced_critical(rnd, p)
         if training and not critical and self._claim_s(rnd, p) < self.config.loan_margin * duration:
             return []  # the critical pipeline's gang is ready sooner and would borrow them
         for d in sorted(rnd.free):
@@ -102,7 +108,8 @@ class Loans:
                 out.append(d)
             elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
                 out.append(d)
-            elif critical and not self._paced_critical(rnd, state.pipelines[owner]):
+            elif critical and not self._paced_critical(rnd, (o := state.pipelines[owner])) and (
+                    training or not self._within_slack_of_last(rnd, o)):
                 out.append(d)
         return out
 

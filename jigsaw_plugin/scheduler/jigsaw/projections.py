@@ -241,6 +241,12 @@ class Projections:
         mine = self._paced_finish_t(p)
         return mine is None or mine >= (1 - self.config.max_slack) * self._paced_last(rnd)
 
+    def _within_slack_of_last(self, rnd, p) -> bool:
+        """``p`` is projected (``_projected_finish_t``) to finish within ``max_slack`` of the
+        last of the unfinished pipelines."""
+        last = max(self._projected_finish_t(rnd, q) for q in rnd.state.order if not q.done)
+        return self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last
+
     def _in_tail(self, p) -> bool:
         """The rollout is down to its tail (the engines' loads say so): ``widen_requests``
         or fewer requests in all, the devices of the rest free from here on."""

@@ -143,8 +143,7 @@ class RolloutReplicas:
         orphans = sum(1 for d in rnd.free if self._orphaned(rnd, d)) // tp
         if not orphans:
             return 0
-        last = max(self._projected_finish_t(rnd, q) for q in rnd.state.order if not q.done)
-        return orphans if self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last else 0
+        return orphans if self._within_slack_of_last(rnd, p) else 0
 
     @staticmethod
     def _orphaned(rnd, d: int) -> bool:
