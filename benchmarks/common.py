@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 EXAMPLES = ROOT / "examples" / "workloads"
+# the bundled workloads (a)-(f), by letter (docs/benchmarks.md names them so)
+BUNDLED = {"a": "a_sync4_32gpu.yaml", "b": "b_sync8_64gpu.yaml", "c": "c_async2_16gpu.yaml",
+           "d": "d_hetero_32gpu.yaml", "e": "e_dapo_longtail_32gpu.yaml", "f": "f_agentic_32gpu.yaml"}
 
 from jigsaw_plugin.scheduler import get_policy  # noqa: E402
 from jigsaw_plugin.sim import Simulation  # noqa: E402

@@ -30,13 +30,12 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from common import ROOT, load, md_table, measure_and_write
+from common import BUNDLED, ROOT, load, md_table, measure_and_write
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.hookspecs import hookimpl  # noqa: E402
 
-WORKLOADS = {"a": "a_sync4_32gpu.yaml", "b": "b_sync8_64gpu.yaml", "c": "c_async2_16gpu.yaml",
-             "d": "d_hetero_32gpu.yaml", "e": "e_dapo_longtail_32gpu.yaml", "f": "f_agentic_32gpu.yaml"}
+WORKLOADS = BUNDLED
 BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 64), (65, None))  # requests a replica holds
 EVERY = 20  # probe every this many decide rounds
 RESULTS = ROOT / "benchmarks" / "results" / "drain_accuracy.json"

@@ -16,11 +16,9 @@ from __future__ import annotations
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from common import EXAMPLES, ROOT, measure_and_write, md_table
+from common import BUNDLED, EXAMPLES, ROOT, measure_and_write, md_table
 
 RESULTS = ROOT / "benchmarks" / "results" / "kv_overflows.json"
-BUNDLED = {"a": "a_sync4_32gpu.yaml", "b": "b_sync8_64gpu.yaml", "c": "c_async2_16gpu.yaml",
-           "d": "d_hetero_32gpu.yaml", "e": "e_dapo_longtail_32gpu.yaml", "f": "f_agentic_32gpu.yaml"}
 POLICIES = ("jigsaw", "verl-sync")
 SHARE = 0.18  # mixes whose prefill above the ideal is at least this share of jigsaw's gap are listed
 

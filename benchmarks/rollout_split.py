@@ -12,10 +12,9 @@ included), time held with no request and the rest, beside the ideal decode and p
 
 from __future__ import annotations
 
-from common import ROOT, md_table, measure_and_write, run_many
+from common import BUNDLED, ROOT, md_table, measure_and_write, run_many
 
-WORKLOADS = {"a": "a_sync4_32gpu.yaml", "b": "b_sync8_64gpu.yaml", "c": "c_async2_16gpu.yaml",
-             "d": "d_hetero_32gpu.yaml", "e": "e_dapo_longtail_32gpu.yaml", "f": "f_agentic_32gpu.yaml"}
+WORKLOADS = BUNDLED
 POLICIES = ("verl-sync", "jigsaw")
 OUT = ROOT / "benchmarks" / "results" / "rollout_split.json"
 
