@@ -168,7 +168,7 @@ def build_result(ex, backend: str = "sim", events: int = 0) -> dict:
     from jigsaw_plugin.core.bounds import chain_split, compute_bounds, gap_breakdown, idle_gaps
 
     versions = getattr(ex, "sample_versions", None)
-    kv = getattr(ex, "reports_kv_preemptions", False)
+    kv = ex.reports_kv_preemptions
     pipes = {p.name: _pipeline_result(p, versions.get(p.name) if versions is not None else None, kv)
              for p in ex.order}
     makespan = max((p.finished_t or 0.0) for p in ex.order)
