@@ -585,6 +585,46 @@ def test_a_stage_off_the_critical_path_grows_onto_its_own_free_home_devices_only
     assert grown(grow_at_home=False) == []
 
 
+def _update_beside_free_home(micro_batches_left, tokens):
+    """p0's update_actor runs on devices 0-1 of its home 0-3 until t = 300 (now 100), 2-3
+    free beside it; p1 decodes a tail on device 4 of its home 4-7."""
+    rs = RunningStageView(1, "update_actor", (0, 1), None, micro_batches_left, 8, 105.0, True)
+    tail = [replica("p1", 5, (4,), generated=[3000], predicted=[30000])]
+    busy = {4: DeviceTask("replica", "p1", replica=5), **{d: DeviceTask("stage", "p0", stage="update_actor")
+                                                           for d in (0, 1)}}
+    ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=tokens), 20.0)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                  running_end=300.0, running_stage=rs, steps={1: ready})
+    p1 = pipeline(1, range(4, 8), replicas=tail, gen_next=3, train_next=2, version=2, generating=True,
+                  steps={2: StepView(2, 32, 31, 31, 0, 90.0, {}, {}, 1)})
+    return state([p0, p1], busy=busy)
+
+
+def test_a_stage_that_would_not_grow_lends_its_free_home_to_rollout_replicas_until_it_ends():
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+
+    def lendable(st, duration, replica, **opts):
+        home = {p.name: (p.static_devices, p.static_devices) for p in st.order}
+        owner = {d: p.name for p in st.order for d in p.static_devices}
+        return get_policy("jigsaw", migration=False, **opts)._lendable(Round(st, home, owner), st.order[1],
+                                                                        duration, replica=replica)
+
+    # a short update (100k tokens): growing onto 2-3 would not repay its switch, so p0 does
+    # not grow, and its 2-3 are p1's replicas' for as long as the update runs (200 s, the
+    # look-ahead's margin 1.2 on top)
+    short = _update_beside_free_home(2, 100_000)
+    assert not [d for d in get_policy("jigsaw", migration=False).decide(short) if isinstance(d, ResizeStage)]
+    assert lendable(short, 100.0, replica=True) == [2, 3]
+    assert lendable(short, 200.0, replica=True) == []  # past the update's end
+    # a training gang still sees them wanted now; switched off, so does a replica
+    assert lendable(short, 100.0, replica=False) == []
+    assert lendable(short, 100.0, replica=True, lend_beside_stages=False) == []
+    # a long update (8M tokens, 6 micro-batches left) grows onto them: not lent
+    long = _update_beside_free_home(6, 8_000_000)
+    assert [d for d in get_policy("jigsaw", migration=False).decide(long) if isinstance(d, ResizeStage)]
+    assert lendable(long, 100.0, replica=True) == []
+
+
 def _rollout_ready_home_returning(boundary_in_s):
     """p0's step 1 may start generating; its home device 0 is free, devices 1-3 are lent to
     p1's update_actor, which hands them back at its boundary ``boundary_in_s`` from now."""

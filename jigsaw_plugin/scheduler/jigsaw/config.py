@@ -74,6 +74,12 @@ class JigsawConfig:
     # devices by evicting the replicas (requests to a sibling). Off: the synthetic mixes
     # -0.8%, but (d) +1.3% (its 32B's replicas evicted again and again; docs/simulator.md)
     lend_rollouts_to_critical: bool = False
+    # an owner whose running stage would not grow onto its home's free devices (growing
+    # priced as ``grow_at_home`` prices it: the gang's all-gathers past a node, its switch)
+    # lends them to rollout replicas until that stage ends, not "wanting them now": an
+    # 8-device 32B update beside 24 free home devices kept a critical rollout off them for
+    # 100 s (synthetic mix s52). Training gangs still see them wanted now (docs/simulator.md)
+    lend_beside_stages: bool = True
     # the critical pipeline's next training gang is served first: among stages ready in one
     # round it forms its gang before the others', and while it is in its host-side stage
     # (the advantage computation) with a training stage next, no other pipeline's gang

@@ -17,16 +17,19 @@ __all__ = ["Loans"]
 class Loans:
     """``Jigsaw``'s loans: what an owner can lend, for how long, and its reclaims."""
 
-    def _needed_in_s(self, rnd, owner: str) -> float:
-        """When the owner of a home device is projected to want it back."""
-        got = rnd.need.get(owner)
+    def _needed_in_s(self, rnd, owner: str, replica: bool = False) -> float:
+        """When the owner of a home device is projected to want it back; for a rollout
+        ``replica`` (``lend_beside_stages``), an owner whose running stage would not grow
+        onto its home's free devices wants them when that stage ends."""
+        key = (owner, replica and self.config.lend_beside_stages)
+        got = rnd.need.get(key)
         if got is not None:
             return got
         state = rnd.state
         o = state.pipelines[owner]
         if o.done:
             got = INF
-        elif self._wants_home_now(rnd, o) or o.next_stage:
+        elif (self._wants_home_now(rnd, o) or o.next_stage) and not (key[1] and self._declines_home(rnd, o)):
             got = 0.0
         elif o.stage_running or o.alongside_stage is not None:
             ends = [e for e in (o.running_stage_end_t, o.alongside_end_t) if e is not None]
@@ -44,8 +47,20 @@ class Loans:
             got = self._reward_wait_s(o, state.t)
         else:
             got = 0.0
-        rnd.need[owner] = got
+        rnd.need[key] = got
         return got
+
+    def _declines_home(self, rnd, o) -> bool:
+        """``o``'s only claim on its home's free devices is a running stage that may grow onto
+        them alone (``grow_at_home``) and would not: growing onto them does not pay
+        (``_growth_that_pays``), and it has no other work ready."""
+        rs = o.running_stage
+        if (rs is None or not rs.resizable or not rnd.stage_devices(o)
+                or self._has_ready_work(o) or self._stage_may_grow(rnd, o) or not self.config.grow_at_home):
+            return False
+        home = set(rnd.share[o.name])
+        own = self._on_trainer_site(rnd.state, [d for d in sorted(rnd.free) if d in home])
+        return self._growth_that_pays(rnd, o, own) is None
 
     def _paused(self, rnd, p) -> bool:
         rs = p.running_stage
@@ -81,7 +96,7 @@ class Loans:
             return True
         return (self._may_start_gen(o) and not o.generating) or o.pending > 0
 
-    def _lendable(self, rnd, p, duration, training: bool = False) -> list:
+    def _lendable(self, rnd, p, duration, training: bool = False, replica: bool = False) -> list:
         """Free devices outside ``p``'s home whose owners can spare them for ``duration``;
         for a ``training`` gang of a pipeline on the job set's critical path at its observed
         pace (``lend_to_critical``), also devices of owners off it, however soon they want
@@ -89,7 +104,9 @@ class Loans:
         ``lend_rollouts_to_critical`` the same for a synchronous critical pipeline's rollout
         replicas, from owners projected to finish at least ``max_slack`` before the last
         pipeline (a replica holds its devices longer than a micro-batch: an owner reclaims
-        them by evicting it, its requests to a sibling)."""
+        them by evicting it, its requests to a sibling). ``replica``: the borrower is a
+        rollout replica, which an owner evicts when it wants the devices back (how long it
+        can spare them: ``_needed_in_s``)."""
         if not self.config.multiplex:
             return []
         state = rnd.state
@@ -106,7 +123,7 @@ class Loans:
             owner = rnd.owner.get(d)
             if owner is None:
                 out.append(d)
-            elif not self.config.lookahead or self._needed_in_s(rnd, owner) >= self.config.loan_margin * duration:
+            elif not self.config.lookahead or self._needed_in_s(rnd, owner, replica) >= self.config.loan_margin * duration:
                 out.append(d)
             elif critical and not self._paced_critical(rnd, (o := state.pipelines[owner])) and (
                     training or not self._within_slack_of_last(rnd, o)):
@@ -227,31 +244,41 @@ class Loans:
                 lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
                                       training=not cfg.loans)
             add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
-            if not add:
-                continue
-            left = rs.micro_batches_left - 1  # the one in progress keeps its width
-            # priced at the gang's class (on a pool of several, the first class's profile
-            # priced a 14B update running on 3 H20s of 96 GB as one 80 GB H100s cannot hold:
-            # infinite, so any growth looked like a gain)
-            now = left * self._class_layout_s(state, p, rs.stage, base) / rs.micro_batches
-            grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
-                                     keep=base)
-            add = [d for d in grown_set if d not in base]
-            if not add or len(self._holding(state, p, rs.stage, grown_set)) < len(grown_set):
-                continue
-            switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
-            grown = switch + left * self._class_layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
-            if self._restart_risks(rnd, p, grown_set) is not None:
-                # more devices, more preemptions, each of which runs the whole pass again on
-                # them (odd_workloads --preempt seed 158, activation off: a 14B update grown
-                # from 3 devices never preempted onto 8 preempted every 2 s never ended)
-                now, grown = (self._with_restarts(rnd, p, t, len(g), *self._set_risk(rnd, g),
-                                                  whole=self._class_layout_s(state, p, rs.stage, g))
-                              for t, g in ((now, base), (grown, grown_set)))
-            if now - grown <= switch:
-                continue
-            rnd.resize(out, p, grown_set)
-            rnd.free.difference_update(add)
+            grown_set = self._growth_that_pays(rnd, p, add)
+            if grown_set is not None:
+                rnd.resize(out, p, grown_set)
+                rnd.free.difference_update(d for d in grown_set if d not in base)
+
+    def _growth_that_pays(self, rnd, p, add) -> tuple | None:
+        """The gang ``p``'s running stage grows to at its next micro-batch boundary from
+        ``add`` (devices free now), or None where none ends its remaining micro-batches
+        sooner by more than the switch onto the new devices."""
+        if not add:
+            return None
+        state, rs = rnd.state, p.running_stage
+        base = rnd.stage_devices(p)
+        left = rs.micro_batches_left - 1  # the one in progress keeps its width
+        # priced at the gang's class (on a pool of several, the first class's profile
+        # priced a 14B update running on 3 H20s of 96 GB as one 80 GB H100s cannot hold:
+        # infinite, so any growth looked like a gain)
+        now = left * self._class_layout_s(state, p, rs.stage, base) / rs.micro_batches
+        grown_set = self._packed(rnd, p, rs.stage, tuple(base) + tuple(self._affinity(rnd, p, add, "train")),
+                                 keep=base)
+        add = [d for d in grown_set if d not in base]
+        if not add or len(self._holding(state, p, rs.stage, grown_set)) < len(grown_set):
+            return None
+        switch = state.cost.context_switch_s(p.model, len(add), train_state=True)
+        grown = switch + left * self._class_layout_s(state, p, rs.stage, grown_set) / rs.micro_batches
+        if self._restart_risks(rnd, p, grown_set) is not None:
+            # more devices, more preemptions, each of which runs the whole pass again on
+            # them (odd_workloads --preempt seed 158, activation off: a 14B update grown
+            # from 3 devices never preempted onto 8 preempted every 2 s never ended)
+            now, grown = (self._with_restarts(rnd, p, t, len(g), *self._set_risk(rnd, g),
+                                              whole=self._class_layout_s(state, p, rs.stage, g))
+                          for t, g in ((now, base), (grown, grown_set)))
+        if now - grown <= switch:
+            return None
+        return grown_set
 
     def _resume_devices(self, rnd, p) -> tuple:
         """The devices a paused stage resumes on, () to stay paused: its home's free ones and

@@ -270,7 +270,7 @@ class RolloutReplicas:
             return  # nor at its own width (a re-shard made it wider)
         tp = self._bulk_tp(rnd, p)
         pool = [d for d in self._affinity(rnd, p, rnd.share[p.name], "rollout") if d in rnd.free]
-        pool += [d for d in self._lendable(rnd, p, drain) if d not in pool]
+        pool += [d for d in self._lendable(rnd, p, drain, replica=True) if d not in pool]
         groups = self._take_groups(rnd, p, pool, [d for r in live for d in r.devices], tp, [], want)
         if not groups:
             return
@@ -464,7 +464,7 @@ class RolloutReplicas:
                 duration = gen_estimate_s(p, state.cost, max(1, len(p.static_devices)), observed_stats(p))
             taken = {d for g in groups for d in g}
             left = [d for d in avail if d not in taken]
-            pool = left + [d for d in self._lendable(rnd, p, duration) if d not in taken]
+            pool = left + [d for d in self._lendable(rnd, p, duration, replica=True) if d not in taken]
             groups = self._take_groups(rnd, p, pool, taken, tp, groups, want)
         if len(groups) < want:  # then the home's devices cut across nodes
             taken = {d for g in groups for d in g}

@@ -184,7 +184,8 @@ class Round:
         self.owner = owner  # device -> the pipeline whose home holds it this round
         self.share = Shares(home)  # pipeline -> its home devices (rollout and training), built on first use
         self.free = set(state.free)
-        self.need: dict[str, float] = {}  # owner -> seconds until it wants its home back
+        # (owner, for a rollout replica) -> seconds until it wants its home back
+        self.need: dict[tuple, float] = {}
         self.completion: dict[str, float] = {}  # pipeline -> predicted seconds to finish its run
         self.critical_s: float | None = None
         self.paced_last: float | None = None  # the latest projected finish at observed paces

@@ -244,7 +244,7 @@ class TailMoves:
                 continue  # no re-shard could end sooner: not worth gathering devices for
             pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
-                pool += [d for d in self._lendable(rnd, p, now_end) if d not in pool]
+                pool += [d for d in self._lendable(rnd, p, now_end, replica=True) if d not in pool]
             if self.config.gang_claims and self._cost_aware(state):  # not the site's devices a gang is due on sooner
                 claims = self._gang_claims(rnd)
                 pool = [d for d in pool if claims.get(d, INF) >= beat]
