@@ -116,3 +116,23 @@ def test_the_large_block_reports_what_the_scale_costs_the_scheduler():
     assert "| L9000 | 176 | 11 | 12,345 | 1,500 / 22,000 | 250 / 3 |" in rm.section(data, "-", "-")
     data["large"] = False  # the synthetic block has no such table
     assert "12,345" not in rm.section(data, "-", "-")
+
+
+def test_jigsaw_only_refuses_saved_results_of_other_mixes_and_says_what_it_kept(tmp_path):
+    import json
+
+    import pytest
+
+    spec = rm.synthetic_mixes(3, 1)[0][1]
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"seed": 4, "steps": None, "synthetic": True, "mixes": {"s3": spec}, "runs": []}))
+    with pytest.raises(SystemExit, match="not those of seed 3, 1 mixes; run without --jigsaw-only"):
+        rm.measure_jigsaw_only(saved, 3, 1, synthetic=True)
+    runs = [{"mix": "s3", "policy": "jigsaw", "makespan_s": 100.0, "effective_utilisation": 0.5,
+             "bounds": {"makespan_lower_bound_s": 80.0}}]
+    runs += [{"mix": "s3", "policy": p, "makespan_s": 150.0} for p in rm.POLICIES[1:]]
+    data = {"seed": 3, "steps": None, "synthetic": True, "mixes": {"s3": spec}, "runs": runs, "jigsaw_only": True,
+            "wall_s": 120.0}
+    text = rm.section(data, "-", "-")
+    assert ("`python benchmarks/random_mixes.py --synthetic --mixes 1 --seed 3 --jigsaw-only` (2 minutes on 2 cores;"
+            " jigsaw's runs only, the baselines' saved from the run before)") in text
