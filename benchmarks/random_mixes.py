@@ -211,8 +211,13 @@ def _run(job: tuple) -> dict:
             "decision_p99_us": sched["decision_p99_us"], "wall_s": round(time.monotonic() - start, 1)}
 
 
+def _drawn(seed: int, n: int, synthetic: bool, large: bool) -> list:
+    """The block's mixes: (name, spec) of the large, synthetic or random kind."""
+    return large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+
+
 def measure(seed: int, n: int, synthetic: bool = False, large: bool = False) -> dict:
-    drawn = large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+    drawn = _drawn(seed, n, synthetic, large)
     jobs = [(name, spec, pol) for name, spec in drawn for pol in POLICIES]
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
         runs = list(ex.map(_run, jobs))
@@ -226,7 +231,7 @@ def measure_jigsaw_only(results, seed: int, n: int, synthetic: bool = False, lar
     the same mixes, which a change to the jigsaw policy does not touch; a saved file of
     other mixes is refused."""
     saved = json.loads(results.read_text())
-    drawn = large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+    drawn = _drawn(seed, n, synthetic, large)
     same = json.loads(json.dumps({name: spec for name, spec in drawn}))
     if saved.get("seed") != seed or saved.get("mixes") != same:
         raise SystemExit(f"{results}: its mixes are not those of seed {seed}, {n} mixes; run without --jigsaw-only")
