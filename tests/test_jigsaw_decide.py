@@ -1294,12 +1294,13 @@ def test_a_gang_whose_every_width_would_almost_never_finish_still_starts():
     assert [d.devices for d in out if isinstance(d, RunStage)] == [(0,)]
 
 
-def _lendable_to(state_, borrower: int, **options) -> list:
+def _lendable_to(state_, borrower: int, replica: bool = True, **options) -> list:
     from jigsaw_plugin.scheduler.jigsaw.round import Round
 
     home = {p.name: (p.static_devices, p.static_devices) for p in state_.order}
     owner = {d: p.name for p in state_.order for d in p.static_devices}
-    return get_policy("jigsaw", **options)._lendable(Round(state_, home, owner), state_.order[borrower], 500.0)
+    return get_policy("jigsaw", **options)._lendable(Round(state_, home, owner), state_.order[borrower], 500.0,
+                                                    replica=replica)
 
 
 def test_a_critical_synchronous_rollout_borrows_from_an_owner_with_slack_only_when_switched_on():
@@ -1308,6 +1309,9 @@ def test_a_critical_synchronous_rollout_borrows_from_an_owner_with_slack_only_wh
     # alone; lend_rollouts_to_critical lends them to the critical rollout all the same
     assert _lendable_to(_critical_gang_state(300.0, 100.0), 0) == []
     assert _lendable_to(_critical_gang_state(300.0, 100.0), 0, lend_rollouts_to_critical=True) == [6, 7]
+    # to its rollout replicas only: an early pass, a weight sync or a paused stage's resume
+    # (neither a training gang nor a replica) is not one an owner can evict
+    assert _lendable_to(_critical_gang_state(300.0, 100.0), 0, replica=False, lend_rollouts_to_critical=True) == []
     # not to a pipeline off the critical path
     assert _lendable_to(_critical_gang_state(100.0, 300.0), 0, lend_rollouts_to_critical=True) == []
     # nor to an asynchronous one (its chain is its training, not its rollout)

@@ -113,7 +113,9 @@ class Loans:
         mine = set(rnd.share[p.name])
         out = []
         cfg = self.config
-        rollout = not training and cfg.lend_rollouts_to_critical and p.spec.mode == "sync"
+        # rollout replicas only: an early pass, a weight sync or a paused stage's resume is
+        # neither a ``training`` gang nor a replica, and an owner cannot evict it
+        rollout = replica and cfg.lend_rollouts_to_critical and p.spec.mode == "sync"
         critical = (training or rollout) and cfg.lend_to_critical and self._paced_critical(rnd, p)
         if training and not critical and self._claim_s(rnd, p) < self.config.loan_margin * duration:
             return []  # the critical pipeline's gang is ready sooner and would borrow them
