@@ -156,14 +156,18 @@ def _rebound(all_jobs: list, spans: dict) -> list:
     return saved
 
 
-def _add_ablation(all_jobs: list, name: str) -> list:
-    """Run only the jobs of ablation ``name``; every other run is the saved one. The saved
-    file holds the job list in the same order, without the ablation (newly added) or with
-    it (re-run in place: its rule changed)."""
+def _add_ablation(all_jobs: list, names: str) -> list:
+    """Run only the jobs of the ablations ``names`` (comma-separated); every other run is
+    the saved one. The saved file holds the job list in the same order, without those
+    ablations (newly added) or with them (re-run in place: their rules changed)."""
     import json
 
     saved = json.loads(RESULTS.read_text())
-    new = [j for j in all_jobs if _is_jigsaw(j) and j[2] is not None and set(j[2]) == {name}]
+    wanted = set(names.split(","))
+    unknown = sorted(wanted - set(ABLATIONS))
+    if unknown:
+        raise SystemExit(f"--add-ablation: {', '.join(unknown)} is not one of {', '.join(ABLATIONS)}")
+    new = [j for j in all_jobs if _is_jigsaw(j) and j[2] is not None and len(j[2]) == 1 and set(j[2]) <= wanted]
     fresh = iter(run_many(new))
     if len(saved) == len(all_jobs):
         return [next(fresh) if j in new else old for j, old in zip(all_jobs, saved)]
@@ -179,7 +183,8 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
     ``rebound``: the saved runs with their bounds derived again (``_rebound``);
     ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
     ``baselines_only``: re-run only the baselines, jigsaw's from the saved file;
-    ``add_ablation``: run only one ablation's jobs (new, or re-run), the rest from the saved file."""
+    ``add_ablation``: run only these ablations' jobs (comma-separated; new, or re-run), the rest
+    from the saved file."""
     import json
 
     if reuse or jigsaw_only or add_ablation or rebound:
@@ -196,6 +201,9 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         import json
 
         results = json.loads(RESULTS.read_text())
+        if len(results) != len(all_jobs):  # read by position: a shorter file would misalign every row
+            raise SystemExit(f"{RESULTS}: {len(results)} saved runs, {len(all_jobs)} jobs now (an ablation added "
+                             f"since: run it with --add-ablation NAME[,NAME])")
     elif rebound:
         results = _rebound(all_jobs, spans)
         dump(results, RESULTS)

@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     """``--only policies``: re-run the policy tables alone (the other sections are kept);
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
     ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
-    ``--add-ablation NAME``: run only one ablation's runs (newly added, or re-run after its rule
-    changed), the others from the saved file; ``--rebound``: the saved runs with their bounds
+    ``--add-ablation NAME[,NAME]``: run only these ablations' runs (newly added, or re-run after
+    their rules changed), the others from the saved file; ``--rebound``: the saved runs with their bounds
     derived again (a change to ``core/bounds.py`` alone)."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []

@@ -1,0 +1,110 @@
+"""Each jigsaw mechanism switched off on its own (or on, where it is off by default) on the
+long-tail and agentic workloads (e) and (f), and the oracle predictor against the default.
+
+    python3 benchmarks/ablations_ef.py            # every run, then the block
+    python3 benchmarks/ablations_ef.py --render   # the block from the saved runs
+    python3 benchmarks/ablations_ef.py --quick    # (e) alone, nothing written
+
+(a)-(d) have their ablation table in the policies section (benchmarks/policies.py); this is
+the same table for the two workloads of the regime JigsawRL reports on, with the makespan
+and the gap to the makespan lower bound each run recovers against verl-sync (a run's
+bound is a function of its samples and the cost model, not of its policy: each run is set
+against its own). The mechanisms are `jigsaw bench --ablate`'s (``bench.ab``). Seed 0,
+each run its own process, two at a time. Writes the block ``ablations-ef`` of
+docs/benchmarks.md and the runs' figures to benchmarks/results/ablations_ef.json.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from common import ROOT, md_table, measure_and_write, run_many
+
+sys.path.insert(0, str(ROOT))
+from jigsaw_plugin.bench import ab  # noqa: E402
+from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "ablations_ef.json"
+BLOCK = "ablations-ef"
+KEYS = ("e", "f")
+ABLATIONS = ab.ABLATIONS + ab.OFF_BY_DEFAULT
+ORACLE = "ORACLE lengths"
+
+
+def _label(a: str) -> str:
+    return f"with {a}" if a in ab.OFF_BY_DEFAULT else f"no {a}"
+
+
+def _runs(key: str) -> list:
+    """(row label, job) of one workload: verl-sync, jigsaw's defaults, each ablation, the oracle."""
+    f = benchmark_workload(key).file
+    return ([("verl-sync", (f, "verl-sync", None, 0)), ("jigsaw (defaults)", (f, "jigsaw", None, 0))]
+            + [(_label(a), (f, "jigsaw", ab.ablation_options("jigsaw", [a]), 0)) for a in ABLATIONS]
+            + [(ORACLE, (f, "jigsaw", None, 0, "oracle"))])
+
+
+def _summary(r: dict) -> dict:
+    return {"makespan_s": r["makespan_s"], "lower_bound_s": r["bounds"]["makespan_lower_bound_s"],
+            "samples_per_s": r["samples_per_s"], "wall_s": r["wall_s"]}
+
+
+def measure(keys) -> dict:
+    labelled = [(k, label, job) for k in keys for label, job in _runs(k)]
+    out = run_many([job for _, _, job in labelled])
+    data: dict = {}
+    for (k, label, _), r in zip(labelled, out):
+        data.setdefault(k, {})[label] = _summary(r)
+    return data
+
+
+def _gap(base: dict, run: dict) -> float | None:
+    """The share of the gap between verl-sync's makespan and ``run``'s lower bound that
+    ``run`` recovers."""
+    span = base["makespan_s"] - run["lower_bound_s"]
+    return (base["makespan_s"] - run["makespan_s"]) / span if span > 0 else None
+
+
+def _cell(base: dict, ref: dict, run: dict) -> str:
+    g = _gap(base, run)
+    change = run["makespan_s"] / ref["makespan_s"] - 1
+    return f"{run['makespan_s']:.1f} ({change:+.1%}) / {'-' if g is None else format(g, '.0%')}"
+
+
+def render(data: dict) -> str:
+    keys = [k for k in KEYS if k in data]
+    labels = [label for label, _ in _runs(keys[0])][1:]
+    rows = [[label] + [_cell(data[k]["verl-sync"], data[k]["jigsaw (defaults)"], data[k][label]) for k in keys]
+            for label in labels]
+    moved = {k: sorted(((data[k][label]["makespan_s"] / data[k]["jigsaw (defaults)"]["makespan_s"] - 1, label)
+                        for label in labels[1:-1]), reverse=True) for k in keys}
+    lines = []
+    for k in keys:
+        helps = [f"{label} {c:+.1%}" for c, label in moved[k] if c > 0.005][:6]
+        hurts = [f"{label} {c:+.1%}" for c, label in reversed(moved[k]) if c < -0.005][:6]
+        lines.append(f"* ({k}): switched from its default, slower by over 0.5% (the mechanism pays): "
+                     f"{', '.join(helps) or 'none'}; faster by over 0.5% (it costs here): {', '.join(hurts) or 'none'}.")
+    verl = ", ".join(f"({k}) {data[k]['verl-sync']['makespan_s']:.1f} s" for k in keys)
+    head = ["mechanism"] + [f"({k}) makespan s (vs defaults) / gap recovered" for k in keys]
+    return f"""## Ablations on the long-tail and agentic workloads (`benchmarks/ablations_ef.py`)
+
+jigsaw on (e) and (f) with one mechanism switched off, or on where it is off by default
+("with ..."), as in the ablation table of (a)-(d) above; the last row is the oracle
+ablation (true remaining lengths instead of the predictor). Each cell: the makespan, its
+change against jigsaw's defaults, and the gap between verl-sync's makespan ({verl}) and
+the run's makespan lower bound that it recovers (target 70%). Simulated, seed 0, default
+predictor, each run its own process.
+
+{md_table(head, rows)}
+
+{chr(10).join(lines)}
+
+`python benchmarks/ablations_ef.py`
+"""
+
+
+def main() -> None:
+    measure_and_write(BLOCK, OUT, measure, render, KEYS, ("e",))
+
+
+if __name__ == "__main__":
+    main()
