@@ -36,8 +36,11 @@ def test_every_mechanism_of_ablate_has_a_row_with_its_change_and_its_gap_recover
     assert "| jigsaw (defaults) | 1500.0 (+0.0%) / 50% |" in text
     assert "| no migration | 1800.0 (+20.0%) / 20% |" in text
     assert "| with colocate | 1400.0 (-6.7%) / 60% |" in text
-    assert "(the mechanism pays): no migration +20.0%;" in text
-    assert "(it costs here): with colocate -6.7%." in text
+    data["e"]["with balance"] = _run(1600.0)  # off by default, slower on
+    text = ablations_ef.render(data)
+    assert "(the run without it is slower): no migration +20.0%;" in text
+    assert "(the run with it is slower by over 0.5%): with balance +6.7%;" in text
+    assert "(the run with it flipped is faster): with colocate -6.7%." in text
 
 
 def test_a_saved_policy_file_of_another_length_is_refused_not_misread(tmp_path, monkeypatch):
