@@ -1319,3 +1319,42 @@ def test_a_critical_synchronous_rollout_borrows_from_an_owner_with_slack_only_wh
     p0 = dataclasses.replace(st.order[0], spec=dataclasses.replace(st.order[0].spec, mode="async", staleness=1))
     st = dataclasses.replace(st, order=(p0,) + st.order[1:])
     assert _lendable_to(st, 0, lend_rollouts_to_critical=True) == []
+
+
+def test_the_pipeline_projected_last_grows_its_stage_onto_devices_finished_pipelines_left():
+    # p0's first update runs on its home 0-1 (no pace yet: its first step is not trained);
+    # p1 has finished, its home 2-3 free for good; p2 decodes on 4 of its home 4-7. p0 is
+    # projected to finish last, but not by the margin that would mark it critical before a
+    # pace (``_predicted_last``): no loan, yet no one will ever want 2-3 back
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+
+    rs = RunningStageView(0, "update_actor", (0, 1), None, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(2), gen_next=1, train_next=0, stage_next=3, stage_running=True, running_end=400.0,
+                  running_stage=rs, steps={0: step(0, samples=32, done=32, rewarded=32, tokens=8_000_000)})
+    p1 = dataclasses.replace(pipeline(1, range(2, 4)), done=True)
+    spec2 = dataclasses.replace(SPECS[1], name="p2")
+    tail = [replica("p2", 5, (4,), generated=[3000], predicted=[300])]
+    busy = {4: DeviceTask("replica", "p2", replica=5), 0: DeviceTask("stage", "p0", stage="update_actor"),
+            1: DeviceTask("stage", "p0", stage="update_actor")}
+
+    def with_p2_pace(started):
+        p2 = pipeline(1, range(4, 8), replicas=tail, gen_next=2, train_next=1, version=1, generating=True,
+                      steps={1: _paced(step(1, samples=32, done=31), started)}, spec=spec2)
+        return _trained_on(state([p0, p1, p2], busy=busy))
+
+    policy = get_policy("jigsaw", migration=False)
+    probe = with_p2_pace(1.0)
+    home = {p.name: (p.static_devices, p.static_devices) for p in probe.order}
+    owner = {d: p.name for p in probe.order for d in p.static_devices}
+    p0_end = policy._projected_finish_t(Round(probe, home, owner), probe.order[0])  # from its lengths, on its share
+    steps2 = spec2.steps
+
+    def grown(p2_end, **opts):
+        out = get_policy("jigsaw", migration=False, **opts).decide(with_p2_pace(p2_end / steps2))
+        return [d for d in out if isinstance(d, ResizeStage)]
+
+    # p2 paced to end at 90% of p0's projection: p0 is last, not critical; it grows onto 2-3
+    assert grown(0.9 * p0_end) == [ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3))]
+    assert grown(0.9 * p0_end, grow_onto_orphans=False) == []
+    # p2 projected last: p0 keeps its width (the orphans are the last pipeline's)
+    assert grown(1.1 * p0_end) == []

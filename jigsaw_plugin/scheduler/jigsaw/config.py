@@ -40,6 +40,12 @@ class JigsawConfig:
     # waits for them, and they sat idle beside it (8 devices for 26 s on (a), a 4-device
     # log-prob pass of 48 s next to its own home's freed devices)
     grow_at_home: bool = True
+    # ... and the running stage of the pipeline projected to finish last
+    # (``_projected_finish_t``) grows onto free devices no unfinished pipeline's home holds
+    # (their owners finished: no one reclaims them) even before a pace marks it critical: a
+    # 14B REINFORCE update in its first step ran 391 s on its 14-device home while the 32
+    # devices of a finished 32B pipeline stood free (synthetic mix s6)
+    grow_onto_orphans: bool = True
     # a rollout whose engines report requests waiting for a batch slot (their caches full
     # at the context their running requests hold) grows by the replicas those requests fill
     # (``_grow_fills``), on its home or devices others can spare; off: never past the count

@@ -224,7 +224,8 @@ class Loans:
         own home devices, then devices lent for at least a micro-batch. With ``loans`` off
         and ``critical_loans`` on, only the critical pipeline's stage grows, and onto the
         devices ``lend_to_critical`` lends it; with ``grow_at_home``, the others onto their
-        own home's free devices alone."""
+        own home's free devices alone, and (``grow_onto_orphans``) the pipeline projected to
+        finish last onto devices whose owners have finished too."""
         state, cfg = rnd.state, self.config
         lending = cfg.multiplex and (cfg.loans or cfg.critical_loans)
         running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
@@ -245,6 +246,8 @@ class Loans:
             if lending and self._stage_may_grow(rnd, p):
                 lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
                                       training=not cfg.loans)
+            elif cfg.grow_onto_orphans and cfg.multiplex and self._projected_last(rnd) is p:
+                lend = [d for d in sorted(rnd.free) if self._orphaned(rnd, d)]
             add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
             grown_set = self._growth_that_pays(rnd, p, add)
             if grown_set is not None:

@@ -195,7 +195,7 @@ class Projections:
         left = [q for q in rnd.state.order if not q.done]
         if not any(self._paced_finish_t(q) is None for q in left):
             return None  # every pipeline has a pace
-        top = max(left, key=lambda q: self._projected_finish_t(rnd, q))
+        top = self._projected_last(rnd)
         rest = max((self._projected_finish_t(rnd, q) for q in left if q is not top), default=0.0)
         if self._paced_finish_t(top) is None and self._projected_finish_t(rnd, top) > (1 + self.config.max_slack) * rest:
             rnd.predicted_last = top
@@ -221,6 +221,12 @@ class Projections:
             got = t + max(train, per_step - since) + later * per_step
         rnd.projected[p.name] = got
         return got
+
+    def _projected_last(self, rnd):
+        """The unfinished pipeline projected to finish last (``_projected_finish_t``), or
+        None when every pipeline has finished."""
+        left = [q for q in rnd.state.order if not q.done]
+        return max(left, key=lambda q: self._projected_finish_t(rnd, q)) if left else None
 
     def _paced_last(self, rnd) -> float:
         """The latest projected finish of the pipelines at their observed paces (once a

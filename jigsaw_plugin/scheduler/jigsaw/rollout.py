@@ -206,11 +206,9 @@ class RolloutReplicas:
         cfg = self.config
         if not (cfg.critical_spread and cfg.migration and self._borrows()):  # borrowing needs multiplex
             return None
-        state = rnd.state
-        left = [q for q in state.order if not q.done]
-        if not left:
+        p = self._projected_last(rnd)
+        if p is None:
             return None
-        p = max(left, key=lambda q: self._projected_finish_t(rnd, q))
         if not p.generating or self._rollout_cap(rnd, p) is not None:
             return None  # its rollout is not what sets the makespan now, or a batch of it waits to be trained
         if not any(r.running for r in p.replicas if not r.retiring):
