@@ -4,6 +4,8 @@ long-tail and agentic workloads (e) and (f), and the oracle predictor against th
     python3 benchmarks/ablations_ef.py            # every run, then the block
     python3 benchmarks/ablations_ef.py --render   # the block from the saved runs
     python3 benchmarks/ablations_ef.py --quick    # (e) alone, nothing written
+    python3 benchmarks/ablations_ef.py --add NAME[,NAME]  # only these mechanisms' runs (newly
+                                                  # added, or their rules changed), the rest saved
 
 (a)-(d) have their ablation table in the policies section (benchmarks/policies.py); this is
 the same table for the two workloads of the regime JigsawRL reports on, with the makespan
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from common import ROOT, md_table, measure_and_write, run_many
+from common import ROOT, dump, md_table, measure_and_write, run_many, write_doc_block
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench import ab  # noqa: E402
@@ -54,6 +56,23 @@ def measure(keys) -> dict:
     data: dict = {}
     for (k, label, _), r in zip(labelled, out):
         data.setdefault(k, {})[label] = _summary(r)
+    return data
+
+
+def add(names: str) -> dict:
+    """The saved runs with the named mechanisms' runs (``--ablate`` names) run again or for
+    the first time; every other run is the saved one."""
+    import json
+
+    wanted = set(names.split(","))
+    unknown = sorted(wanted - set(ABLATIONS))
+    if unknown:
+        raise SystemExit(f"--add: {', '.join(unknown)} is not one of {', '.join(ABLATIONS)}")
+    labels = {_label(a) for a in wanted}
+    data = json.loads(OUT.read_text())
+    picked = [(k, label, job) for k in KEYS for label, job in _runs(k) if label in labels]
+    for (k, label, _), r in zip(picked, run_many([job for _, _, job in picked])):
+        data[k][label] = _summary(r)
     return data
 
 
@@ -108,6 +127,13 @@ predictor, each run its own process.
 
 
 def main() -> None:
+    if "--add" in sys.argv:
+        data = add(sys.argv[sys.argv.index("--add") + 1])
+        dump(data, OUT)
+        block = render(data)
+        print(block)
+        write_doc_block(BLOCK, block)
+        return
     measure_and_write(BLOCK, OUT, measure, render, KEYS, ("e",))
 
 

@@ -59,3 +59,24 @@ def test_add_ablation_names_what_it_does_not_know(tmp_path, monkeypatch):
     monkeypatch.setattr(policies, "RESULTS", saved)
     with pytest.raises(SystemExit, match="no_such_switch is not one of"):
         policies._add_ablation([], "migration,no_such_switch")
+
+
+def test_add_runs_only_the_named_mechanisms_and_keeps_the_rest(tmp_path, monkeypatch):
+    saved = {k: {label: _run(1500.0) for label, _ in ablations_ef._runs(k)} for k in ablations_ef.KEYS}
+    out = tmp_path / "ablations_ef.json"
+    out.write_text(json.dumps(saved))
+    monkeypatch.setattr(ablations_ef, "OUT", out)
+    ran = []
+
+    def fake_run_many(jobs):  # the jobs it would run, each answered with a made-up result
+        ran.extend(jobs)
+        return [{"makespan_s": 1400.0, "bounds": {"makespan_lower_bound_s": 1000.0}, "samples_per_s": 1.0,
+                 "wall_s": 1.0} for _ in jobs]
+
+    monkeypatch.setattr(ablations_ef, "run_many", fake_run_many)
+    data = ablations_ef.add("migration")
+    assert [j[2] for j in ran] == [{"migration": False}] * len(ablations_ef.KEYS)
+    assert all(data[k]["no migration"]["makespan_s"] == 1400.0 for k in ablations_ef.KEYS)
+    assert all(data[k]["no resize"]["makespan_s"] == 1500.0 for k in ablations_ef.KEYS)
+    with pytest.raises(SystemExit, match="no_such_switch is not one of"):
+        ablations_ef.add("no_such_switch")
