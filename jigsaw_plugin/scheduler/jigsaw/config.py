@@ -44,7 +44,8 @@ class JigsawConfig:
     # (``_projected_finish_t``) grows onto free devices no unfinished pipeline's home holds
     # (their owners finished: no one reclaims them) even before a pace marks it critical: a
     # 14B REINFORCE update in its first step ran 391 s on its 14-device home while the 32
-    # devices of a finished 32B pipeline stood free (synthetic mix s6)
+    # devices of a finished 32B pipeline stood free (synthetic mix s6). With ``grow_at_home``
+    # only: off, no stage off the critical path grows at all
     grow_onto_orphans: bool = True
     # a rollout whose engines report requests waiting for a batch slot (their caches full
     # at the context their running requests hold) grows by the replicas those requests fill
