@@ -232,6 +232,8 @@ class Loans:
                    and p.running_stage.micro_batches_left >= 2
                    and (cfg.grow_at_home or self._stage_may_grow(rnd, p))]
         running.sort(key=lambda p: (-self._completion_s(rnd, p), p.index))
+        # ``grow_onto_orphans``: the one pipeline whose stage may take finished owners' devices
+        last = self._projected_last(rnd) if running and cfg.grow_onto_orphans and cfg.multiplex else None
         for p in running:
             if not rnd.free:
                 return
@@ -246,7 +248,7 @@ class Loans:
             if lending and self._stage_may_grow(rnd, p):
                 lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
                                       training=not cfg.loans)
-            elif cfg.grow_onto_orphans and cfg.multiplex and self._projected_last(rnd) is p:
+            elif p is last:
                 lend = [d for d in sorted(rnd.free) if self._orphaned(rnd, d)]
             add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
             grown_set = self._growth_that_pays(rnd, p, add)

@@ -250,7 +250,7 @@ class Projections:
     def _within_slack_of_last(self, rnd, p) -> bool:
         """``p`` is projected (``_projected_finish_t``) to finish within ``max_slack`` of the
         last of the unfinished pipelines."""
-        last = max(self._projected_finish_t(rnd, q) for q in rnd.state.order if not q.done)
+        last = self._projected_finish_t(rnd, self._projected_last(rnd))
         return self._projected_finish_t(rnd, p) >= (1 - self.config.max_slack) * last
 
     def _in_tail(self, p) -> bool:
