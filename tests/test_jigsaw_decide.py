@@ -1358,3 +1358,50 @@ def test_the_pipeline_projected_last_grows_its_stage_onto_devices_finished_pipel
     assert grown(0.9 * p0_end, grow_onto_orphans=False) == []
     # p2 projected last: p0 keeps its width (the orphans are the last pipeline's)
     assert grown(1.1 * p0_end) == []
+
+
+class _QueuedRequests(_Requests):
+    """A replica's requests with some of them waiting in its queue: ``rows`` of
+    (generated, predicted remaining, queued)."""
+
+    def __init__(self, name, replica, rows, first=0):
+        self.pred = np.asarray([p for _, p, _ in rows], float)
+        self.rows = tuple(RequestView(RequestId(name, 0, first + i, 0), (first + i) // 4, None, 200, g, 4096, 10.0,
+                                      replica, q, p) for i, (g, p, q) in enumerate(rows))
+
+
+def _replica_of(name, rid, devices, rows, kv, first=0):
+    running = sum(1 for _, _, q in rows if not q)
+    return ReplicaView(rid, name, tuple(devices), running, len(rows) - running, float(kv),
+                       float(COST.kv_capacity_tokens(MODEL, len(devices))), 256, False, 0.02, 0.0,
+                       _QueuedRequests(name, rid, rows, first))
+
+
+def _moved_preempted(dst_room, **opts):
+    """The requests moved by ``Migrate`` with a request list: p0 (the only unfinished
+    pipeline, so the one projected last) generates on replicas 0 (device 0: its cache full,
+    two running, one queued request it preempted after 900 tokens and one it never admitted)
+    and 1 (device 1: no queue, one running sequence that leaves ``dst_room`` tokens of its
+    cache free; it generates 300 more)."""
+    cap = COST.kv_capacity_tokens(MODEL, 1)
+    src = _replica_of("p0", 0, (0,), [(3000, 500, False), (2500, 500, False), (900, 400, True), (0, 600, True)],
+                      0.99 * cap)
+    held = cap - dst_room
+    dst = _replica_of("p0", 1, (1,), [(held - 200, 300, False)], held, first=4)
+    p0 = pipeline(0, range(4), replicas=(src, dst), gen_next=1, generating=True,
+                  steps={0: step(0, samples=5, done=0)})
+    p1 = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
+    st = state([p0, p1], busy=_busy_with_replicas([p0]))
+    out = get_policy("jigsaw", **opts).decide(st)
+    return [(d.src, d.dst, d.requests) for d in out if isinstance(d, Migrate) and d.requests]
+
+
+def test_requests_an_engine_preempted_resume_on_a_sibling_whose_cache_holds_them():
+    preempted = str(RequestId("p0", 0, 2, 0).trajectory)
+    # the preempted request moves to the roomy sibling; the one never admitted stays queued
+    # where the router put it
+    assert _moved_preempted(100_000, move_preempted=True) == [(0, 1, (preempted,))]
+    assert _moved_preempted(100_000) == []  # off by default
+    # a sibling whose cache would not hold it (by the admission rule) takes nothing
+    # (the preempted one holds 1,100 tokens and is predicted to add 400)
+    assert _moved_preempted(1_500, move_preempted=True) == []

@@ -238,6 +238,15 @@ class JigsawConfig:
     # ... the peak taken this many standard deviations above the expected KV: admitted up to
     # its expected peak, a replica overflows about half the time (docs/simulator.md)
     admission_margin_sd: float = 1.0
+    # requests an engine preempted (its cache overflowed: they re-prefill wherever they
+    # resume) that wait in its queue move to a sibling replica of the same pipeline whose
+    # cache holds them now by the admission rule (``admission.fitting``), for the pipeline
+    # projected to finish last: they resume now instead of waiting for the full replica's
+    # sequences to end (a 32B agent's tp4 replicas queued shed requests at 97-100% of their
+    # caches for 400 s beside its tp8 replicas at 30-40%: held-out mix s20004). Off: its
+    # effect measured chaotic, a mean gain with moves of up to 8% either way a mix
+    # (docs/simulator.md, "Preempted requests on a sibling")
+    move_preempted: bool = False
     # training gangs priced with the restarts the preemptions seen so far foretell (a pass
     # restarts whenever a device of its gang is preempted: scheduler/jigsaw/restarts.py);
     # off: gangs priced as if their devices stayed. Nothing changes before a preemption

@@ -212,6 +212,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
             self._early_passes(rnd, out)
         if cfg.resize and (cfg.grow_at_home or (cfg.multiplex and (cfg.loans or cfg.critical_loans))):
             self._grow_stages(rnd, out)
+        if cfg.migration and cfg.move_preempted:
+            self._move_preempted(rnd, out)
         if admit:
             self._limit_admission(rnd, out)
         return rnd.drop_undone_resizes(out) if rnd.resized else out

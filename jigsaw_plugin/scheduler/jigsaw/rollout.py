@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
-from jigsaw_plugin.scheduler.admission import launch_limit, spread_of
-from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica
+from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
+from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica, Migrate
 from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
                                                train_estimate_s)
 from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
@@ -86,6 +88,51 @@ class RolloutReplicas:
             limit = None if n >= min(top, len(held)) else max(1, n)
             if limit != limit_of(r, top):
                 out.append(AdmissionLimit(r.id, limit))
+
+    def _move_preempted(self, rnd, out) -> None:
+        """``move_preempted``: the waiting requests of the pipeline projected to finish last
+        that its engines preempted (a queued request with tokens generated: vLLM re-queues a
+        preempted sequence and recomputes its KV on resuming) move to sibling replicas with
+        no queue whose caches hold them by the admission rule (``admission.fitting`` on the
+        KV each sequence holds and its predicted remaining tokens, the sibling's own first):
+        the roomiest sibling first, in the order the queue would admit them. A request that
+        waits for its next turn keeps its replica (its context is in that prefix cache),
+        and one never admitted waits where the router put it."""
+        p = self._projected_last(rnd)
+        if p is None or not p.generating:
+            return
+        ended = ended_replicas(out)
+        live = [r for r in p.replicas if not (r.retiring or r.id in rnd.gone or r.id in ended)]
+        srcs = sorted((r for r in live if r.queued), key=lambda r: (-r.queued, r.id))
+        dsts = sorted((d for d in live if not d.queued and d.running < d.max_seqs and d.id not in rnd.moved_in),
+                      key=lambda d: (d.kv_tokens / max(1.0, d.kv_capacity), d.id))
+        if not srcs or not dsts:
+            return
+        shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
+        margin = self.config.admission_margin_sd
+        held_by: dict = {}  # destination -> its KV columns, with what this round moved to it
+        for src in srcs:
+            waiting = [v for v in src.requests if v.queued and v.generated > 0]
+            for d in dsts:
+                if not waiting:
+                    break
+                if d.id not in held_by:
+                    held, left, running = d.kv_columns()
+                    held_by[d.id] = (held, left, running)
+                held, left, running = held_by[d.id]
+                take = waiting[:max(0, d.max_seqs - running - (len(held) - running))]
+                if not take:
+                    continue
+                h = np.concatenate((held, [v.kv_tokens for v in take]))
+                rest = np.concatenate((left, [v.predicted_remaining for v in take]))
+                k = fitting(h, rest, d.kv_capacity, shape, margin, running) - len(held)
+                if k <= 0:
+                    continue
+                held_by[d.id] = (h[:len(held) + k], rest[:len(held) + k], running)
+                out.append(Migrate(src.id, d.id, tuple(v.id for v in waiting[:k])))
+                n_in, kv_in = rnd.moved_in.get(d.id, (0, 0.0))
+                rnd.moved_in[d.id] = (n_in + k, kv_in + float(sum(v.kv_tokens for v in waiting[:k])))
+                waiting = waiting[k:]
 
     @staticmethod
     def _fits_at_means(p, r: ReplicaView) -> bool:
