@@ -1,5 +1,6 @@
 """Rollout replicas: how many and how wide, where they go (home first, then devices other
-pipelines can spare), a crowded critical rollout spread mid-step, and admission limits.
+pipelines can spare), a crowded critical rollout spread mid-step, admission limits, and
+(``move_preempted``) preempted requests resumed on a sibling.
 
 A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins fit."""
 
@@ -120,7 +121,7 @@ class RolloutReplicas:
                     held, left, running = d.kv_columns()
                     held_by[d.id] = (held, left, running)
                 held, left, running = held_by[d.id]
-                take = waiting[:max(0, d.max_seqs - running - (len(held) - running))]
+                take = waiting[:max(0, d.max_seqs - len(held))]  # within its batch limit
                 if not take:
                     continue
                 h = np.concatenate((held, [v.kv_tokens for v in take]))
