@@ -18,9 +18,10 @@ docs/benchmarks.md and the runs' figures to benchmarks/results/ablations_ef.json
 
 from __future__ import annotations
 
+import json
 import sys
 
-from common import ROOT, dump, md_table, measure_and_write, run_many, write_doc_block
+from common import ROOT, md_table, measure_and_write, run_many
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench import ab  # noqa: E402
@@ -62,8 +63,6 @@ def measure(keys) -> dict:
 def add(names: str) -> dict:
     """The saved runs with the named mechanisms' runs (``--ablate`` names) run again or for
     the first time; every other run is the saved one."""
-    import json
-
     wanted = set(names.split(","))
     unknown = sorted(wanted - set(ABLATIONS))
     if unknown:
@@ -127,12 +126,9 @@ predictor, each run its own process.
 
 
 def main() -> None:
-    if "--add" in sys.argv:
-        data = add(sys.argv[sys.argv.index("--add") + 1])
-        dump(data, OUT)
-        block = render(data)
-        print(block)
-        write_doc_block(BLOCK, block)
+    if "--add" in sys.argv:  # measured as the full table is, and saved and written the same way
+        names = sys.argv[sys.argv.index("--add") + 1]
+        measure_and_write(BLOCK, OUT, lambda _keys: add(names), render, KEYS, ("e",))
         return
     measure_and_write(BLOCK, OUT, measure, render, KEYS, ("e",))
 
