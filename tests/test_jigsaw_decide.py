@@ -1400,8 +1400,8 @@ def test_requests_an_engine_preempted_resume_on_a_sibling_whose_cache_holds_them
     preempted = str(RequestId("p0", 0, 2, 0).trajectory)
     # the preempted request moves to the roomy sibling; the one never admitted stays queued
     # where the router put it
-    assert _moved_preempted(100_000, move_preempted=True) == [(0, 1, (preempted,))]
-    assert _moved_preempted(100_000) == []  # off by default
+    assert _moved_preempted(100_000) == [(0, 1, (preempted,))]  # on by default
+    assert _moved_preempted(100_000, move_preempted=False) == []
     # a sibling whose cache would not hold it (by the admission rule) takes nothing
     # (the preempted one holds 1,100 tokens and is predicted to add 400)
-    assert _moved_preempted(1_500, move_preempted=True) == []
+    assert _moved_preempted(1_500) == []

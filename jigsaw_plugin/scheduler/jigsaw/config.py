@@ -243,10 +243,10 @@ class JigsawConfig:
     # cache holds them now by the admission rule (``admission.fitting``), for the pipeline
     # projected to finish last: they resume now instead of waiting for the full replica's
     # sequences to end (a 32B agent's tp4 replicas queued shed requests at 97-100% of their
-    # caches for 400 s beside its tp8 replicas at 30-40%: held-out mix s20004). Off: its
-    # effect measured chaotic, a mean gain with moves of up to 8% either way a mix
-    # (docs/simulator.md, "Preempted requests on a sibling")
-    move_preempted: bool = False
+    # caches for 400 s beside its tp8 replicas at 30-40%: held-out mix s20004). On since
+    # stop 82: faster on average on each of five sets of mixes (-0.07% to -0.48%), with
+    # moves of up to 8% either way a mix (docs/simulator.md, "Preempted requests on a sibling")
+    move_preempted: bool = True
     # training gangs priced with the restarts the preemptions seen so far foretell (a pass
     # restarts whenever a device of its gang is preempted: scheduler/jigsaw/restarts.py);
     # off: gangs priced as if their devices stayed. Nothing changes before a preemption
