@@ -329,6 +329,28 @@ def test_devices_a_reclaim_takes_from_a_pending_growth_are_free_in_the_same_roun
     assert out.index(ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3))) < out.index(gang[0])
 
 
+def test_a_reclaimed_stage_keeps_the_fastest_gang_of_the_devices_left():
+    # four nodes of 4 H100: p0's update_actor (1M tokens) runs on 0-13 and p1, whose home is
+    # 13-15, has its batch ready and takes 13 back. The 13 devices left (4, 4, 4 and 1 a
+    # node) can shard only over all 13, across the node NICs (15.9 s a pass); the 12 of
+    # nodes 0-2 shard in node-local groups of 4 (9.3 s): the stage shrinks to those 12 and
+    # device 12 is left free, not to the 13 that a reclaim of exactly p1's device leaves
+    cost = CostModel.for_nodes(hardware_profile("h100"), 4)
+    assert cost.train_s(MODEL, 12, 1e6, nodes=(4, 4, 4)) < cost.train_s(MODEL, 13, 1e6, nodes=(4, 4, 4, 1))
+    rs = RunningStageView(0, "update_actor", tuple(range(14)), None, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(13), gen_next=1, stage_next=3, stage_running=True, running_end=300.0, running_stage=rs,
+                  steps={0: step(0, done=32, rewarded=32, tokens=1_000_000)})
+    p1 = pipeline(1, range(13, 16), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    owner = {d: p.name for p in (p0, p1) for d in p.static_devices}
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(14)}
+    devices = tuple(DeviceView(d, d // 4, busy.get(d), (), "p0" if d < 14 else None) for d in range(16))
+    st = SchedulerState(t=100.0, gpus=16, gpus_per_node=4, devices=devices,
+                        free=frozenset(d for d in range(16) if d not in busy), order=(p0, p1), cost=cost,
+                        max_num_seqs=256, memo=JigsawMemo({p.name: (p.static_devices,) * 2 for p in (p0, p1)}, owner))
+    out = get_policy("jigsaw", loans=True).decide(st)
+    assert ResizeStage("p0", 0, "update_actor", tuple(range(12))) in out
+
+
 def _critical_stage_on_a_ready_owners_devices(resize_to):
     """p0, paced to finish last, runs its update on its home and p1's devices 4 and 5; p1's
     batch is ready, its devices 6 and 7 free or (``resize_to``) claimed by p0's stage for
