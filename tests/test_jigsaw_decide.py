@@ -351,6 +351,31 @@ def test_a_reclaimed_stage_keeps_the_fastest_gang_of_the_devices_left():
     assert ResizeStage("p0", 0, "update_actor", tuple(range(12))) in out
 
 
+def test_a_reclaimed_stage_on_two_classes_keeps_the_gang_that_is_fastest_at_its_classes_prices():
+    # two nodes of 8: H100 (0-7, the pool's first class) and A100 (8-15). p0's update runs
+    # on all 16; p1 takes its home 14 and 15 back. Priced as H100 throughout, the 14 left
+    # (8 + 6) beat the 8 H100; but a gang runs at its slowest class's pace (the simulator's
+    # ``ClassPricer``), and 8 H100 + 6 A100 run at the A100's: the stage shrinks to the 8 H100
+    h100 = CostModel.for_nodes(hardware_profile("h100"), 8)
+    a100 = CostModel.for_nodes(hardware_profile("a100"), 8)
+    assert h100.train_s(MODEL, 14, 1e6, nodes=(8, 6)) < h100.train_s(MODEL, 8, 1e6, nodes=(8,)) \
+        < a100.train_s(MODEL, 14, 1e6, nodes=(8, 6))
+    rs = RunningStageView(0, "update_actor", tuple(range(16)), None, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(14), gen_next=1, stage_next=3, stage_running=True, running_end=300.0, running_stage=rs,
+                  steps={0: step(0, done=32, rewarded=32, tokens=1_000_000)})
+    p1 = pipeline(1, range(14, 16), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    owner = {d: p.name for p in (p0, p1) for d in p.static_devices}
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(16)}
+    devices = tuple(DeviceView(d, d // 8, busy.get(d), (), "p0") for d in range(16))
+    classes = (DeviceClassView(0, "h", "h100", range(0, 8), h100, None, False, None),
+               DeviceClassView(1, "a", "a100", range(8, 16), a100, None, False, None))
+    st = SchedulerState(t=100.0, gpus=16, gpus_per_node=8, devices=devices, free=frozenset(), order=(p0, p1),
+                        cost=h100, max_num_seqs=256, classes=classes,
+                        memo=JigsawMemo({p.name: (p.static_devices,) * 2 for p in (p0, p1)}, owner))
+    out = get_policy("jigsaw", loans=True).decide(st)
+    assert ResizeStage("p0", 0, "update_actor", tuple(range(8))) in out
+
+
 def _critical_stage_on_a_ready_owners_devices(resize_to):
     """p0, paced to finish last, runs its update on its home and p1's devices 4 and 5; p1's
     batch is ready, its devices 6 and 7 free or (``resize_to``) claimed by p0's stage for

@@ -164,14 +164,16 @@ class TrainingGangs:
         the multiples of ``s`` each node holds, in node-local groups (a gang that cannot form
         them shards over all its devices, across the node NICs, which fewer devices in
         groups can beat). ``keep``: devices the gang holds already and keeps (a growing
-        stage); a size whose groups would drop one of them is skipped."""
+        stage); a size whose groups would drop one of them is skipped. Each gang is priced at
+        its own classes (``_class_layout_s``): one that drops a slower class's devices may
+        run sooner on fewer."""
         state = rnd.state
         devices = tuple(devices)
         if len(devices) <= 1 or not state.cost.f.hybrid_shard:
             return devices
         by_node = self._by_node(state, devices)
         held = set(keep)
-        best_t, best = self._layout_s(state, p, stage, devices), devices
+        best_t, best = self._class_layout_s(state, p, stage, devices), devices
         top = min(max(1, state.gpus_per_node), len(devices) - 1)
         for size in range(top, state.cost.stage_min_gang(p.model, stage) - 1, -1):
             kept = set()
@@ -180,7 +182,7 @@ class TrainingGangs:
             if not kept or held - kept or len(kept) == len(devices):
                 continue
             sub = tuple(d for d in devices if d in kept)
-            t = self._layout_s(state, p, stage, sub)
+            t = self._class_layout_s(state, p, stage, sub)
             if t < best_t * (1 - 1e-9) or (t <= best_t * (1 + 1e-9) and len(sub) < len(best)):
                 best_t, best = t, sub
         return best

@@ -191,9 +191,11 @@ class Loans:
                 # of it: the owner's devices out may leave counts no node-local shard size
                 # divides, so the pass shards over every device across the node NICs (a 32B
                 # update on 70 of 72 A100 in nodes of 8: 129 s a pass, 27 s on 64 of them in
-                # groups of 8; held-out mix s20058); the rest are free for others
+                # groups of 8; held-out mix s20058), priced at their classes (a gang runs at
+                # its slowest class's pace); the rest are free for others
                 packed = self._packed(rnd, qv, stage, new)
-                if self._layout_s(state, qv, stage, packed) < self._layout_s(state, qv, stage, new) * (1 - 1e-9):
+                layout_s = self._class_layout_s
+                if layout_s(state, qv, stage, packed) < layout_s(state, qv, stage, new) * (1 - 1e-9):
                     new = packed
             if new != base:
                 rnd.resize(out, qv, new)
