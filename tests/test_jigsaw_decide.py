@@ -329,6 +329,23 @@ def test_devices_a_reclaim_takes_from_a_pending_growth_are_free_in_the_same_roun
     assert out.index(ResizeStage("p0", 0, "update_actor", (0, 1, 2, 3))) < out.index(gang[0])
 
 
+def _reclaim_from_a_running_update(cost, gpn: int, split: int, stage_on: int, classes=()) -> SchedulerState:
+    """16 devices in nodes of ``gpn``: p0's update_actor (1M tokens) runs on devices
+    ``0 .. stage_on - 1`` and its home is ``0 .. split - 1``; p1, whose home is the rest, has
+    its batch ready (and wants its devices back)."""
+    rs = RunningStageView(0, "update_actor", tuple(range(stage_on)), None, 6, 8, 105.0, True)
+    p0 = pipeline(0, range(split), gen_next=1, stage_next=3, stage_running=True, running_end=300.0, running_stage=rs,
+                  steps={0: step(0, done=32, rewarded=32, tokens=1_000_000)})
+    p1 = pipeline(1, range(split, 16), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+    owner = {d: p.name for p in (p0, p1) for d in p.static_devices}
+    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(stage_on)}
+    devices = tuple(DeviceView(d, d // gpn, busy.get(d), (), "p0" if d < stage_on else None) for d in range(16))
+    return SchedulerState(t=100.0, gpus=16, gpus_per_node=gpn, devices=devices,
+                          free=frozenset(d for d in range(16) if d not in busy), order=(p0, p1), cost=cost,
+                          max_num_seqs=256, classes=classes,
+                          memo=JigsawMemo({p.name: (p.static_devices,) * 2 for p in (p0, p1)}, owner))
+
+
 def test_a_reclaimed_stage_keeps_the_fastest_gang_of_the_devices_left():
     # four nodes of 4 H100: p0's update_actor (1M tokens) runs on 0-13 and p1, whose home is
     # 13-15, has its batch ready and takes 13 back. The 13 devices left (4, 4, 4 and 1 a
@@ -337,17 +354,7 @@ def test_a_reclaimed_stage_keeps_the_fastest_gang_of_the_devices_left():
     # device 12 is left free, not to the 13 that a reclaim of exactly p1's device leaves
     cost = CostModel.for_nodes(hardware_profile("h100"), 4)
     assert cost.train_s(MODEL, 12, 1e6, nodes=(4, 4, 4)) < cost.train_s(MODEL, 13, 1e6, nodes=(4, 4, 4, 1))
-    rs = RunningStageView(0, "update_actor", tuple(range(14)), None, 6, 8, 105.0, True)
-    p0 = pipeline(0, range(13), gen_next=1, stage_next=3, stage_running=True, running_end=300.0, running_stage=rs,
-                  steps={0: step(0, done=32, rewarded=32, tokens=1_000_000)})
-    p1 = pipeline(1, range(13, 16), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
-    owner = {d: p.name for p in (p0, p1) for d in p.static_devices}
-    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(14)}
-    devices = tuple(DeviceView(d, d // 4, busy.get(d), (), "p0" if d < 14 else None) for d in range(16))
-    st = SchedulerState(t=100.0, gpus=16, gpus_per_node=4, devices=devices,
-                        free=frozenset(d for d in range(16) if d not in busy), order=(p0, p1), cost=cost,
-                        max_num_seqs=256, memo=JigsawMemo({p.name: (p.static_devices,) * 2 for p in (p0, p1)}, owner))
-    out = get_policy("jigsaw", loans=True).decide(st)
+    out = get_policy("jigsaw", loans=True).decide(_reclaim_from_a_running_update(cost, 4, 13, 14))
     assert ResizeStage("p0", 0, "update_actor", tuple(range(12))) in out
 
 
@@ -360,19 +367,9 @@ def test_a_reclaimed_stage_on_two_classes_keeps_the_gang_that_is_fastest_at_its_
     a100 = CostModel.for_nodes(hardware_profile("a100"), 8)
     assert h100.train_s(MODEL, 14, 1e6, nodes=(8, 6)) < h100.train_s(MODEL, 8, 1e6, nodes=(8,)) \
         < a100.train_s(MODEL, 14, 1e6, nodes=(8, 6))
-    rs = RunningStageView(0, "update_actor", tuple(range(16)), None, 6, 8, 105.0, True)
-    p0 = pipeline(0, range(14), gen_next=1, stage_next=3, stage_running=True, running_end=300.0, running_stage=rs,
-                  steps={0: step(0, done=32, rewarded=32, tokens=1_000_000)})
-    p1 = pipeline(1, range(14, 16), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
-    owner = {d: p.name for p in (p0, p1) for d in p.static_devices}
-    busy = {d: DeviceTask("stage", "p0", stage="update_actor") for d in range(16)}
-    devices = tuple(DeviceView(d, d // 8, busy.get(d), (), "p0") for d in range(16))
     classes = (DeviceClassView(0, "h", "h100", range(0, 8), h100, None, False, None),
                DeviceClassView(1, "a", "a100", range(8, 16), a100, None, False, None))
-    st = SchedulerState(t=100.0, gpus=16, gpus_per_node=8, devices=devices, free=frozenset(), order=(p0, p1),
-                        cost=h100, max_num_seqs=256, classes=classes,
-                        memo=JigsawMemo({p.name: (p.static_devices,) * 2 for p in (p0, p1)}, owner))
-    out = get_policy("jigsaw", loans=True).decide(st)
+    out = get_policy("jigsaw", loans=True).decide(_reclaim_from_a_running_update(h100, 8, 14, 16, classes))
     assert ResizeStage("p0", 0, "update_actor", tuple(range(8))) in out
 
 
