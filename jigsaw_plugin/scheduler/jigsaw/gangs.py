@@ -101,18 +101,12 @@ class TrainingGangs:
         price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
         return price(p.model, g, self._pass_tokens(p, stage))
 
-    def _layout_s(self, state, p, stage, devices) -> float:
+    def _class_layout_s(self, state, p, stage, devices) -> float:
         """The pass's time on exactly ``devices``: in the sharding layouts their nodes allow
         (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``), where
-        ``_stage_s`` prices a width as it would be placed at best."""
-        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
-        return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
-
-    def _class_layout_s(self, state, p, stage, devices) -> float:
-        """The pass's time on exactly ``devices``, in the layouts their nodes allow, at each
-        of their classes' cost models, the slowest answer (as the simulator's
-        ``ClassPricer`` prices a gang across classes), where ``_layout_s`` prices every
-        device as the pool's first class."""
+        ``_stage_s`` prices a width as it would be placed at best; at each of their classes'
+        cost models, the slowest answer (as the simulator's ``ClassPricer`` prices a gang
+        across classes; on a pool of one class, its cost model)."""
         tokens, nodes = self._pass_tokens(p, stage), self._nodes(state, devices)
         forward = stage in FORWARD_STAGES
         return max((c.forward_s if forward else c.train_s)(p.model, len(devices), tokens, nodes=nodes)
