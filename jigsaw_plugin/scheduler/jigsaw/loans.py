@@ -195,8 +195,8 @@ class Loans:
                 # its slowest class's pace); the rest are free for others
                 packed = self._packed(rnd, qv, stage, new)
                 layout_s = self._class_layout_s
-                if layout_s(state, qv, stage, packed) < layout_s(state, qv, stage, new) * (1 - 1e-9):
-                    new = packed
+                if packed != new and layout_s(state, qv, stage, packed) < layout_s(state, qv, stage, new) * (1 - 1e-9):
+                    new = packed  # (a tie on fewer devices, which ``_packed`` takes, is not kept)
             if new != base:
                 rnd.resize(out, qv, new)
                 # devices a pending resize claimed but the stage never ran on are released at
