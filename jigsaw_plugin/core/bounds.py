@@ -17,12 +17,17 @@ the record, never the policy's input), priced by the run's cost model:
   (``_stage_fixed_device_s``). Weight syncs, tool calls and rewards cost no device time
   here.
 - ``work_s``: ``ideal_device_s / gpus``: no policy finishes sooner than the pool can do the
-  work.
+  work. On a pool of several device classes, also each class's share of the work at that
+  class's price over its own devices (``class_work``: the dual of the programme that shares
+  the work among classes; the ideal prices everything at its cheapest class, as if the pool
+  were all of it).
 - ``critical_path_s``: the longest pipeline's chain that no scheduling can overlap. For a
   synchronous pipeline, every step's longest trajectory (decoded at batch 1 on the widest
   replica a node allows, each token reading its own KV cache: ``_decode_chain_s``; plus
   its tool and reward latencies) then its update passes, each
-  on its fastest gang of at most the whole pool (``_pass_s``; its forward passes may run
+  on its fastest gang of at most the whole pool (``_pass_s``; on several classes a gang or
+  replica wider than a class spans classes and runs at its slowest one's pace:
+  ``_least_over_layouts``; its forward passes may run
   early, over the trajectories that finished before the longest: ``RunStage.early``); for
   an asynchronous one of staleness ``s``, the same steps in turn, except that a step's
   generation waits only for the training of the step ``s + 1`` before it
@@ -49,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, may_run_alongside
+from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
 __all__ = ["Bounds", "ChainFloor", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
            "idle_gap_label", "IDLE_GAP_EDGES_S"]
@@ -123,6 +129,20 @@ def _tail_token_s(cost, model, limit: int) -> float:
     return min(cost.decode_step_s(model, tp, 1, 0.0) for tp in _widths(cost, model, limit))
 
 
+def _tail_token_over_classes(costs, counts, model, limit: int) -> float:
+    """``_tail_token_s`` over the pool's classes, a replica's width held to the classes that
+    have that many devices: one wider than a class spans others and steps at its slowest
+    class's pace (``_least_over_layouts``)."""
+    if len(counts) < 2:
+        return min(_tail_token_s(c, model, limit) for c in costs)
+    widths = [set(_widths(c, model, limit)) for c in costs]
+    least = min(_least_over_layouts([c.decode_step_s(model, tp, 1, 0.0) if tp in widths[k] else None
+                                     for k, c in enumerate(costs)], counts, tp)
+                for tp in sorted(set().union(*widths)))
+    # no width the pool holds (a replica wider than the pool is refused before a run): as on one class
+    return least if least < _INF else min(_tail_token_s(c, model, limit) for c in costs)
+
+
 def _tail_read_line(costs, model, limit: int) -> tuple[float, float]:
     """A line under the seconds of a batch-1 decode step as its sequence's context grows:
     ``(a, b)`` with every such step at least ``a + b x context`` on any width a schedule
@@ -154,6 +174,37 @@ def _decode_chain_s(smp, tail_token: float, line: tuple[float, float]) -> np.nda
     read = gen * a + b * (gen * ctx + gen * (gen - 1) / 2)
     per_turn = np.maximum(gen * tail_token, read)
     return np.add.reduceat(per_turn, np.asarray(smp.turn_offset[:-1]))
+
+
+def _class_counts(ex) -> list:
+    """Devices per device class of the pool (one entry on a pool of one class)."""
+    classes = getattr(ex, "device_classes", None)
+    return [c.count for c in classes.specs] if classes is not None else [ex.gpus]
+
+
+def _share_rollout(shared, costs, model, limit: int, cap: float, smp, fresh: float, sync: bool, turns: list) -> None:
+    """A step's rollout as ``class_work``'s items: its prefill at each class's cheapest
+    width; its decode (a synchronous step's own; an asynchronous pipeline's turns are kept in
+    ``turns`` and priced over its run, ``_share_decode``)."""
+    shared[0].append(Item(tuple(fresh * min(c.prefill_s(model, tp, 1e6) * tp / 1e6 for tp in _widths(c, model, limit))
+                                for c in costs)))
+    gen, ctx = _turn_contexts(smp) if len(smp.gen_tokens) else (np.zeros(0), np.zeros(0))
+    if sync:
+        _share_decode(shared, costs, model, limit, cap, gen, ctx)
+    else:
+        turns.append((gen, ctx))
+
+
+def _share_decode(shared, costs, model, limit: int, cap: float, gen: np.ndarray, ctx: np.ndarray) -> None:
+    """One decode's tokens (turns of ``gen`` tokens from contexts ``ctx``) as a
+    ``class_work.Decode``, each class's floors at its own prices: a token at the largest
+    batch with no KV reads (``_decode_token_device_s``), and the HBM reads of its context's KV
+    and of its share of a weight read (``CostModel.decode_roofline``)."""
+    roof = [c.decode_roofline(model) for c in costs]
+    d = decode_of(gen, ctx, [_decode_token_device_s(c, model, limit) for c in costs], [r[1] for r in roof],
+                  [r[0] for r in roof], cap)
+    if d is not None:
+        shared[1].append(d)
 
 
 def _class_costs(ex) -> list:
@@ -295,17 +346,51 @@ def _pass_device_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
     return min(_least_compute_device_s(c, model, stage, tokens, gpus) for c in costs)
 
 
-def _pass_s(costs, model, stage: str, tokens: float, gpus: int) -> float:
+def _pass_s(costs, model, stage: str, tokens: float, gpus: int, counts=None) -> float:
     """Least seconds of a training-side pass's compute (its fixed cost is in
     ``_step_fixed_s``), on the fastest gang of at most ``gpus`` devices: every width, since
     a pass's time is not monotone in it (past a node its all-gathers cross the NICs), over
     the pool's device classes. A stage the executor resizes runs each of its micro-batches
-    at its own width's price, so it is never faster than its fastest width alone."""
+    at its own width's price, so it is never faster than its fastest width alone.
+
+    ``counts`` (devices per class, ``costs``' order; None: one class) holds a width to the
+    classes that have that many devices: a gang wider than a class reaches others, and a
+    gang that spans classes runs at its slowest class's pace (``sim.devices.ClassPricer``),
+    so at each width the pass takes at least the least, over the sets of classes with that
+    many devices together, of the slowest of them (``_least_over_layouts``). Each class's
+    price counts only where the width holds the pass's state on that class
+    (``stage_min_gang``), as on one class."""
+    if counts is None or len(counts) < 2:
+        best = _INF
+        for c in costs:
+            price = c.forward_s if stage in FORWARD_STAGES else c.train_s
+            for w in range(min(c.stage_min_gang(model, stage), gpus), gpus + 1):
+                best = min(best, max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s))
+        return best
+    lo = [min(c.stage_min_gang(model, stage), gpus) for c in costs]
     best = _INF
-    for c in costs:
-        price = c.forward_s if stage in FORWARD_STAGES else c.train_s
-        for w in range(min(c.stage_min_gang(model, stage), gpus), gpus + 1):
-            best = min(best, max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s))
+    for w in range(min(lo), gpus + 1):
+        prices = [max(0.0, (c.forward_s if stage in FORWARD_STAGES else c.train_s)(model, w, tokens)
+                          - c.f.train_stage_overhead_s) if w >= lo[k] else None for k, c in enumerate(costs)]
+        best = min(best, _least_over_layouts(prices, counts, w))
+    return best
+
+
+def _least_over_layouts(prices: list, counts, width: int) -> float:
+    """The least, over the sets of classes that hold ``width`` devices together, of the
+    largest of their ``prices`` at that width (a gang spanning them runs at its slowest
+    class's pace); a class whose price is None (the width does not hold the work there)
+    adds its devices but no price. A set none of whose classes prices the width is skipped:
+    infinity where no set remains."""
+    best = _INF
+    k = len(prices)
+    for mask in range(1, 1 << k):
+        members = [i for i in range(k) if mask >> i & 1]
+        if sum(counts[i] for i in members) < width:
+            continue
+        priced = [prices[i] for i in members if prices[i] is not None]
+        if priced:
+            best = min(best, max(priced))
     return best
 
 
@@ -424,11 +509,13 @@ def compute_bounds(ex) -> Bounds:
     prefill_ideal = 0.0
     critical = 0.0
     chains = []
+    counts = _class_counts(ex)
+    shared = ([], []) if len(counts) > 1 else None  # the classes' items and decodes (``class_work``)
     for p in ex.order:
         m = p.model
         limit = _width_limit(costs, p, gpn)
         per_token = min(_decode_token_device_s(c, m, limit) for c in costs)
-        tail_token = min(_tail_token_s(c, m, limit) for c in costs)
+        tail_token = _tail_token_over_classes(costs, counts, m, limit)
         tail_line = _tail_read_line(costs, m, limit)
         prefill_per_token = min(c.prefill_s(m, tp, 1e6) * tp / 1e6 for c in costs for tp in _widths(c, m, limit))
         sync = p.spec.mode == "sync"
@@ -438,6 +525,7 @@ def compute_bounds(ex) -> Bounds:
         batched = reads = cached = 0.0  # an asynchronous pipeline's decode floors, over its whole run
         decode_steps = 0
         steps = [p.steps[k] for k in sorted(p.steps)]
+        turns = []  # an asynchronous pipeline's turns, (tokens, first context), over its run
         for i, s in enumerate(steps):
             smp = s.samples
             gen = float(np.sum(smp.gen_tokens))
@@ -458,6 +546,8 @@ def compute_bounds(ex) -> Bounds:
                 # its tokens' share of shared steps: a step's weight read split over its
                 # sequences by their contexts is at least weights x context / cap a token
                 own_decode = max(gen * per_token, kv_s + filled * weights_s)
+            if shared is not None:
+                _share_rollout(shared, costs, m, limit, cap, smp, fresh, sync, turns)
             ideal += decode + fresh * prefill_per_token
             rollout_ideal += decode + fresh * prefill_per_token
             prefill_ideal += fresh * prefill_per_token
@@ -469,10 +559,14 @@ def compute_bounds(ex) -> Bounds:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     pass_device_s = _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
                     ideal += pass_device_s
+                    if shared is not None:
+                        shared[0].append(Item(tuple(_least_compute_device_s(c, m, stage, s.tokens, gpus)
+                                                    + c.f.train_stage_overhead_s * min(c.stage_min_gang(m, stage), gpus)
+                                                    for c in costs)))
                     if stage in FORWARD_STAGES:
                         window += pass_device_s
                 if stage in UPDATE_STAGES:
-                    updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus)
+                    updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus, counts)
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = _decode_chain_s(smp, tail_token, tail_line)
@@ -488,8 +582,13 @@ def compute_bounds(ex) -> Bounds:
             decode = max(batched, reads + max(decode_steps, cached) * weights_s)
             ideal += decode
             rollout_ideal += decode
+            if shared is not None and turns:
+                _share_decode(shared, costs, m, limit, cap, np.concatenate([g for g, _ in turns]),
+                              np.concatenate([c for _, c in turns]))
         critical = max(critical, chain)
     work = ideal / gpus
+    if shared is not None:  # each class its share at its own price (``class_work``)
+        work = max(work, class_work_s(shared[0], shared[1], counts))
     return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal, prefill_ideal,
                   tuple(chains))
 
