@@ -965,6 +965,29 @@ def test_a_spread_is_priced_on_the_new_replicas_width():
     assert COST.decode_step_s(MODEL, 1, 8, 8 * 30200.0) > COST.decode_step_s(MODEL, 4, 32, 32 * 30200.0)
 
 
+def test_a_spread_leaves_out_devices_whose_class_holds_few_of_the_requests():
+    # the crowded p0 of ``_crowded_rollout`` (2 x 128 requests at 6-10K tokens of context on
+    # H100) beside a finished p1 whose home (4-7) is a 24 GB class: a one-device replica
+    # there holds 27K tokens of KV, two or three of the 32 requests a spread replica takes,
+    # and would drain them in waves slower than the replica it relieves. Priced as the
+    # pool's first class (H100) it spread onto all six free devices; at each class's own
+    # price, onto the two H100 only (on one class, still all six)
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
+                             done=True)
+    st = _crowded_rollout(p1)
+    small = CostModel.for_nodes(hardware_profile({"name": "rtx4090", "flops_tflops": 165.0, "hbm_tbps": 1.008,
+                                                  "memory_gb": 24.0, "link_gbps": 32.0}, "gpu"), 8)
+    assert small.kv_capacity_tokens(MODEL, 1) < 3 * 10_000
+    classes = (DeviceClassView(0, "h", "h100", range(0, 4), COST, None, False, None),
+               DeviceClassView(1, "s", "rtx4090", range(4, 8), small, None, False, None))
+
+    def spread(s):
+        return [d.devices for d in get_policy("jigsaw").decide(s) if isinstance(d, LaunchReplica) and d.spread]
+
+    assert spread(st) == [(2,), (3,), (4,), (5,), (6,), (7,)]
+    assert spread(dataclasses.replace(st, classes=classes)) == [(2,), (3,)]
+
+
 def _wide_replica_state(busy=()):
     """p0, the run's last pipeline, decodes 200 requests on one 4-wide replica (its spec's
     ``rollout_tp``) on nodes of two devices: the replica spans nodes 0 and 1. Nodes 2 and 3

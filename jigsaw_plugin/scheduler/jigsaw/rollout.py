@@ -299,7 +299,7 @@ class RolloutReplicas:
         if pick is None:
             return
         p, batch = pick
-        state, cost, cfg = rnd.state, rnd.state.cost, self.config
+        state, cfg = rnd.state, self.config
         if p.pending or (self._in_tail(p) and not cfg.spread_in_tail):
             return  # a tail is re-sharded wider instead (``_widen_tails``)
         live = [r for r in p.replicas if not r.retiring and r.id not in rnd.gone]
@@ -321,15 +321,27 @@ class RolloutReplicas:
         if not groups:
             return
         ctx = running_context(live)
-        per = max(1.0, load / (len(live) + len(groups)))
-        step_now = cost.decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
+        step_now = state.cost_of(last.devices).decode_step_s(p.model, last.tp, last.running, last.kv_tokens)
         # a replica runs what its KV cache holds and queues the rest: its drain is its load in
-        # waves of that batch. The slower of the relieved replica and a new one on its own
-        # width (narrower than a widened tail's: the requests it takes decode slower there)
+        # waves of that batch
         waves_now_s = step_now * last.load / max(1, last.running)
-        waves_new_s = max(self._waves_s(state, p, w, per, ctx) for w in (last.tp, tp))
+        # each new replica at its own class (one class: the pool's cost model, and this keeps
+        # every group the pricing below would): one whose class drains the average load
+        # slower than the relieved replica drains its own would end after it. A 7B's 30K-token
+        # contexts spread onto 24 GB devices, priced as the pool's first class (H100), queued
+        # 6 of the 8 requests each took, to be moved again (heterogeneous synthetic mix 33)
+        per = max(1.0, load / (len(live) + len(groups)))
+        groups = [g for g in groups if self._waves_s(state, p, tp, per, ctx, state.cost_of(g)) < waves_now_s]
+        if not groups:
+            return
+        per = max(1.0, load / (len(live) + len(groups)))
+        # the slower of the relieved replica and a new one on its own width (narrower than a
+        # widened tail's: the requests it takes decode slower there), each at its class
+        classes = {id(c): c for c in (state.cost_of(g) for g in groups)}.values()
+        waves_new_s = max(self._waves_s(state, p, w, per, ctx, c) for w in (last.tp, tp) for c in classes)
         saved = drain * (1.0 - waves_new_s / waves_now_s)
-        price = cost.context_switch_s(p.model, tp, train_state=False) + cost.migration_s(p.model, tp, per * ctx)
+        price = max(c.context_switch_s(p.model, tp, train_state=False) + c.migration_s(p.model, tp, per * ctx)
+                    for c in classes)
         if saved < cfg.min_gain * price:
             return
         for g in groups:
@@ -337,12 +349,14 @@ class RolloutReplicas:
             rnd.free.difference_update(g)
 
     @staticmethod
-    def _waves_s(state, p, width: int, load: float, ctx: float) -> float:
+    def _waves_s(state, p, width: int, load: float, ctx: float, cost=None) -> float:
         """Seconds a width-``width`` replica of ``p`` takes per token of its ``load``
         requests at context ``ctx``: a decode step of the batch its KV cache holds (at most
-        ``max_num_seqs``), once per wave of that batch the load makes."""
-        run = max(1.0, min(load, batch_held(state, p.model, width, max(ctx, 1.0))))
-        return state.cost.decode_step_s(p.model, width, round(run), run * ctx) * load / run
+        ``max_num_seqs``), once per wave of that batch the load makes; at ``cost`` (a
+        device class's; None: the pool's first)."""
+        cost = cost or state.cost
+        run = max(1.0, min(load, batch_held(state, p.model, width, max(ctx, 1.0), cost)))
+        return cost.decode_step_s(p.model, width, round(run), run * ctx) * load / run
 
     def _home_returning(self, rnd, p, now: int, want: int) -> bool:
         """``p``'s step would start its rollout on ``now`` of the ``want`` replicas it wants,

@@ -87,10 +87,11 @@ def finish_together(left: dict, total: int) -> dict:
     return {k: (busy[k][0] / (hi - busy[k][1]) if k in busy else 0.0) for k in left}
 
 
-def batch_held(state, model, tp: int, context: float) -> int:
+def batch_held(state, model, tp: int, context: float, cost=None) -> int:
     """Sequences one replica of width ``tp`` admits at ``context`` tokens each: its batch
-    limit (``max_num_seqs``) or what its KV cache holds, at least one."""
-    return max(1, min(state.max_num_seqs, int(state.cost.kv_capacity_tokens(model, tp) // context)))
+    limit (``max_num_seqs``) or what its KV cache holds (at ``cost``, a device class's;
+    None: the pool's first), at least one."""
+    return max(1, min(state.max_num_seqs, int((cost or state.cost).kv_capacity_tokens(model, tp) // context)))
 
 
 def tail_s(cost, model, tp: int, n: int, context: float, left: float) -> float:
