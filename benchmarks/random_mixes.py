@@ -27,6 +27,8 @@ on 96-256 GPUs in the 9 mixes of seed 9000).
     python benchmarks/random_mixes.py --synthetic     # 60 synthetic mixes, seed 0; its own block
     python benchmarks/random_mixes.py --large         # 9 large mixes (3 synthetic ones each), seed 9000
     python benchmarks/random_mixes.py --mixes 4 --no-doc
+    python benchmarks/random_mixes.py --synthetic --classes --seed 100 --mixes 60
+                                  # each pool as 1-3 device classes; prints, writes nothing
 """
 
 from __future__ import annotations
@@ -211,19 +213,50 @@ def _run(job: tuple) -> dict:
             "decision_p99_us": sched["decision_p99_us"], "wall_s": round(time.monotonic() - start, 1)}
 
 
-def _drawn(seed: int, n: int, synthetic: bool, large: bool) -> list:
-    """The block's mixes: (name, spec) of the large, synthetic or random kind."""
-    return large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+def _drawn(seed: int, n: int, synthetic: bool, large: bool, classes: bool = False) -> list:
+    """The block's mixes: (name, spec) of the large, synthetic or random kind; ``classes``:
+    synthetic mix ``i``'s pool laid out as 1-3 device classes (``odd_workloads.with_classes``
+    seeded by the mix's own seed), those whose spec then parses."""
+    if not classes:
+        return large_mixes(seed, n) if large else synthetic_mixes(seed, n) if synthetic else mixes(seed, n)
+    from odd_workloads import with_classes
+
+    from jigsaw_plugin.errors import SpecError
+    from jigsaw_plugin.workload import parse_workload
+
+    out = []
+    for i, (name, spec) in enumerate(synthetic_mixes(seed, n)):
+        laid = with_classes(spec, seed + i)
+        try:
+            parse_workload(laid, base_dir=EXAMPLES)
+        except SpecError:
+            continue  # a class too small for a pipeline's replica or trainer, refused by field
+        out.append((name, laid))
+    return out
 
 
-def measure(seed: int, n: int, synthetic: bool = False, large: bool = False) -> dict:
-    drawn = _drawn(seed, n, synthetic, large)
+def _pool(spec: dict) -> str:
+    """A mix's pool in a table cell: "32 H100", or its classes ("14 H100 + 30 RTX4090")."""
+    classes = spec["cluster"].get("classes")
+    if not classes:
+        return f"{spec['cluster']['gpus']} {spec['cluster']['gpu'].upper()}"
+    name = lambda g: (g if isinstance(g, str) else g["name"]).upper()  # noqa: E731
+    return " + ".join(f"{c['count']} {name(c['gpu'])}" for c in classes)
+
+
+def _gpus(spec: dict) -> int:
+    classes = spec["cluster"].get("classes")
+    return sum(c["count"] for c in classes) if classes else spec["cluster"]["gpus"]
+
+
+def measure(seed: int, n: int, synthetic: bool = False, large: bool = False, classes: bool = False) -> dict:
+    drawn = _drawn(seed, n, synthetic, large, classes)
     jobs = [(name, spec, pol) for name, spec in drawn for pol in POLICIES]
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
         runs = list(ex.map(_run, jobs))
     drawn_from_scratch = synthetic or large
     return {"seed": seed, "steps": None if drawn_from_scratch else STEPS, "synthetic": drawn_from_scratch,
-            "large": large, "mixes": {name: spec for name, spec in drawn}, "runs": runs}
+            "large": large, "classes": classes, "mixes": {name: spec for name, spec in drawn}, "runs": runs}
 
 
 def measure_jigsaw_only(results, seed: int, n: int, synthetic: bool = False, large: bool = False) -> dict:
@@ -274,6 +307,8 @@ def section(data: dict, load_before: str, load_after: str) -> str:
     for name, spec in data["mixes"].items():
         runs = by[name]
         j = runs["jigsaw"]
+        if "makespan_s" not in j or "makespan_s" not in runs["verl-sync"]:
+            continue  # refused by jigsaw or verl-sync (named under the table)
         cells = []
         for pol in POLICIES[1:]:
             r = runs[pol]
@@ -290,7 +325,7 @@ def section(data: dict, load_before: str, load_after: str) -> str:
         lb = j["bounds"]["makespan_lower_bound_s"]
         base = runs["verl-sync"]["makespan_s"]
         gap = (base - j["makespan_s"]) / (base - lb) if base > lb else None
-        rows.append([name, f"{spec['cluster']['gpus']} {spec['cluster']['gpu'].upper()}", _describe(spec),
+        rows.append([name, _pool(spec), _describe(spec),
                      f"{lb:.0f}", *cells, f"{j['makespan_s']:.0f}", f"{best_on / j['makespan_s']:.2f}x",
                      f"{ok[best_all] / j['makespan_s']:.2f}x ({best_all})", "-" if gap is None else f"{gap:.0%}",
                      f"{j['effective_utilisation']:.2f}"])
@@ -306,7 +341,7 @@ def section(data: dict, load_before: str, load_after: str) -> str:
     lost = ("Where a baseline finished first: " + "; ".join(losses) + ".") if losses else \
         "No baseline finished any mix before jigsaw."
     on_lost = [r for r in data["runs"] if r["policy"] in ON_POLICY and "makespan_s" in r
-               and r["makespan_s"] < by[r["mix"]]["jigsaw"]["makespan_s"]]
+               and r["makespan_s"] < by[r["mix"]]["jigsaw"].get("makespan_s", float("inf"))]
     lost += (" No on-policy baseline finished a mix first." if not on_lost else
              f" On-policy baselines finished first on {len(on_lost)} (mix, policy) pairs.")
     refused = {}
@@ -318,13 +353,13 @@ def section(data: dict, load_before: str, load_after: str) -> str:
                  "a trainer that holds the training state, `CostModel.min_gang`): " +
                  "; ".join(f"{p} {len(m)}" for p, m in refused.items()) + ".")
     pairs = [(by[m]["rollmux"]["makespan_s"], by[m]["verl-sync"]["makespan_s"]) for m in data["mixes"]
-             if "makespan_s" in by[m]["rollmux"]]
+             if "makespan_s" in by[m]["rollmux"] and "makespan_s" in by[m]["verl-sync"]]
     if pairs:
         lost += (f" RollMux against verl-sync: ahead on {sum(r < v for r, v in pairs)} of {len(pairs)} mixes, "
                  f"median makespan ratio {statistics.median(r / v for r, v in pairs):.2f}.")
     large = data.get("large", False)
     title = "Large job mixes" if large else "Synthetic job mixes" if synthetic else "Random job mixes"
-    sizes = [(len(spec["pipelines"]), spec["cluster"]["gpus"]) for spec in data["mixes"].values()]
+    sizes = [(len(spec["pipelines"]), _gpus(spec)) for spec in data["mixes"].values()]
     intro = (_LARGE_INTRO if large else _SYNTHETIC_INTRO if synthetic else _INTRO).format(
         seed=data["seed"], steps=data["steps"], pipes=_span(n for n, _ in sizes), gpus=_span(g for _, g in sizes))
     kind = "large" if large else "synthetic" if synthetic else "random"
@@ -334,6 +369,10 @@ def section(data: dict, load_before: str, load_after: str) -> str:
         command += f" --seed {data['seed']}"
     if data.get("jigsaw_only"):
         command += " --jigsaw-only"
+    if data.get("classes"):
+        command = command.replace(" --synthetic", " --synthetic --classes")
+        intro += (" Each pool laid out as 1-3 device classes (`odd_workloads.with_classes`, seeded by the"
+                  " mix's seed); the mixes whose spec then parses.")
     scale = _scale_table(data, by) if large else ""
     return f"""## {title} (`benchmarks/random_mixes.py`)
 
@@ -408,11 +447,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="default: 2026; synthetic: 0; large: 9000")
     ap.add_argument("--no-doc", action="store_true", help="print the block; do not touch docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="re-render the saved results")
+    ap.add_argument("--classes", action="store_true",
+                    help="with --synthetic: each pool laid out as 1-3 device classes; prints, writes nothing")
     ap.add_argument("--jigsaw-only", action="store_true",
                     help="re-run only jigsaw's runs (its policy changed); the baselines' from the saved results")
     args = ap.parse_args(argv)
     if args.large and args.synthetic:
         ap.error("--large and --synthetic: choose one")
+    if args.classes and not args.synthetic:
+        ap.error("--classes lays out synthetic mixes: add --synthetic")
+    if args.classes and (args.jigsaw_only or args.render):
+        ap.error("--classes measures every policy afresh and saves nothing: drop --jigsaw-only / --render")
     kind = "large" if args.large else "synthetic" if args.synthetic else "random"
     results, block = {"large": (LARGE_RESULTS, LARGE_BLOCK), "synthetic": (SYNTHETIC_RESULTS, SYNTHETIC_BLOCK),
                       "random": (RESULTS, BLOCK)}[kind]
@@ -421,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jigsaw_only:
         measure_fn = lambda: measure_jigsaw_only(results, seed, n, args.synthetic, args.large)  # noqa: E731
     else:
-        measure_fn = lambda: measure(seed, n, args.synthetic, args.large)  # noqa: E731
-    return measure_render_write(results, block, measure_fn, section, args.render, args.no_doc)
+        measure_fn = lambda: measure(seed, n, args.synthetic, args.large, args.classes)  # noqa: E731
+    return measure_render_write(results, block, measure_fn, section, args.render, args.no_doc or args.classes)
 
 
 def measure_render_write(results, block: str, measure_fn, section_fn, render: bool, no_doc: bool) -> int:

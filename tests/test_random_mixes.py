@@ -136,3 +136,33 @@ def test_jigsaw_only_refuses_saved_results_of_other_mixes_and_says_what_it_kept(
     text = rm.section(data, "-", "-")
     assert ("`python benchmarks/random_mixes.py --synthetic --mixes 1 --seed 3 --jigsaw-only` (2 minutes on 2 cores;"
             " jigsaw's runs only, the baselines' saved from the run before)") in text
+
+
+def test_synthetic_mixes_laid_out_on_classes_parse_and_name_their_pools():
+    # --classes: each mix's pool as 1-3 device classes (odd_workloads.with_classes, the mix's
+    # own seed); only those that parse are kept, and the printed block names the classes
+    drawn = rm._drawn(10, 10, True, False, classes=True)
+    assert drawn == rm._drawn(10, 10, True, False, classes=True) and 0 < len(drawn) <= 10
+    plain = dict(rm.synthetic_mixes(10, 10))
+    for name, spec in drawn:
+        parse_workload(spec, base_dir=rm.EXAMPLES)
+        assert spec["pipelines"] == plain[name]["pipelines"]
+        assert sum(c["count"] for c in spec["cluster"]["classes"]) == plain[name]["cluster"]["gpus"]
+    name, spec = next((n, s) for n, s in drawn if len(s["cluster"]["classes"]) > 1)
+    runs = [{"mix": name, "policy": "jigsaw", "makespan_s": 100.0, "effective_utilisation": 0.5,
+             "bounds": {"makespan_lower_bound_s": 80.0}},
+            {"mix": name, "policy": "verl-sync", "makespan_s": 150.0},
+            {"mix": name, "policy": "rollmux", "makespan_s": 140.0},
+            {"mix": name, "policy": "one-step-off", "error": "pipelines[0].gpus: too small"},
+            {"mix": name, "policy": "streamrl", "makespan_s": 120.0},
+            {"mix": name, "policy": "areal", "makespan_s": 130.0}]
+    text = rm.section({"seed": 10, "steps": None, "synthetic": True, "classes": True, "mixes": {name: spec},
+                       "runs": runs}, "-", "-")
+    assert f"| {rm._pool(spec)} |" in text and " + " in rm._pool(spec)
+    assert "--synthetic --classes --mixes 1 --seed 10" in text and "device classes" in text
+    # a mix jigsaw refused is left out of the table, not a crash
+    refused = [{**r, "mix": "other"} for r in runs]
+    refused[0] = {"mix": "other", "policy": "jigsaw", "error": "pipelines[1].gpus: too small"}
+    text = rm.section({"seed": 10, "steps": None, "synthetic": True, "classes": True,
+                       "mixes": {name: spec, "other": spec}, "runs": runs + refused}, "-", "-")
+    assert "| other |" not in text and f"| {name} |" in text
