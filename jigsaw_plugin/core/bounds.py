@@ -361,12 +361,7 @@ def _pass_s(costs, model, stage: str, tokens: float, gpus: int, counts=None) -> 
     price counts only where the width holds the pass's state on that class
     (``stage_min_gang``), as on one class."""
     if counts is None or len(counts) < 2:
-        best = _INF
-        for c in costs:
-            price = c.forward_s if stage in FORWARD_STAGES else c.train_s
-            for w in range(min(c.stage_min_gang(model, stage), gpus), gpus + 1):
-                best = min(best, max(0.0, price(model, w, tokens) - c.f.train_stage_overhead_s))
-        return best
+        counts = [gpus] * len(costs)  # each class as the whole pool: the least over classes
     lo = [min(c.stage_min_gang(model, stage), gpus) for c in costs]
     best = _INF
     for w in range(min(lo), gpus + 1):

@@ -331,13 +331,15 @@ class RolloutReplicas:
         # contexts spread onto 24 GB devices, priced as the pool's first class (H100), queued
         # 6 of the 8 requests each took, to be moved again (heterogeneous synthetic mix 33)
         per = max(1.0, load / (len(live) + len(groups)))
-        groups = [g for g in groups if self._waves_s(state, p, tp, per, ctx, state.cost_of(g)) < waves_now_s]
-        if not groups:
+        priced = [(g, state.cost_of(g)) for g in groups]
+        priced = [(g, c) for g, c in priced if self._waves_s(state, p, tp, per, ctx, c) < waves_now_s]
+        if not priced:
             return
+        groups = [g for g, _ in priced]
         per = max(1.0, load / (len(live) + len(groups)))
         # the slower of the relieved replica and a new one on its own width (narrower than a
         # widened tail's: the requests it takes decode slower there), each at its class
-        classes = {id(c): c for c in (state.cost_of(g) for g in groups)}.values()
+        classes = {c for _, c in priced}
         waves_new_s = max(self._waves_s(state, p, w, per, ctx, c) for w in (last.tp, tp) for c in classes)
         saved = drain * (1.0 - waves_new_s / waves_now_s)
         price = max(c.context_switch_s(p.model, tp, train_state=False) + c.migration_s(p.model, tp, per * ctx)
