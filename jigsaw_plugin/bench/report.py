@@ -19,7 +19,7 @@ __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "co
 REPORT_FILE = "report.md"
 TRACE_FILES = {side: f"trace_{side}.json" for side in SIDES}
 _NO_RATIO = ("samples (", "max staleness", "scheduler decisions")  # rows where a ratio says nothing
-_BOUND_KEYS = ("work_s", "critical_path_s", "makespan_lower_bound_s")
+_BOUND_KEYS = ("work_s", "critical_path_s", "chain_work_s", "makespan_lower_bound_s")
 
 
 def _name(run: dict) -> str:

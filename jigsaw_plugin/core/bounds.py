@@ -41,7 +41,18 @@ the record, never the policy's input), priced by the run's cost model:
   (``_step_fixed_s``). A trajectory's forward passes may run while its reward is computed,
   so after its generation the chain holds the longer of its reward and the forward passes'
   fixed costs, not their sum (``_reward_after_s``).
-- ``makespan_lower_bound_s``: the larger of the two.
+- ``chain_work_s``: the work bound with the chain's decode priced (``core/chain_work.py``).
+  A synchronous step's longest trajectory decodes its tokens one decode step each, and a
+  run of makespan ``T`` leaves its pipeline at most ``T`` less the chain's other parts for
+  them: the shorter that time, the more of those steps must run wide (each paying ``tp``
+  devices' all-reduces, which no read counts) and carry few other sequences (whose
+  contexts then need steps of their own, each reading the weights again). The least ``T``
+  at which the pool's ``gpus x T`` covers the ideal device-seconds plus what each
+  pipeline's chain costs above them is a bound (weak duality of the programme that picks a
+  width and a carried context per token under the time budget). It binds where a
+  pipeline's chain is near the work bound, as the long-tail 32B of (e); elsewhere it is the
+  larger of the two below it.
+- ``makespan_lower_bound_s``: the largest of the three.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
 included, beats them on the bundled workloads.
@@ -54,6 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, may_run_alongside
+from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
 from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
 __all__ = ["Bounds", "ChainFloor", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
@@ -94,10 +106,11 @@ class Bounds:
     ideal_training_device_s: float = 0.0  # the training-pass part
     ideal_prefill_device_s: float = 0.0  # the prefill part of ideal_rollout_device_s
     chains: tuple = ()  # each pipeline's chain floor, in parts (``ChainFloor``)
+    chain_work_s: float = 0.0  # the work bound with the chain's decode priced (``chain_work``)
 
     def as_dict(self) -> dict:
         return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
-                "makespan_lower_bound_s": self.makespan_lower_bound_s}
+                "chain_work_s": self.chain_work_s, "makespan_lower_bound_s": self.makespan_lower_bound_s}
 
 
 def _widths(cost, model, limit: int) -> list[int]:
@@ -506,6 +519,7 @@ def compute_bounds(ex) -> Bounds:
     chains = []
     counts = _class_counts(ex)
     shared = ([], []) if len(counts) > 1 else None  # the classes' items and decodes (``class_work``)
+    priced = []  # synchronous pipelines' chain trajectories (``chain_work``)
     for p in ex.order:
         m = p.model
         limit = _width_limit(costs, p, gpn)
@@ -521,6 +535,7 @@ def compute_bounds(ex) -> Bounds:
         decode_steps = 0
         steps = [p.steps[k] for k in sorted(p.steps)]
         turns = []  # an asynchronous pipeline's turns, (tokens, first context), over its run
+        chain_turns, chain_rest, counted, slack = [], 0.0, 0.0, 0.0  # a synchronous one's ``ChainTokens``
         for i, s in enumerate(steps):
             smp = s.samples
             gen = float(np.sum(smp.gen_tokens))
@@ -532,6 +547,8 @@ def compute_bounds(ex) -> Bounds:
             if sync:  # a synchronous step's decode steps are its own: its floors hold alone
                 decode = max(gen * per_token, kv_s + max(longest_tokens, filled) * weights_s)
                 own_decode = decode
+                counted += max(0.0, longest_tokens - filled) * weights_s
+                slack += max(0.0, gen * per_token - (kv_s + max(longest_tokens, filled) * weights_s))
             else:  # steps may share decode steps: only the run's floors hold (below)
                 batched += gen * per_token
                 reads += kv_s
@@ -569,7 +586,14 @@ def compute_bounds(ex) -> Bounds:
             waits = np.add.reduceat(smp.tool_latency_s, starts) + _reward_after_s(smp.reward_latency_s, forward_fixed)
             longest = float(np.max(per_sample + waits)) if len(per_sample) else 0.0
             generation = max(longest, _window_s(costs, p, window, gpus))  # or its work over the pool
-            links.append((generation, _passes_s(ex, costs, p, updates, s.tokens, gpus), fixed, weight_sync))
+            passes = _passes_s(ex, costs, p, updates, s.tokens, gpus)
+            links.append((generation, passes, fixed, weight_sync))
+            if sync and len(per_sample):  # the chain's trajectory: its turns and the rest of the step's chain
+                j = int(np.argmax(per_sample + waits))
+                gen_t, ctx_t = _turn_contexts(smp)
+                chain_turns += [(float(c), int(g)) for g, c in zip(gen_t[starts[j]:smp.turn_offset[j + 1]],
+                                                                   ctx_t[starts[j]:smp.turn_offset[j + 1]])]
+                chain_rest += float(waits[j]) + passes + fixed + weight_sync
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
         chain = floor.total_s
@@ -581,11 +605,32 @@ def compute_bounds(ex) -> Bounds:
                 _share_decode(shared, costs, m, limit, cap, np.concatenate([g for g, _ in turns]),
                               np.concatenate([c for _, c in turns]))
         critical = max(critical, chain)
+        if chain_turns:
+            priced.append(ChainTokens(_chain_widths(costs, m, limit), weights_s, cap, tuple(chain_turns), counted,
+                                      chain_rest, slack))
     work = ideal / gpus
     if shared is not None:  # each class its share at its own price (``class_work``)
         work = max(work, class_work_s(shared[0], shared[1], counts))
-    return Bounds(ideal, work, critical, max(work, critical), rollout_ideal, ideal - rollout_ideal, prefill_ideal,
-                  tuple(chains))
+    chain_work = chain_work_s(ideal, gpus, priced, max(work, critical))
+    return Bounds(ideal, work, critical, max(work, critical, chain_work), rollout_ideal, ideal - rollout_ideal,
+                  prefill_ideal, tuple(chains), chain_work)
+
+
+def _chain_widths(costs, model, limit: int) -> tuple:
+    """``chain_work``'s prices of a chain trajectory's decode step on each width a schedule
+    may use (``_widths``), each at its least over the pool's classes: its seconds at batch 1
+    with no KV (host work, all-reduces, the weight shard's read: as ``_tail_read_line``), the
+    seconds each token of context adds, and the tp x all-reduce device-seconds no read counts
+    (a step's all-reduces grow with its batch: batch 1 is their least)."""
+    least: dict = {}
+    for c in costs:
+        weights, per_kv, _ = c.decode_roofline(model)
+        for tp in _widths(c, model, limit):
+            parts = c.decode_step_parts(model, tp, 1, 0.0)
+            now = (parts.host_s + parts.allreduce_s + weights / tp, per_kv / tp, tp * parts.allreduce_s)
+            was = least.get(tp)
+            least[tp] = now if was is None else tuple(min(x, y) for x, y in zip(now, was))
+    return tuple(WidthPrice(*v) for _, v in sorted(least.items()))
 
 
 def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
