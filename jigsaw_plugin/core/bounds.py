@@ -163,15 +163,10 @@ def _tail_read_line(costs, model, limit: int) -> tuple[float, float]:
     weights and the sequence's own KV cache, ``(weights + context x KV bytes) / (tp x
     bandwidth)``, and the step is at least that plus its host work and all-reduces
     (``CostModel.decode_step_parts``); ``a`` and ``b`` are the least intercept and the
-    least slope over widths and classes (a sequence may change width as it decodes)."""
-    a = b = _INF
-    for c in costs:
-        weights, per_kv, _ = c.decode_roofline(model)
-        for tp in _widths(c, model, limit):
-            parts = c.decode_step_parts(model, tp, 1, 0.0)
-            a = min(a, parts.host_s + parts.allreduce_s + weights / tp)
-            b = min(b, per_kv / tp)
-    return a, b
+    least slope over widths and classes (a sequence may change width as it decodes): the
+    least of ``_chain_widths``' per-width lines, each taken apart."""
+    widths = _chain_widths(costs, model, limit)
+    return min(w.step_s for w in widths), min(w.per_context_s for w in widths)
 
 
 def _decode_chain_s(smp, tail_token: float, line: tuple[float, float]) -> np.ndarray:
@@ -619,8 +614,8 @@ def compute_bounds(ex) -> Bounds:
 def _chain_widths(costs, model, limit: int) -> tuple:
     """``chain_work``'s prices of a chain trajectory's decode step on each width a schedule
     may use (``_widths``), each at its least over the pool's classes: its seconds at batch 1
-    with no KV (host work, all-reduces, the weight shard's read: as ``_tail_read_line``), the
-    seconds each token of context adds, and the tp x all-reduce device-seconds no read counts
+    with no KV (host work, all-reduces, the weight shard's read), the seconds each token of
+    context adds, and the tp x all-reduce device-seconds no read counts
     (a step's all-reduces grow with its batch: batch 1 is their least)."""
     least: dict = {}
     for c in costs:
