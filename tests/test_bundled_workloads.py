@@ -98,6 +98,9 @@ def test_one_step_simulates_without_loss(name, policy):
         assert sum(kw["generated_tokens"] for kw in log.by("jigsaw_request_finished")
                    if kw["pipeline"] == p.name) == int(s.samples.gen_tokens.sum())
     assert result["makespan_s"] >= result["bounds"]["makespan_lower_bound_s"] - 1e-6
+    # each pipeline's part of the ideal is a floor on its own device-seconds
+    for own in result["gap_breakdown"]["pipelines"].values():
+        assert own["rollout_above_ideal_device_s"] >= -1e-6 and own["training_above_ideal_device_s"] >= -1e-6, own
 
 
 TRACES = Path(os.environ.get("JIGSAW_TRACE_DIR", ROOT.parent / "shared" / "traces" / "polytrace"))

@@ -259,6 +259,16 @@ def test_no_policy_beats_the_makespan_lower_bound():
                      g["weight_sync_device_s"]]
             assert min(parts) >= -1e-6 * g["gap_device_s"], (name, g)
             assert sum(parts) == pytest.approx(g["gap_device_s"])
+            # ... the rollout and training parts split by pipeline, each pipeline's own ideal
+            # a floor on what it held (no co-location here: a device's time is one replica's)
+            mine = g["pipelines"]
+            assert set(mine) == set(r["pipelines"])
+            for kind in ("rollout", "training"):
+                assert sum(v[f"{kind}_above_ideal_device_s"] for v in mine.values()) == pytest.approx(
+                    g[f"{kind}_above_ideal_device_s"], rel=1e-9, abs=1e-6)
+                assert all(v[f"{kind}_device_s"] >= v[f"ideal_{kind}_device_s"] * (1 - 1e-9) for v in mine.values()), \
+                    (name, kind, mine)
+            assert sum(v["weight_sync_device_s"] for v in mine.values()) == pytest.approx(g["weight_sync_device_s"])
             # the idle device-seconds, placed by gap length and by what came before and after
             idle = r["idle_gaps"]
             assert sum(idle["by_length_s"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)

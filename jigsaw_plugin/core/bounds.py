@@ -68,7 +68,7 @@ from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES,
 from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
 from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
-__all__ = ["Bounds", "ChainFloor", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
+__all__ = ["Bounds", "ChainFloor", "PipelineIdeal", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
            "idle_gap_label", "IDLE_GAP_EDGES_S"]
 
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
@@ -97,6 +97,17 @@ class ChainFloor:
 
 
 @dataclass(frozen=True)
+class PipelineIdeal:
+    """One pipeline's part of ``Bounds.ideal_device_s``: its rollout (decode and prefill)
+    and its training-side passes, each at the floor the ideal prices them at. A floor on
+    that pipeline's own device-seconds in any run, as the sum is on the pool's."""
+
+    pipeline: str
+    rollout_device_s: float
+    training_device_s: float
+
+
+@dataclass(frozen=True)
 class Bounds:
     ideal_device_s: float
     work_s: float
@@ -107,6 +118,7 @@ class Bounds:
     ideal_prefill_device_s: float = 0.0  # the prefill part of ideal_rollout_device_s
     chains: tuple = ()  # each pipeline's chain floor, in parts (``ChainFloor``)
     chain_work_s: float = 0.0  # the work bound with the chain's decode priced (``chain_work``)
+    pipelines: tuple = ()  # each pipeline's part of ``ideal_device_s`` (``PipelineIdeal``)
 
     def as_dict(self) -> dict:
         return {"work_s": self.work_s, "critical_path_s": self.critical_path_s,
@@ -515,7 +527,9 @@ def compute_bounds(ex) -> Bounds:
     counts = _class_counts(ex)
     shared = ([], []) if len(counts) > 1 else None  # the classes' items and decodes (``class_work``)
     priced = []  # synchronous pipelines' chain trajectories (``chain_work``)
+    own = []  # each pipeline's part of the ideal (``PipelineIdeal``)
     for p in ex.order:
+        ideal_before, rollout_before = ideal, rollout_ideal
         m = p.model
         limit = _width_limit(costs, p, gpn)
         per_token = min(_decode_token_device_s(c, m, limit) for c in costs)
@@ -600,6 +614,8 @@ def compute_bounds(ex) -> Bounds:
                 _share_decode(shared, costs, m, limit, cap, np.concatenate([g for g, _ in turns]),
                               np.concatenate([c for _, c in turns]))
         critical = max(critical, chain)
+        rollout_own = rollout_ideal - rollout_before
+        own.append(PipelineIdeal(p.name, rollout_own, ideal - ideal_before - rollout_own))
         if chain_turns:
             priced.append(ChainTokens(_chain_widths(costs, m, limit), weights_s, cap, tuple(chain_turns), counted,
                                       chain_rest, slack))
@@ -608,7 +624,7 @@ def compute_bounds(ex) -> Bounds:
         work = max(work, class_work_s(shared[0], shared[1], counts))
     chain_work = chain_work_s(ideal, gpus, priced, max(work, critical))
     return Bounds(ideal, work, critical, max(work, critical, chain_work), rollout_ideal, ideal - rollout_ideal,
-                  prefill_ideal, tuple(chains), chain_work)
+                  prefill_ideal, tuple(chains), chain_work, tuple(own))
 
 
 def _chain_widths(costs, model, limit: int) -> tuple:
@@ -628,17 +644,34 @@ def _chain_widths(costs, model, limit: int) -> tuple:
     return tuple(WidthPrice(*v) for _, v in sorted(least.items()))
 
 
+def _trace_kind(category: str) -> str:
+    """A trace entry's part of the run: a rollout replica, a weight sync, else training."""
+    return category if category in ("rollout", "weight_sync") else "training"
+
+
+def _trace_pipeline(name: str) -> str:
+    """The pipeline of a trace entry, from its name (``"<pipeline> rollout r<id>"``,
+    ``"<pipeline> <stage> s<step>"``; a pipeline's name has no spaces: ``workload.spec``)."""
+    return name.rsplit(" ", 2)[0]
+
+
 def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
     """Where the device-seconds between the run and the ideal went, from the executor's
     per-device record (``ex.trace``): devices with no task, rollout replicas above the
     ideal decode and prefill (small batches, KV reads, re-prefill, empty replicas waiting
     on tools), training passes above their compute and their fixed cost on the fewest
     devices (the fixed cost paid on wider gangs, gangs past their cheapest width, context
-    switches), and weight syncs. The four sum to ``gpus x makespan - ideal``."""
+    switches), and weight syncs. The four sum to ``gpus x makespan - ideal``. ``pipelines``
+    splits the last three by pipeline, each against its own part of the ideal
+    (``Bounds.pipelines``): they sum to the totals."""
     held = {"rollout": 0.0, "training": 0.0, "weight_sync": 0.0}
-    for _, category, devices, start, end in ex.trace:
-        kind = category if category in ("rollout", "weight_sync") else "training"
-        held[kind] += max(0.0, end - start) * len(devices)
+    mine: dict = {}  # pipeline -> its held device-seconds by kind
+    for name, category, devices, start, end in ex.trace:
+        kind = _trace_kind(category)
+        spent = max(0.0, end - start) * len(devices)
+        held[kind] += spent
+        by_kind = mine.setdefault(_trace_pipeline(name), {"rollout": 0.0, "training": 0.0, "weight_sync": 0.0})
+        by_kind[kind] += spent
     total = ex.gpus * makespan
     parts = {
         "idle_device_s": total - sum(held.values()),
@@ -649,9 +682,30 @@ def gap_breakdown(ex, bounds: Bounds, makespan: float) -> dict:
     gap = total - bounds.ideal_device_s
     out = {**parts, "gap_device_s": gap,
            "fractions": {k.removesuffix("_device_s"): (v / gap if gap > 0 else 0.0) for k, v in parts.items()}}
+    if bounds.pipelines:
+        out["pipelines"] = _pipeline_gaps(bounds, mine)
     split = rollout_split(ex, bounds, held["rollout"])
     if split is not None:
         out["rollout"] = split
+    return out
+
+
+def _pipeline_gaps(bounds: Bounds, held: dict) -> dict:
+    """``gap_breakdown``'s per-pipeline part: each pipeline's rollout and training
+    device-seconds beside its ideal (``PipelineIdeal``), what is above it, and its weight
+    syncs."""
+    out = {}
+    for own in bounds.pipelines:
+        spent = held.get(own.pipeline, {"rollout": 0.0, "training": 0.0, "weight_sync": 0.0})
+        out[own.pipeline] = {
+            "rollout_device_s": spent["rollout"],
+            "ideal_rollout_device_s": own.rollout_device_s,
+            "rollout_above_ideal_device_s": spent["rollout"] - own.rollout_device_s,
+            "training_device_s": spent["training"],
+            "ideal_training_device_s": own.training_device_s,
+            "training_above_ideal_device_s": spent["training"] - own.training_device_s,
+            "weight_sync_device_s": spent["weight_sync"],
+        }
     return out
 
 
@@ -722,8 +776,9 @@ def chain_split(ex, bounds: Bounds) -> dict:
     for name, category, _, start, end in ex.trace:
         if end <= start:
             continue
-        kind = "generation" if category == "rollout" else "weight_sync" if category == "weight_sync" else "training"
-        spans.setdefault(name.rsplit(" ", 2)[0], {}).setdefault(kind, []).append((start, end))
+        kind = _trace_kind(category)
+        kind = "generation" if kind == "rollout" else kind
+        spans.setdefault(_trace_pipeline(name), {}).setdefault(kind, []).append((start, end))
     floors = {c.pipeline: c for c in bounds.chains}
     out = {}
     for p in ex.order:
