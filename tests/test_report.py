@@ -300,6 +300,24 @@ def test_report_and_summary_show_where_the_last_pipelines_time_went(bench_dir):
     assert "last pipeline's chain" not in format_ab({**result, **old})
 
 
+def test_report_and_summary_set_each_pipeline_against_its_own_ideal(bench_dir):
+    from jigsaw_plugin.bench.ab import format_ab
+
+    result = json.loads((bench_dir / "result.json").read_text())
+    report = (bench_dir / "report.md").read_text()
+    text = format_ab(result)
+    for name, own in result["candidate"]["gap_breakdown"]["pipelines"].items():
+        base = result["baseline"]["gap_breakdown"]["pipelines"][name]
+        ratios = [f"{p[k + '_device_s'] / p['ideal_' + k + '_device_s']:.2f}x" for p in (base, own)
+                  for k in ("rollout", "training")]
+        assert f"| {name} | " + " | ".join(ratios) + " |" in report
+        assert f"  {name[:20]:<20}{ratios[0] + ' / ' + ratios[1]:>14}{ratios[2] + ' / ' + ratios[3]:>14}" in text
+    # a result saved before the split existed: no rows, no error
+    old = {side: {**result[side], "gap_breakdown": {k: v for k, v in result[side]["gap_breakdown"].items()
+                                                    if k != "pipelines"}} for side in ("baseline", "candidate")}
+    assert "over each pipeline's ideal" not in format_ab({**result, **old})
+
+
 def test_the_readme_lists_every_mechanism_ablate_accepts():
     # the README's `jigsaw bench ... [--ablate a|b|...]` line is where users find the switches
     import re

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jigsaw_plugin.bench.spans import Timeline
-from jigsaw_plugin.core.result import chain_rows, last_chain, preemption_rows
+from jigsaw_plugin.core.result import chain_rows, last_chain, pipeline_gap_rows, preemption_rows
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ABLATIONS", "BACKENDS", "RecordedAB", "check_backend", "run_ab", "run_ab_recorded", "format_ab"]
@@ -175,6 +175,22 @@ def _breakdown_rows(b: dict, c: dict) -> list[str]:
     return rows
 
 
+def _times(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _pipeline_gap_rows(b: dict, c: dict) -> list[str]:
+    """Each pipeline's rollout and training device-seconds over its own ideal, per run."""
+    rows = pipeline_gap_rows(b, c)
+    if not rows:
+        return []
+    out = ["rollout / training dev-s over each pipeline's ideal:"]
+    for name, vb, vc in rows:
+        cells = [f"{_times(r)} / {_times(t)}" for r, t in (vb, vc)]
+        out.append(f"  {name[:20]:<20}{cells[0]:>14}{cells[1]:>14}")
+    return out
+
+
 def _chain_rows(b: dict, c: dict) -> list[str]:
     """Where each run's last pipeline's time to its finish went (``chain_split``), each part
     beside its floor in brackets."""
@@ -205,6 +221,7 @@ def format_ab(ab: dict) -> str:
         *[f"{label:<22}{'-' if vb is None else vb:>14}{'-' if vc is None else vc:>14}"
           for label, vb, vc in preemption_rows(b, c, short=True)],
         *_breakdown_rows(b, c),
+        *_pipeline_gap_rows(b, c),
         *_chain_rows(b, c),
         "mean step s per pipeline:",
     ]

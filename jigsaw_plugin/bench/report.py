@@ -12,7 +12,7 @@ from pathlib import Path
 from jigsaw_plugin.bench.figures import render_figures
 from jigsaw_plugin.bench.perfetto import write_perfetto_trace
 from jigsaw_plugin.bench.rundir import SIDES, SavedRun
-from jigsaw_plugin.core.result import chain_rows, last_chain, pipelines_total, preemption_rows
+from jigsaw_plugin.core.result import chain_rows, last_chain, pipeline_gap_rows, pipelines_total, preemption_rows
 
 __all__ = ["REPORT_FILE", "TRACE_FILES", "render_report", "report_markdown", "compare_markdown"]
 
@@ -145,6 +145,24 @@ def _breakdown_lines(b: dict, c: dict) -> list[str]:
     return lines
 
 
+def _pipeline_gap_lines(b: dict, c: dict) -> list[str]:
+    """Each pipeline's rollout and training device-seconds over its own part of the ideal
+    (``gap_breakdown.pipelines``), in each run."""
+    rows = pipeline_gap_rows(b, c)
+    if not rows:
+        return []
+    lines = ["", "## Each pipeline against its own ideal", "",
+             "Each pipeline's rollout replicas and training-side passes, in device-seconds held over its own part "
+             "of the ideal device-seconds (docs/simulator.md, \"Bounds and effective utilisation\"): where a run's "
+             "gap sits by pipeline.", "",
+             f"| pipeline | {_name(b)} rollout | {_name(b)} training | {_name(c)} rollout | {_name(c)} training |",
+             "|---|---|---|---|---|"]
+    for name, vb, vc in rows:
+        cells = ["-" if v is None else f"{v:.2f}x" for v in vb + vc]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _chain_lines(b: dict, c: dict) -> list[str]:
     """Where each run's last pipeline (the makespan's chain) spent its time to its finish
     (``chain_split``), each part beside its floor."""
@@ -217,6 +235,7 @@ def report_markdown(saved: SavedRun, figures: list[str], traces: dict[str, str])
             f"{pb.get('context_switches', 0)} / {pc.get('context_switches', 0)} | "
             f"{pb.get('max_staleness', 0)} / {pc.get('max_staleness', 0)} |")
     lines += _breakdown_lines(b, c)
+    lines += _pipeline_gap_lines(b, c)
     lines += _chain_lines(b, c)
     lines += _real_run_lines(bench)
     lines += ["", "## Figures", ""]

@@ -220,3 +220,23 @@ def preemption_rows(b: dict, c: dict, short: bool = False) -> list[tuple[str, ob
                "- training stages run again from the last version"))
     keys = ("preemptions", "resumed_requests", "restarted_stages")
     return [(label, pb.get(key), pc.get(key)) for label, key in zip(labels, keys)]
+
+
+def _over_ideal(own: dict, kind: str) -> float | None:
+    """A pipeline's held ``kind`` (rollout, training) device-seconds over its ideal."""
+    ideal = own[f"ideal_{kind}_device_s"]
+    return own[f"{kind}_device_s"] / ideal if ideal > 0 else None
+
+
+def pipeline_gap_rows(b: dict, c: dict) -> list[tuple[str, tuple, tuple]]:
+    """Each pipeline's rollout and training device-seconds over its own part of the ideal
+    (``gap_breakdown.pipelines``) in each run, as ``(pipeline, (rollout, training) of b,
+    (rollout, training) of c)`` (None: no ideal to set it against); none where either run
+    lacks the split (a result saved before it)."""
+    pb = (b.get("gap_breakdown") or {}).get("pipelines")
+    pc = (c.get("gap_breakdown") or {}).get("pipelines")
+    if not pb or not pc:
+        return []
+    return [(name, tuple(_over_ideal(own, k) for k in ("rollout", "training")),
+             tuple(_over_ideal(pc[name], k) for k in ("rollout", "training")))
+            for name, own in pb.items() if name in pc]
