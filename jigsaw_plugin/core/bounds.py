@@ -68,8 +68,8 @@ from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES,
 from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
 from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
-__all__ = ["Bounds", "ChainFloor", "PipelineIdeal", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split", "idle_gaps",
-           "idle_gap_label", "IDLE_GAP_EDGES_S"]
+__all__ = ["Bounds", "ChainFloor", "PipelineIdeal", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split",
+           "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S"]
 
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
@@ -100,7 +100,8 @@ class ChainFloor:
 class PipelineIdeal:
     """One pipeline's part of ``Bounds.ideal_device_s``: its rollout (decode and prefill)
     and its training-side passes, each at the floor the ideal prices them at. A floor on
-    that pipeline's own device-seconds in any run, as the sum is on the pool's."""
+    that pipeline's own device-seconds in any run, as the sum is on the pool's (where no
+    replica is co-located: a guest's time is recorded under its host's replica)."""
 
     pipeline: str
     rollout_device_s: float
