@@ -1,5 +1,6 @@
 """Every policy on small, odd workloads: does each run finish, refuse with a ``SpecError``
-naming the field, and end no sooner than its makespan lower bound?
+naming the field, and end no sooner than its makespan lower bound, each pipeline holding no
+less than its own part of the ideal device-seconds?
 
 The bundled workloads and the random and synthetic mixes are large and regular. Here each
 seed draws 1-4 pipelines from the bundled files (a search agent, a SWE agent with sandboxed
@@ -164,6 +165,12 @@ def run_one(job: tuple) -> tuple:
     bound = r["bounds"]["makespan_lower_bound_s"]
     if policy in ON_POLICY and r["makespan_s"] < bound * (1 - 1e-9):
         return seed, policy, "below-bound", f"{r['makespan_s']:.2f} s against a bound of {bound:.2f} s"
+    # each pipeline's own part of the ideal is a floor on what it held (``Bounds.pipelines``)
+    for name, own in (r["gap_breakdown"].get("pipelines") or {}).items() if policy in ON_POLICY else ():
+        for kind in ("rollout", "training"):
+            if own[f"{kind}_device_s"] < own[f"ideal_{kind}_device_s"] * (1 - 1e-9) - 1e-9:
+                return seed, policy, "below-bound", (f"{name}'s {kind} held {own[f'{kind}_device_s']:.2f} device-s "
+                                                     f"against its floor of {own[f'ideal_{kind}_device_s']:.2f}")
     return seed, policy, "ok", f"{r['makespan_s']:.1f} s, {r['preemptions']['preemptions']} preemptions"
 
 
