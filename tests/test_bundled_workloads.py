@@ -1,6 +1,7 @@
 """The bundled benchmark workloads (a)-(f): they parse, are registered by key, a 1-step version
-of (e) and (f) simulates without losing a sample, and (where the PolyTrace traces are on this
-machine) every fitted figure in (e) and (f) is what benchmarks/fit_traces.py computes."""
+of (e) and (f) simulates without losing a sample, a 1-step version of each keeps its bounds and
+every pipeline's own floor, and (where the PolyTrace traces are on this machine) every fitted
+figure in (e) and (f) is what benchmarks/fit_traces.py computes."""
 
 from __future__ import annotations
 
@@ -98,8 +99,20 @@ def test_one_step_simulates_without_loss(name, policy):
         assert sum(kw["generated_tokens"] for kw in log.by("jigsaw_request_finished")
                    if kw["pipeline"] == p.name) == int(s.samples.gen_tokens.sum())
     assert result["makespan_s"] >= result["bounds"]["makespan_lower_bound_s"] - 1e-6
-    # each pipeline's part of the ideal is a floor on its own device-seconds
-    for own in result["gap_breakdown"]["pipelines"].values():
+
+
+@pytest.mark.parametrize("key", [w.key for w in BUNDLED_WORKLOADS])
+@pytest.mark.parametrize("policy, predictor", [("verl-sync", "history"), ("jigsaw", "history"),
+                                               ("jigsaw", "oracle")])
+def test_no_run_of_a_bundled_workload_holds_a_pipeline_below_its_own_floor(key, policy, predictor):
+    # one step, prompts cut 32-fold: each pipeline's part of the ideal (``Bounds.pipelines``)
+    # is a floor on its own rollout and training device-seconds, and the makespan bound holds
+    r = Simulation(_one_step(benchmark_workload(key).file, 32), get_policy(policy), seed=0,
+                   predictor=predictor).run()
+    assert r["makespan_s"] >= r["bounds"]["makespan_lower_bound_s"] - 1e-6
+    mine = r["gap_breakdown"]["pipelines"]
+    assert set(mine) == set(r["pipelines"])
+    for own in mine.values():
         assert own["rollout_above_ideal_device_s"] >= -1e-6 and own["training_above_ideal_device_s"] >= -1e-6, own
 
 
