@@ -173,10 +173,43 @@ def test_policy_moves_on_to_the_next_forward_stage_once_one_is_read():
 
 
 @pytest.mark.parametrize("kw", [dict(done=8), dict(done=31, early_passes=False),
-                                dict(done=31, covered={"old_log_prob": 31 * 700, "ref": 31 * 700}),
-                                dict(done=31, started=(200.0, 300.0))])
-def test_policy_sends_no_early_pass_too_soon_unsupported_with_little_left_or_off_the_critical_path(kw):
+                                dict(done=31, covered={"old_log_prob": 31 * 700, "ref": 31 * 700})])
+def test_policy_sends_no_early_pass_too_soon_unsupported_or_with_little_left(kw):
     assert not _early(get_policy("jigsaw", migration=False).decide(_tail_state(**kw)))
+
+
+def test_off_the_critical_path_an_early_pass_takes_only_its_own_free_home_devices():
+    # p0 started its step first: p1 is on the critical path, p0 off it. With
+    # ``early_merges`` p0 reads its finished trajectories on its own home's free devices
+    # (1-3), never on devices it would borrow; without it (the default), not at all
+    off = _tail_state(done=31, started=(200.0, 300.0), tokens_each=75000, left=2000)
+    (early,) = _early(get_policy("jigsaw", migration=False, early_merges=True).decide(off))
+    assert early.pipeline == "p0" and set(early.devices) <= {1, 2, 3}
+    assert not _early(get_policy("jigsaw", migration=False).decide(off))
+
+
+def _merge_slack(state, **options):
+    from jigsaw_plugin.scheduler.jigsaw.round import Round
+
+    policy = Jigsaw(**options)
+    home, owner = policy._homes(state)
+    p = state.order[0]
+    return policy._merge_slack(Round(state, home, owner), p, [s for s in p.steps.values() if s.gen_done < s.samples])
+
+
+def test_a_tail_merge_may_stretch_a_step_with_a_pass_to_run_early_by_merge_for_early():
+    # p0's step 1: 31 of 32 trajectories finished, log-prob and reference passes to run:
+    # the devices a merge frees would read them, so with ``early_merges`` a merge may
+    # stretch its generation by ``merge_for_early``; before ``early_from`` of the step has
+    # finished, or with early passes off or unsupported, by ``latency_slack`` alone
+    ready = _tail_state(done=31)
+    assert _merge_slack(ready, early_merges=True) == 0.2
+    assert _merge_slack(ready) == 0.05  # off by default
+    assert _merge_slack(ready, early_merges=True, merge_for_early=0.1) == 0.1
+    assert _merge_slack(ready, early_merges=True, merge_for_early=0.0) == 0.05  # never below latency_slack
+    assert _merge_slack(_tail_state(done=8), early_merges=True) == 0.05
+    assert _merge_slack(ready, early_merges=True, early_passes=False) == 0.05
+    assert _merge_slack(_tail_state(done=31, early_passes=False), early_merges=True) == 0.05
 
 
 def _reward_wait_state(waits, gen_end=320.0, reward_s=0.0):

@@ -23,7 +23,8 @@ ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_p
              "critical_claim", "wait_for_freed", "admission", "grow_on_queue", "lend_beside_stages",
              "grow_onto_orphans", "move_preempted")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
-OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate", "orphan_spread", "lend_rollouts_to_critical")
+OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate", "orphan_spread", "lend_rollouts_to_critical",
+                  "early_merges")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
 
 

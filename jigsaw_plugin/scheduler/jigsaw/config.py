@@ -208,6 +208,14 @@ class JigsawConfig:
     early_from: float = 0.5  # ... once this fraction of the step's trajectories has finished
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
     early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
+    # merges that feed early passes (off by default; docs/simulator.md): early passes for a
+    # pipeline off the job set's critical path too, on its own home's devices that nothing
+    # else took this round (never on lent ones: those may be the critical one's), and a
+    # tail merge may stretch a synchronous pipeline's generation by up to ``merge_for_early``
+    # (where ``latency_slack`` allows less) once its step has ``early_from`` of its
+    # trajectories finished and a forward pass to run early: the devices it frees read them
+    early_merges: bool = False
+    merge_for_early: float = 0.2
     # ... and while a step whose trajectories are all generated waits on their rewards (a
     # sandbox), for as long as the wait is projected from earlier rewards (``_reward_wait_s``):
     # the passes that need no reward run beside it, as verl's ``launch_reward_fn_async`` does
@@ -275,5 +283,5 @@ class JigsawConfig:
 
 _COUNT_KNOBS = ("width", "tail_requests", "widen_requests", "max_widen")
 _FRACTION_KNOBS = ("home_wait", "min_share", "latency_slack", "max_slack", "idle_spread_gain", "alongside_gain",
-                   "early_from", "early_chunk", "wait_gain")
+                   "early_from", "early_chunk", "wait_gain", "merge_for_early")
 _FACTOR_KNOBS = ("loan_margin", "spread_cost")  # multiples of a duration or of the ideal token cost

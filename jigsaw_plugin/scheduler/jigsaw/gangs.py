@@ -209,7 +209,9 @@ class TrainingGangs:
         projected to run), once the rollout is down to its tail or, under
         ``early_in_reward_wait``, the step waits on its rewards (for as long as
         ``_reward_wait_s`` projects), for a pipeline on the job set's critical path at its
-        observed pace. The stage's own pass after the tail then
+        observed pace; with ``early_merges``, for one off it too, on the devices of its own
+        home that nothing else took this round (lent devices may be the critical one's: a
+        pass there could hold them when it wants them). The stage's own pass after the tail then
         reads only the rest: the step's chain shortens by what was read early, on devices
         that would otherwise wait for the tail. The narrowest gang that reads all the
         finished tokens before the rollout is projected to end; else every free device,
@@ -227,7 +229,8 @@ class TrainingGangs:
             tp = rollout_tp(p, state.cost)
             if stage is None or len(rnd.free) < tp or not self._in_tail(p):
                 continue
-            if not self._paced_critical(rnd, p):
+            critical = self._paced_critical(rnd, p)
+            if not critical and not cfg.early_merges:
                 continue  # a pipeline off the critical path would take devices the critical one could use
             in_tools = s.samples - s.gen_done > p.load()
             if in_tools and not cfg.early_in_tool_calls:
@@ -241,7 +244,8 @@ class TrainingGangs:
                 drain = max(drain, self._reward_wait_s(p, state.t))
             home = set(rnd.share[p.name])
             pool = [d for d in sorted(rnd.free) if d in home]
-            pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
+            if critical:  # off the critical path: its own home's free devices alone
+                pool += [d for d in self._lendable(rnd, p, drain) if d not in home]
             pool = self._on_trainer_site(state, pool)
             need = state.cost.stage_min_gang(p.model, stage)
             if len(pool) < max(tp, need):

@@ -5,7 +5,7 @@ A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins
 
 from __future__ import annotations
 
-from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
+from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, runs_on_gang
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica
 from jigsaw_plugin.scheduler.estimates import holding_replica
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, INF, balanced_groups, tail_s
@@ -50,7 +50,7 @@ class TailMoves:
             # are too short to pay for any move: their siblings' drains are not read)
             # the last pipeline's freed devices serve only its own widened tails: a move
             # may not stretch its generation at all (``idle_spread``)
-            ends = Ends(0.0 if self._last_left(state, p) else self._slack(rnd, p))
+            ends = Ends(0.0 if self._last_left(state, p) else self._merge_slack(rnd, p, open_steps))
             widths = {r.tp for r in live}
             # the pipeline critical_spread serves: no merge makes a replica it would spread
             crowd = {w: self._crowd_at(rnd, p, w) for w in widths}
@@ -70,6 +70,20 @@ class TailMoves:
                 ends.moved(src, dst, end)
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
+
+    def _merge_slack(self, rnd, p, open_steps: list) -> float:
+        """How much a tail merge may stretch ``p``'s generation: ``_slack``, or (with
+        ``early_merges``) up to ``merge_for_early`` for a synchronous pipeline with a
+        forward pass to run early once
+        its step has ``early_from`` of its trajectories finished (the devices a merge frees
+        then read them, and its chain after the tail shortens by what they read)."""
+        cfg, state = self.config, rnd.state
+        slack = self._slack(rnd, p)
+        if (cfg.early_merges and cfg.early_passes and state.early_passes and cfg.resize and p.spec.mode == "sync"
+                and any(s in FORWARD_STAGES for s in p.stages)
+                and any(s.gen_done >= cfg.early_from * s.samples for s in open_steps)):
+            return max(slack, cfg.merge_for_early)
+        return slack
 
     def _movable_tails(self, live) -> list:
         """The replicas of ``live`` in their tail (none queued, at most ``tail_requests``)
