@@ -194,22 +194,31 @@ def _merge_slack(state, **options):
     policy = Jigsaw(**options)
     home, owner = policy._homes(state)
     p = state.order[0]
-    return policy._merge_slack(Round(state, home, owner), p, [s for s in p.steps.values() if s.gen_done < s.samples])
+    return policy._merge_slack(Round(state, home, owner), p, [s for s in p.steps.values() if s.gen_done < s.samples],
+                               [r for r in p.replicas if not r.retiring])
 
 
-def test_a_tail_merge_may_stretch_a_step_with_a_pass_to_run_early_by_merge_for_early():
+def test_a_tail_merge_may_stretch_a_step_by_what_its_early_pass_would_take_off_the_chain():
     # p0's step 1: 31 of 32 trajectories finished, log-prob and reference passes to run:
     # the devices a merge frees would read them, so with ``early_merges`` a merge may
-    # stretch its generation by ``merge_for_early``; before ``early_from`` of the step has
-    # finished, or with early passes off or unsupported, by ``latency_slack`` alone
-    ready = _tail_state(done=31)
-    assert _merge_slack(ready, early_merges=True) == 0.2
-    assert _merge_slack(ready) == 0.05  # off by default
-    assert _merge_slack(ready, early_merges=True, merge_for_early=0.1) == 0.1
-    assert _merge_slack(ready, early_merges=True, merge_for_early=0.0) == 0.05  # never below latency_slack
-    assert _merge_slack(_tail_state(done=8), early_merges=True) == 0.05
-    assert _merge_slack(ready, early_merges=True, early_passes=False) == 0.05
-    assert _merge_slack(_tail_state(done=31, early_passes=False), early_merges=True) == 0.05
+    # stretch its generation by what that pass would take off the chain after the tail
+    # (the pass over them on p0's 4-device home, less its fixed cost), as a fraction of the
+    # tail's projected end, at most ``merge_for_early`` more than ``latency_slack``
+    big = _tail_state(done=31, tokens_each=75000)
+    tail = max(r.predicted_drain_s() for r in big.order[0].replicas)
+    saved = COST.forward_s(MODEL, 4, 31 * 75000) - COST.f.train_stage_overhead_s
+    assert _merge_slack(big, early_merges=True) == pytest.approx(0.05 + min(0.2, saved / tail))
+    assert 0.05 < _merge_slack(big, early_merges=True) <= 0.25
+    assert _merge_slack(big, early_merges=True, merge_for_early=0.01) == pytest.approx(0.06)
+    assert _merge_slack(big) == 0.05  # off by default
+    # little to read early: the pass would take about its fixed cost off, no more stretch
+    assert _merge_slack(_tail_state(done=31, tokens_each=10), early_merges=True) == pytest.approx(0.05, abs=1e-3)
+    # before ``early_from`` of the step has finished, all read early already, or early passes off or unsupported
+    assert _merge_slack(_tail_state(done=8, tokens_each=75000), early_merges=True) == 0.05
+    read = _tail_state(done=31, tokens_each=75000, covered={"old_log_prob": 31 * 75000, "ref": 31 * 75000})
+    assert _merge_slack(read, early_merges=True) == 0.05
+    assert _merge_slack(big, early_merges=True, early_passes=False) == 0.05
+    assert _merge_slack(_tail_state(done=31, tokens_each=75000, early_passes=False), early_merges=True) == 0.05
 
 
 def _reward_wait_state(waits, gen_end=320.0, reward_s=0.0):

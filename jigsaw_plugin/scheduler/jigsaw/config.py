@@ -212,8 +212,9 @@ class JigsawConfig:
     # pipeline off the job set's critical path too, on its own home's devices that nothing
     # else took this round (never on lent ones: those may be the critical one's), and a
     # tail merge may stretch a synchronous pipeline's generation by up to ``merge_for_early``
-    # (where ``latency_slack`` allows less) once its step has ``early_from`` of its
-    # trajectories finished and a forward pass to run early: the devices it frees read them
+    # of the tail's projected end beyond ``latency_slack`` once its step has ``early_from``
+    # of its trajectories finished and a forward pass to run early (the devices it frees
+    # read them), held to what that pass would take off the chain after the tail
     early_merges: bool = False
     merge_for_early: float = 0.2
     # ... and while a step whose trajectories are all generated waits on their rewards (a

@@ -40,8 +40,8 @@ runs much slower than on its static share; every device its owner is not using i
   trajectories on devices its tail no longer needs, the critical pipeline's on its home
   and lent devices; with ``early_merges`` (off by default) another's on its own home's
   devices nothing else took, and a tail merge of a synchronous step with such a pass to
-  run may stretch its generation by up to ``merge_for_early``, since the devices it frees
-  read them;
+  run may stretch its generation by what that pass would take off the chain after the
+  tail (at most ``merge_for_early`` of the tail more), since the devices it frees read them;
 - a step's rollout waits a moment for its home devices rather than start on a few
   replicas that would admit its whole batch (``wait_for_home``);
 - makespan-aware shares (``balance``, off by default): each round the homes are

@@ -5,7 +5,7 @@ A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins
 
 from __future__ import annotations
 
-from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, runs_on_gang
+from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica
 from jigsaw_plugin.scheduler.estimates import holding_replica
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, INF, balanced_groups, tail_s
@@ -50,7 +50,7 @@ class TailMoves:
             # are too short to pay for any move: their siblings' drains are not read)
             # the last pipeline's freed devices serve only its own widened tails: a move
             # may not stretch its generation at all (``idle_spread``)
-            ends = Ends(0.0 if self._last_left(state, p) else self._merge_slack(rnd, p, open_steps))
+            ends = Ends(0.0 if self._last_left(state, p) else self._merge_slack(rnd, p, open_steps, live))
             widths = {r.tp for r in live}
             # the pipeline critical_spread serves: no merge makes a replica it would spread
             crowd = {w: self._crowd_at(rnd, p, w) for w in widths}
@@ -71,19 +71,29 @@ class TailMoves:
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
 
-    def _merge_slack(self, rnd, p, open_steps: list) -> float:
+    def _merge_slack(self, rnd, p, open_steps: list, live: list) -> float:
         """How much a tail merge may stretch ``p``'s generation: ``_slack``, or (with
-        ``early_merges``) up to ``merge_for_early`` for a synchronous pipeline with a
-        forward pass to run early once
-        its step has ``early_from`` of its trajectories finished (the devices a merge frees
-        then read them, and its chain after the tail shortens by what they read)."""
+        ``early_merges``) up to ``merge_for_early`` more for a synchronous pipeline with a
+        forward pass to run early once its step has ``early_from`` of its trajectories
+        finished: the devices a merge frees read them, and the chain after the tail
+        shortens by at most that pass over them on the pipeline's home, so the extra
+        stretch is held to that (a fraction of the tail's projected end)."""
         cfg, state = self.config, rnd.state
         slack = self._slack(rnd, p)
-        if (cfg.early_merges and cfg.early_passes and state.early_passes and cfg.resize and p.spec.mode == "sync"
-                and any(s in FORWARD_STAGES for s in p.stages)
-                and any(s.gen_done >= cfg.early_from * s.samples for s in open_steps)):
-            return max(slack, cfg.merge_for_early)
-        return slack
+        if not (cfg.early_merges and cfg.early_passes and state.early_passes and cfg.resize and p.spec.mode == "sync"):
+            return slack
+        s = p.steps.get(p.train_next)
+        if s is None or s not in open_steps or s.gen_done < cfg.early_from * s.samples:
+            return slack
+        stage = self._early_stage(p, s)
+        if stage is None:
+            return slack
+        tail = max(r.predicted_drain_s() for r in live)
+        if tail <= 0:
+            return slack
+        width = max(state.cost.stage_min_gang(p.model, stage), len(rnd.home[p.name][0]))
+        saved = state.cost.forward_s(p.model, width, s.finished_tokens - s.covered.get(stage, 0))
+        return slack + min(cfg.merge_for_early, max(0.0, saved - state.cost.f.train_stage_overhead_s) / tail)
 
     def _movable_tails(self, live) -> list:
         """The replicas of ``live`` in their tail (none queued, at most ``tail_requests``)
