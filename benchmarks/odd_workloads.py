@@ -166,11 +166,12 @@ def run_one(job: tuple) -> tuple:
     if policy in ON_POLICY and r["makespan_s"] < bound * (1 - 1e-9):
         return seed, policy, "below-bound", f"{r['makespan_s']:.2f} s against a bound of {bound:.2f} s"
     # each pipeline's own part of the ideal is a floor on what it held (``Bounds.pipelines``)
-    for name, own in (r["gap_breakdown"].get("pipelines") or {}).items() if policy in ON_POLICY else ():
+    owns = (r["gap_breakdown"].get("pipelines") or {}) if policy in ON_POLICY else {}
+    for name, own in owns.items():
         for kind in ("rollout", "training"):
-            if own[f"{kind}_device_s"] < own[f"ideal_{kind}_device_s"] * (1 - 1e-9) - 1e-9:
-                return seed, policy, "below-bound", (f"{name}'s {kind} held {own[f'{kind}_device_s']:.2f} device-s "
-                                                     f"against its floor of {own[f'ideal_{kind}_device_s']:.2f}")
+            held, floor = own[f"{kind}_device_s"], own[f"ideal_{kind}_device_s"]
+            if held < floor * (1 - 1e-9) - 1e-9:
+                return seed, policy, "below-bound", f"{name}'s {kind} held {held:.2f} device-s, its floor {floor:.2f}"
     return seed, policy, "ok", f"{r['makespan_s']:.1f} s, {r['preemptions']['preemptions']} preemptions"
 
 

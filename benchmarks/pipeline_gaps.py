@@ -80,8 +80,8 @@ def render(results: dict) -> str:
         "ideal (decode at the largest batch, prefill once, passes at their compute on their cheapest gang and "
         "their fixed cost on the fewest devices: `Bounds.pipelines`, a floor on that pipeline's device-seconds "
         "in any run without co-location, tested on every bundled workload). Simulated, seed 0, the default "
-        "predictor; \"x\": device-seconds held over the ideal; the last two columns are jigsaw's device-seconds above the "
-        "pipeline's ideal (its rollout, and its rollout and training together) and their share of the run's "
+        "predictor; \"x\": device-seconds held over the ideal; the last two columns are jigsaw's device-seconds "
+        "above the pipeline's ideal (its rollout, and its rollout and training together) and their share of the run's "
         "whole gap (`gpus x makespan - ideal`; the rest is idle devices and weight syncs).\n\n"
         + md_table(["workload", "pipeline", "ideal device-s rollout / training", "verl-sync rollout",
                     "jigsaw rollout", "jigsaw training", "jigsaw rollout above ideal device-s (share of gap)",

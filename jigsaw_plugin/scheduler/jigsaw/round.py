@@ -243,11 +243,14 @@ class Ends:
     ends. Those two are computed once, not once per tail priced (550 tails a round at 1024
     GPUs), and again only after a move of the round changed an end."""
 
-    __slots__ = ("drain", "slack", "_bound", "_top")
+    __slots__ = ("drain", "slack", "extra", "_bound", "_top")
 
-    def __init__(self, slack: float, drain: dict | None = None):
+    def __init__(self, slack: float, drain: dict | None = None, extra: tuple = (0.0, 0.0)):
         self.drain: dict = {} if drain is None else drain
         self.slack = slack
+        # (seconds, most as a fraction of the latest end): a further stretch the bound allows
+        # (``early_merges``: what the step's early pass would take off its chain)
+        self.extra = extra
         self._bound: float | None = None
         self._top: list | None = None
 
@@ -258,15 +261,18 @@ class Ends:
         return got
 
     def latest(self, live) -> tuple[float, list]:
-        """(the generation's end bound: the latest end x (1 + slack), the three latest ends
-        as (replica, end)), every live replica's drain read first, in live order (the order
-        the latest ends tie in)."""
+        """(the generation's end bound: the latest end x (1 + slack), plus ``extra``'s
+        seconds up to its fraction of the latest end; the three latest ends as (replica,
+        end)), every live replica's drain read first, in live order (the order the latest
+        ends tie in)."""
         if self._bound is None:
             drain = self.drain
             for r in live:
                 if r.id not in drain:
                     drain[r.id] = r.predicted_drain_s()
-            self._bound = max(drain.values()) * (1 + self.slack)
+            latest = max(drain.values())
+            seconds, most = self.extra
+            self._bound = latest * (1 + self.slack) + min(seconds, most * latest)
             self._top = sorted(drain.items(), key=lambda kv: -kv[1])[:3]  # "others" in O(1)
         return self._bound, self._top
 

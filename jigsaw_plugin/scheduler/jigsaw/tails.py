@@ -50,7 +50,9 @@ class TailMoves:
             # are too short to pay for any move: their siblings' drains are not read)
             # the last pipeline's freed devices serve only its own widened tails: a move
             # may not stretch its generation at all (``idle_spread``)
-            ends = Ends(0.0 if self._last_left(state, p) else self._merge_slack(rnd, p, open_steps, live))
+            last = self._last_left(state, p)
+            ends = Ends(0.0 if last else self._slack(rnd, p),
+                        extra=(0.0, 0.0) if last else self._early_stretch(rnd, p))
             widths = {r.tp for r in live}
             # the pipeline critical_spread serves: no merge makes a replica it would spread
             crowd = {w: self._crowd_at(rnd, p, w) for w in widths}
@@ -71,29 +73,26 @@ class TailMoves:
                 used.update((src.id, dst.id))
                 rnd.free.update(src.devices)
 
-    def _merge_slack(self, rnd, p, open_steps: list, live: list) -> float:
-        """How much a tail merge may stretch ``p``'s generation: ``_slack``, or (with
-        ``early_merges``) up to ``merge_for_early`` more for a synchronous pipeline with a
-        forward pass to run early once its step has ``early_from`` of its trajectories
-        finished: the devices a merge frees read them, and the chain after the tail
-        shortens by at most that pass over them on the pipeline's home, so the extra
-        stretch is held to that (a fraction of the tail's projected end)."""
+    def _early_stretch(self, rnd, p) -> tuple:
+        """With ``early_merges``: how much further than ``_slack`` a tail merge may stretch a
+        synchronous pipeline's generation once its step has ``early_from`` of its
+        trajectories finished and a forward pass to run early, as ``Ends.extra``: the
+        devices a merge frees read them, and the chain after the tail shortens by at most
+        that pass over them on the pipeline's home (less its fixed cost), so the stretch is
+        held to those seconds and to ``merge_for_early`` of the tail's projected end."""
         cfg, state = self.config, rnd.state
-        slack = self._slack(rnd, p)
+        none = (0.0, 0.0)
         if not (cfg.early_merges and cfg.early_passes and state.early_passes and cfg.resize and p.spec.mode == "sync"):
-            return slack
+            return none
         s = p.steps.get(p.train_next)
-        if s is None or s not in open_steps or s.gen_done < cfg.early_from * s.samples:
-            return slack
+        if s is None or s.gen_done >= s.samples or s.gen_done < cfg.early_from * s.samples:
+            return none
         stage = self._early_stage(p, s)
         if stage is None:
-            return slack
-        tail = max(r.predicted_drain_s() for r in live)
-        if tail <= 0:
-            return slack
+            return none
         width = max(state.cost.stage_min_gang(p.model, stage), len(rnd.home[p.name][0]))
         saved = state.cost.forward_s(p.model, width, s.finished_tokens - s.covered.get(stage, 0))
-        return slack + min(cfg.merge_for_early, max(0.0, saved - state.cost.f.train_stage_overhead_s) / tail)
+        return max(0.0, saved - state.cost.f.train_stage_overhead_s), cfg.merge_for_early
 
     def _movable_tails(self, live) -> list:
         """The replicas of ``live`` in their tail (none queued, at most ``tail_requests``)
