@@ -170,8 +170,10 @@ def _latency_rows(first: dict, long: dict) -> str:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``--only policies``: re-run the policy tables alone (the other sections are kept);
+def render(argv: list[str] | None = None) -> str:
+    """docs/benchmarks.md as these runs write it (the caller writes it).
+
+    ``--only policies``: re-run the policy tables alone (the other sections are kept);
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
     ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
     ``--add-ablation NAME[,NAME]``: run only these ablations' runs (newly added, or re-run after
@@ -221,7 +223,7 @@ for each pipeline alone on its share (a disaggregated pipeline never shares devi
 fastest kept (`benchmarks/results/async_splits.json`); "jigsaw / best async" is against
 the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync4_32gpu.yaml
 --baseline verl-sync --out runs/a`.
-
+""" + _kept_block(_marks("stop-notes")) + f"""
 {pol}
 
 ### Against the targets
@@ -328,8 +330,7 @@ effect on the synthetic mixes is in docs/simulator.md);
 "no admission" lets a rollout replica admit whatever its KV cache holds now, preempting and
 recomputing the sequences that outgrow it (on: batch limits so that the expected KV peak of
 what each replica runs, one standard deviation above it, stays within its cache, below what
-runs where that alone outgrows it; docs/simulator.md, "Admission limits");
-"with loans" switches on micro-batch
+runs where that alone outgrows it; docs/simulator.md, "Admission limits");""" + (_kept_block(_marks("ablation-notes")) or "\n") + """"with loans" switches on micro-batch
 loans for every running stage (growing onto lent devices at micro-batch boundaries, owners
 reclaiming), "with priority" whole-run completion priority, "with balance" makespan-aware
 shares (each round the pool re-apportioned so the pipelines are projected to finish
@@ -360,6 +361,14 @@ with the requests in flight (last row), and only slightly with finished requests
     for name in _unlisted_blocks(text):  # a block another script added: kept, never dropped
         text += _kept_block(_marks(name))
     text += _without_blocks(_kept_block(FIGURES))  # drawn by `jigsaw bench --out` (docs/report.md)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write docs/benchmarks.md (``render``'s options). Hand-written notes live in marked
+    blocks of their own (``stop-notes``, ``ablation-notes``, ``held-out-mixes``): a render
+    keeps every marked block, so re-running the policy tables drops none of them."""
+    text = render(argv)
     (ROOT / "docs" / "benchmarks.md").write_text(text)
     print(text)
 
