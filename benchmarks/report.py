@@ -1,6 +1,8 @@
 """Run every simulator benchmark and write docs/benchmarks.md.
 
-    python benchmarks/report.py        # about 6 minutes on the 2-core CI machine
+    python benchmarks/report.py        # over two hours on 2 cores: every baseline, jigsaw, each
+                                       # ablation and the oracle on (a)-(d)
+    python benchmarks/report.py --only policies --reuse   # re-render from the saved runs (a second)
 
 Numbers come from the deterministic simulator (same seed, same samples for every
 policy); only wall times and decision latencies are measured and vary with machine load.
