@@ -11,7 +11,7 @@ from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import AdmissionLimit, LaunchReplica, get_policy
-from jigsaw_plugin.scheduler.admission import fitting, launch_limit, peak_kv_tokens
+from jigsaw_plugin.scheduler.admission import HeldFit, fitting, launch_limit, peak_kv_tokens
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -96,6 +96,32 @@ def test_a_margin_above_the_expected_peak_admits_fewer_where_lengths_are_uncerta
     assert fitting(held[:k], left[:k], peak * 0.999, shape, margin_sd=1.0) < k
     # lengths known exactly (every draw the mean): no variance, no margin
     assert fitting(held, left, 40_000.0, np.ones(10), margin_sd=2.0) == fitting(held, left, 40_000.0, np.ones(10))
+
+
+
+@pytest.mark.parametrize("margin", [0.0, 1.0])
+def test_held_fit_counts_as_fitting_of_the_joined_sequences(margin):
+    """``HeldFit``: a replica's held sequences summed once, each candidate set continuing
+    the sums, gives ``fitting``'s count of the joined arrays, where the candidates stay within
+    the held ones' longest prediction (the same grid), past it (``fitting`` itself), where
+    the held ones already overflow, and without a spread."""
+    rng = np.random.default_rng(7)
+    shape = np.sort(rng.lognormal(0.0, 0.8, 400))
+    shape /= shape.mean()
+    for case in range(60):
+        n = int(rng.integers(0, 40))
+        held = rng.uniform(100, 4000, n)
+        left = rng.uniform(10, 3000, n)
+        capacity = float(rng.uniform(0.3, 1.5)) * float(held.sum() + left.sum() + 1)
+        for spread in (shape, None):
+            fit = HeldFit(held, left, capacity, spread, margin, running=n)
+            for _ in range(4):
+                m = int(rng.integers(0, 12))
+                more_h = rng.uniform(100, 4000, m)
+                more_r = rng.uniform(10, 5000 if case % 3 == 0 else 2500, m)
+                want = fitting(np.concatenate((held, more_h)), np.concatenate((left, more_r)), capacity, spread,
+                               margin, n)
+                assert fit.count(more_h, more_r) == want, (case, n, m)
 
 
 def test_launch_limit_from_observed_lengths():

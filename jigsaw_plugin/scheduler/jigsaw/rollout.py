@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
-from jigsaw_plugin.scheduler.admission import fitting, launch_limit, spread_of
+from jigsaw_plugin.scheduler.admission import HeldFit, launch_limit, spread_of
 from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica, Migrate
 from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
                                                train_estimate_s)
@@ -112,6 +112,7 @@ class RolloutReplicas:
         shape = spread_of(p.history.recent_lengths()) if p.history is not None else None
         margin = self.config.admission_margin_sd
         held_by: dict = {}  # destination -> its KV columns, with what this round moved to it
+        fits: dict = {}  # destination -> its held sequences' expected KV, summed once (``HeldFit``)
         for src in srcs:
             waiting = [v for v in src.requests if v.queued and v.generated > 0]
             for d in dsts:
@@ -124,12 +125,18 @@ class RolloutReplicas:
                 take = waiting[:max(0, d.max_seqs - len(held))]  # within its batch limit
                 if not take:
                     continue
-                h = np.concatenate((held, [v.kv_tokens for v in take]))
-                rest = np.concatenate((left, [v.predicted_remaining for v in take]))
-                k = fitting(h, rest, d.kv_capacity, shape, margin, running) - len(held)
+                fit = fits.get(d.id)
+                if fit is None:
+                    fit = fits[d.id] = HeldFit(held, left, d.kv_capacity, shape, margin, running)
+                kv_in = [v.kv_tokens for v in take]
+                rest_in = [v.predicted_remaining for v in take]
+                k = fit.count(kv_in, rest_in) - len(held)
                 if k <= 0:
                     continue
+                h = np.concatenate((held, kv_in))
+                rest = np.concatenate((left, rest_in))
                 held_by[d.id] = (h[:len(held) + k], rest[:len(held) + k], running)
+                fits.pop(d.id, None)  # its held sequences changed
                 out.append(Migrate(src.id, d.id, tuple(v.id for v in waiting[:k])))
                 n_in, kv_in = rnd.moved_in.get(d.id, (0, 0.0))
                 rnd.moved_in[d.id] = (n_in + k, kv_in + float(sum(v.kv_tokens for v in waiting[:k])))
