@@ -128,13 +128,13 @@ class RolloutReplicas:
                 fit = fits.get(d.id)
                 if fit is None:
                     fit = fits[d.id] = HeldFit(held, left, d.kv_capacity, shape, margin, running)
-                kv_in = [v.kv_tokens for v in take]
-                rest_in = [v.predicted_remaining for v in take]
-                k = fit.count(kv_in, rest_in) - len(held)
+                take_kv = [v.kv_tokens for v in take]
+                take_left = [v.predicted_remaining for v in take]
+                k = fit.count(take_kv, take_left) - len(held)
                 if k <= 0:
                     continue
-                h = np.concatenate((held, kv_in))
-                rest = np.concatenate((left, rest_in))
+                h = np.concatenate((held, take_kv))
+                rest = np.concatenate((left, take_left))
                 held_by[d.id] = (h[:len(held) + k], rest[:len(held) + k], running)
                 fits.pop(d.id, None)  # its held sequences changed
                 out.append(Migrate(src.id, d.id, tuple(v.id for v in waiting[:k])))
