@@ -143,27 +143,14 @@ class HeldFit:
         if self._sums is None:
             t = _grid(self.remaining, shape)
             zero = np.zeros((1, len(t)))
-            self._sums = (t, *self._continue(self.held, self.remaining, t, zero, zero))
+            self._sums = (t, *_block(self.held, self.remaining, self.capacity, shape, self.margin_sd, t, zero, zero))
         t, over, mean_sum, var_sum = self._sums
         if over is not None:
             return over
         if not len(more_h):
             return n0
-        more_over, _, _ = self._continue(more_h, more_r, t, mean_sum, var_sum)
+        more_over, _, _ = _block(more_h, more_r, self.capacity, shape, self.margin_sd, t, mean_sum, var_sum)
         return n0 + (len(more_h) if more_over is None else more_over)
-
-    def _continue(self, held, remaining, t, mean_sum, var_sum) -> tuple:
-        """(the first of these rows whose total is over capacity, or None; the last rows'
-        sums): ``_fitting_expected``'s step over one block."""
-        mean, var = kv_moments(held, remaining, self.shape, t)
-        means = np.cumsum(np.concatenate((mean_sum, mean)), axis=0)[1:]
-        total = means
-        if self.margin_sd > 0:
-            variances = np.cumsum(np.concatenate((var_sum, var)), axis=0)[1:]
-            total = means + self.margin_sd * np.sqrt(variances)
-            var_sum = variances[-1:]
-        over = np.flatnonzero(~(total.max(axis=1) <= self.capacity))
-        return (int(over[0]) if len(over) else None), means[-1:], var_sum
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -190,18 +177,28 @@ def _fitting_expected(held: np.ndarray, remaining: np.ndarray, capacity: float, 
     done = 0
     while done < n:
         end = min(n, done + rows)
-        mean, var = kv_moments(held[done:end], remaining[done:end], shape, t)
-        means = np.cumsum(np.concatenate((mean_sum, mean)), axis=0)[1:]  # the first k + 1, k = done, ...
-        total = means
-        if margin_sd > 0:
-            variances = np.cumsum(np.concatenate((var_sum, var)), axis=0)[1:]
-            total = means + margin_sd * np.sqrt(variances)
-            var_sum = variances[-1:]
-        over = np.flatnonzero(~(total.max(axis=1) <= capacity))  # NaN counts as over
-        if len(over):
-            return done + int(over[0])
-        mean_sum, done, rows = means[-1:], end, 2 * rows
+        over, mean_sum, var_sum = _block(held[done:end], remaining[done:end], capacity, shape, margin_sd, t,
+                                         mean_sum, var_sum)
+        if over is not None:
+            return done + over
+        done, rows = end, 2 * rows
     return n
+
+
+def _block(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray, margin_sd: float,
+           t: np.ndarray, mean_sum: np.ndarray, var_sum: np.ndarray) -> tuple:
+    """One block of ``_fitting_expected``'s sums: (the first of these sequences whose set's
+    total is over ``capacity``, or None; the sums through the block's last sequence), the
+    block's expected KV added in order to the sums of the sequences before it."""
+    mean, var = kv_moments(held, remaining, shape, t)
+    means = np.cumsum(np.concatenate((mean_sum, mean)), axis=0)[1:]  # the first k + 1, k = done, ...
+    total = means
+    if margin_sd > 0:
+        variances = np.cumsum(np.concatenate((var_sum, var)), axis=0)[1:]
+        total = means + margin_sd * np.sqrt(variances)
+        var_sum = variances[-1:]
+    over = np.flatnonzero(~(total.max(axis=1) <= capacity))  # NaN counts as over
+    return (int(over[0]) if len(over) else None), means[-1:], var_sum
 
 
 def _grid(remaining: np.ndarray, shape: np.ndarray) -> np.ndarray:
