@@ -273,6 +273,7 @@ def test_no_policy_beats_the_makespan_lower_bound():
             idle = r["idle_gaps"]
             assert sum(idle["by_length_s"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
             assert sum(idle["by_transition"].values()) == pytest.approx(g["idle_device_s"], rel=1e-6, abs=1e-6)
+            assert 0.0 <= idle["during_weight_sync_s"] <= g["idle_device_s"] * (1 + 1e-9)
             assert r["active_samples_per_s"] > 0
 
 

@@ -69,7 +69,7 @@ from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
 from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
 __all__ = ["Bounds", "ChainFloor", "PipelineIdeal", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split",
-           "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S"]
+           "idle_gaps", "idle_gap_label", "IDLE_GAP_EDGES_S", "trace_pipeline"]
 
 #: upper edges (seconds) of the idle-gap length classes of ``idle_gaps``
 IDLE_GAP_EDGES_S = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, float("inf"))
@@ -839,31 +839,51 @@ def idle_gaps(ex, makespan: float) -> dict:
     its first and after its last), and by what the device did before and after it (a task's
     category: ``rollout``, ``weight_sync`` or a training stage; ``start`` / ``end`` of the
     run). Short gaps between a task and the next are waits on a boundary (a micro-batch, a
-    tail's end); long ones are devices no work could use."""
+    tail's end); long ones are devices no work could use. ``during_weight_sync_s``: the
+    idle seconds that pass while the pipeline of the device's task before the gap syncs its
+    weights (a sync runs on one device; the rest of the update's gang waits it out before
+    the pipeline's next rollout or pass)."""
     per: dict[int, list] = {}
-    for _, category, devices, start, end in ex.trace:
+    syncs: dict[str, list] = {}
+    for name, category, devices, start, end in ex.trace:
+        pipeline = trace_pipeline(name)
         for d in devices:
-            per.setdefault(d, []).append((start, end, category))
+            per.setdefault(d, []).append((start, end, category, pipeline))
+        if category == "weight_sync":
+            syncs.setdefault(pipeline, []).append((start, end))
+    syncs = {k: _merged(v) for k, v in syncs.items()}
     by_length = {idle_gap_label(e): 0.0 for e in IDLE_GAP_EDGES_S}
     by_transition: dict[str, float] = {}
+    during_sync = 0.0
 
-    def add(gap: float, before: str, after: str) -> None:
+    def add(t0: float, t1: float, before: str, after: str, pipeline: str | None) -> None:
+        nonlocal during_sync
+        gap = t1 - t0
         if gap <= 1e-9:
             return
         label = idle_gap_label(next(e for e in IDLE_GAP_EDGES_S if gap <= e))
         by_length[label] += gap
         key = f"{before}->{after}"
         by_transition[key] = by_transition.get(key, 0.0) + gap
+        if pipeline in syncs:
+            during_sync += _overlap([(t0, t1)], syncs[pipeline])
 
     for d in range(ex.gpus):
-        t, before = 0.0, "start"
-        for start, end, category in sorted(per.get(d, ())):
-            add(start - t, before, category)
+        t, before, pipeline = 0.0, "start", None
+        for start, end, category, owner in sorted(per.get(d, ())):
+            add(t, start, before, category, pipeline)
             if end >= t:
-                t, before = end, category
-        add(makespan - t, before, "end")
+                t, before, pipeline = end, category, owner
+        add(t, makespan, before, "end", pipeline)
     return {"by_length_s": by_length,
-            "by_transition": dict(sorted(by_transition.items(), key=lambda kv: -kv[1]))}
+            "by_transition": dict(sorted(by_transition.items(), key=lambda kv: -kv[1])),
+            "during_weight_sync_s": during_sync}
+
+
+def trace_pipeline(name: str) -> str:
+    """The pipeline a trace record is of: its name's first word (``"dapo-7b rollout r3"``;
+    a workload's names hold no spaces, ``workload.spec``)."""
+    return name.split(" ", 1)[0]
 
 
 def idle_gap_label(edge: float) -> str:

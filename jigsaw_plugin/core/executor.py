@@ -97,7 +97,8 @@ class ExecutorCore:
         self._device_views = None
         self.busy_s = 0.0  # device-seconds of finished work (replicas counted when closed)
         self.migrations = 0
-        self.trace: list = []  # (name, category, devices, start, end) for the Chrome trace
+        # (name, category, devices, start, end) for the Chrome trace; name: "<pipeline> <what ran>"
+        self.trace: list = []
         self.decision_us: list[float] = []  # per decide round: jigsaw_schedule (policy + lazy state reads)
         # the same rounds split: building the state (snapshot + the lazy request reads and
         # predictions during the policy) and the policy's own time (core.snapshot)
