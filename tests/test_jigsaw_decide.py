@@ -1472,3 +1472,32 @@ def test_requests_an_engine_preempted_resume_on_a_sibling_whose_cache_holds_them
     # a sibling whose cache would not hold it (by the admission rule) takes nothing
     # (the preempted one holds 1,100 tokens and is predicted to add 400)
     assert _moved_preempted(1_500) == []
+
+
+def _one_home_device_busy_for(predicted):
+    """As ``_one_home_device_about_to_free``, with a pass 100x longer (32 x 90,000 tokens)
+    and the fourth device's tail predicted to end in ``predicted`` tokens."""
+    st = _one_home_device_about_to_free()
+    p0 = st.order[0]
+    tail = (replica("p0", 1, (3,), generated=[500], predicted=[predicted]),)
+    p0 = dataclasses.replace(p0, replicas=tail, steps={0: dataclasses.replace(p0.steps[0], tokens=32 * 90_000)})
+    return dataclasses.replace(st, order=(p0, st.order[1]))
+
+
+def test_grow_in_plan_prices_starting_now_with_the_growth_onto_home_devices_as_they_free():
+    # started now on three, the stage grows onto the fourth at a micro-batch boundary once it
+    # frees (``grow_at_home``): priced so, starting now beats a wait the plain "start now"
+    # loses to; a device free in a moment is still waited for
+    started = lambda out: [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    plain, grown = [], []
+    for predicted in (1, 30, 100, 300, 1000, 3000, 10000):
+        st = _one_home_device_busy_for(predicted)
+        plain.append(started(get_policy("jigsaw", migration=False).decide(st)))
+        grown.append(started(get_policy("jigsaw", migration=False, grow_in_plan=True).decide(st)))
+    assert plain[0] == grown[0] == []  # a moment away: both wait
+    assert all(g == [(0, 1, 2)] for p, g in zip(plain, grown) if p)  # never waits where the plain plan starts
+    assert any(not p and g == [(0, 1, 2)] for p, g in zip(plain, grown))  # starts where it waited
+    # without growth at home there is none to price
+    st = _one_home_device_busy_for(30000)
+    assert started(get_policy("jigsaw", migration=False, grow_in_plan=True, grow_at_home=False).decide(st)) == \
+        started(get_policy("jigsaw", migration=False, grow_at_home=False).decide(st))

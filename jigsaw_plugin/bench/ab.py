@@ -24,7 +24,7 @@ ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_p
              "grow_onto_orphans", "move_preempted")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
 OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate", "orphan_spread", "lend_rollouts_to_critical",
-                  "early_merges")
+                  "early_merges", "grow_in_plan")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
 
 

@@ -350,6 +350,8 @@ class TrainingGangs:
                 rest = (MICRO_BATCHES - 1) / MICRO_BATCHES
                 grown = self._at_risk(rnd, p, first + rest * self._stage_s(state, p, stage, g + joined), g + joined, risks)
                 end = min(end, grown)
+            if i == 0 and not loans and later and self.config.grow_in_plan and self.config.grow_at_home:
+                end = min(end, self._grown_end_s(rnd, p, stage, g, later[:self.config.width - 1], risks))
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
         if best is None or best[1] > 0:
@@ -363,6 +365,28 @@ class TrainingGangs:
             gang = self._fastest_gang(rnd, p, stage, now, best[0], risks)
         gang = gang or self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
         return gang if risks is not None else self._resident_if_sooner(rnd, p, stage, now, gang)
+
+    def _grown_end_s(self, rnd, p, stage, g: int, later: list, risks) -> float:
+        """``grow_in_plan``: when a stage started now on ``g`` devices ends, growing at each
+        micro-batch boundary onto the busy home devices projected free by then (``later``:
+        seconds until each frees, the ones the wait candidates weigh), each growth paying
+        the load of the training state onto the devices it adds (``grow_at_home`` grows it so)."""
+        state = rnd.state
+        widths: dict = {}
+
+        def whole(k: int) -> float:
+            if k not in widths:
+                widths[k] = self._gang_s(rnd, p, stage, k, risks=risks)
+            return widths[k]
+
+        t, cur = 0.0, g
+        for _ in range(MICRO_BATCHES):
+            t += whole(cur) / MICRO_BATCHES
+            k = g + sum(1 for x in later if x <= t)
+            if k > cur and whole(k) < INF:
+                t += state.cost.context_switch_s(p.model, k - cur, train_state=True)
+                cur = k
+        return t
 
     def _resident_if_sooner(self, rnd, p, stage, now: list, gang: tuple) -> tuple:
         """``gang``, or where it reaches devices without ``p``'s training state, the gang of
