@@ -153,6 +153,9 @@ def render(data: dict) -> str:
             losses.append((ratio, label, best, j))
     refused += len({r["label"] for r in runs if r["part"] == "held-out"} - set(_by_label(runs, "held-out")))
     losses.sort(key=lambda x: x[0])
+    nan = float("nan")
+    spread = (f"median {statistics.median(held) if held else nan:.2f}x, lowest {min(held, default=nan):.3f}x, "
+              f"highest {max(held, default=nan):.2f}x")
     loss_rows = [[label, f"{best['makespan_s']:.1f} ({best['policy']})", f"{j['makespan_s']:.1f}",
                   f"{ratio:.3f}x", f"{j['bound_s']:.1f}"] for ratio, label, best, j in losses]
     text = f"""## A single job on its own nodes (`benchmarks/single_job.py`)
@@ -173,10 +176,9 @@ Against the best verl-sync: median {statistics.median(ratios):.2f}x, lowest {min
 Held out: each pipeline of {data['mixes']} synthetic mixes drawn from seed {data['seed']}
 (`random_mixes.synthetic_mixes`, never run while the policy was built) alone on the share it was
 drawn with, jigsaw against the best of the baselines that run its mode (verl-sync; an
-asynchronous one also one-step-off, streamrl and areal). {len(held)} ran, {refused} refused by jigsaw or every baseline
-policy (a share too small for its trainer: a `SpecError` naming the field). jigsaw against the
-best: median {statistics.median(held) if held else float('nan'):.2f}x, lowest {min(held) if held else float('nan'):.3f}x, highest {max(held) if held else float('nan'):.2f}x; a baseline finished first on
-{len(losses)}{':' if losses else '.'}
+asynchronous one also one-step-off, streamrl and areal). {len(held)} ran, {refused} refused by
+jigsaw or by every baseline (a share too small for its trainer: a `SpecError` naming the field).
+jigsaw against the best: {spread}; a baseline finished first on {len(losses)}{':' if losses else '.'}
 
 {md_table(["pipeline on its share", "best baseline s", "jigsaw s", "jigsaw / best", "lower bound s"], loss_rows) if losses else ""}
 
