@@ -43,7 +43,7 @@ class JigsawConfig:
     # the look-ahead prices "start now" with that growth: the stage grows at its micro-batch
     # boundaries onto the busy home devices its wait candidates weigh, as each is projected
     # free, paying the load of the training state there. Off by default until (a)-(f)'s
-    # tables are re-run with it and s14 is traced: a job alone -0.28% over 58 never-run
+    # tables are re-run with it and s14 is fixed: a job alone -0.28% over 58 never-run
     # pipelines (s23002 -10.2%: an update waited 613 s for a device projected free in
     # 103 s), (a) +0.33%, (b) -0.70%, (c) -0.30%, (d)-(f) unchanged; the 60 synthetic mixes
     # +0.05% (s14 +6.0%) (docs/simulator.md, its row)
