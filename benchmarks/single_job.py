@@ -30,9 +30,10 @@ from __future__ import annotations
 import copy
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import yaml
-from common import BUNDLED, EXAMPLES, ROOT, md_table, measure_and_write, run_many
+from common import BUNDLED, EXAMPLES, ROOT, md_table, measure_and_write, run_one
 from policies import with_tp
 from random_mixes import synthetic_mixes
 
@@ -71,14 +72,15 @@ def _jobs(keys, seed: int, mixes: int) -> list:
         tps = {tp: with_tp(BUNDLED[k], tp) for tp in (2, 4)}
         for name, share in _shares(spec).items():
             label = f"({k}) {name} on {share}"
-            jobs.append(("bundled", label, "verl-sync", alone_on_share(spec, name, share)))
-            seen = [alone_on_share(spec, name, share)]
+            base = alone_on_share(spec, name, share)
+            jobs.append(("bundled", label, "verl-sync", base))
+            seen = [base]
             for tp, tuned in tps.items():
                 one = alone_on_share(tuned, name, share)
                 if one not in seen:  # a 32B's replicas are tp4 at the least: tp2 is tp4
                     seen.append(one)
                     jobs.append(("bundled", label, f"verl-sync tp{tp}", one))
-            jobs.append(("bundled", label, "jigsaw", alone_on_share(spec, name, share)))
+            jobs.append(("bundled", label, "jigsaw", base))
     for mix, spec in synthetic_mixes(seed, mixes) if mixes else ():
         for name, share in _shares(spec).items():
             one = alone_on_share(spec, name, share)
@@ -96,8 +98,6 @@ def _run(job: tuple) -> dict:
 
     part, label, policy, spec = job
     try:
-        from common import run_one
-
         r = run_one((spec, policy.split(" ")[0], None, 0))
     except SpecError as e:
         return {"part": part, "label": label, "policy": policy, "error": str(e)}
@@ -108,8 +108,6 @@ def _run(job: tuple) -> dict:
 def measure(args) -> dict:
     keys, seed, mixes = args
     jobs = _jobs(keys, seed, mixes)
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
         runs = list(ex.map(_run, jobs))
     return {"seed": seed, "mixes": mixes, "runs": runs}
