@@ -40,14 +40,14 @@ class JigsawConfig:
     # waits for them, and they sat idle beside it (8 devices for 26 s on (a), a 4-device
     # log-prob pass of 48 s next to its own home's freed devices)
     grow_at_home: bool = True
-    # the look-ahead prices "start now" with that growth: the stage grows at its micro-batch
-    # boundaries onto the busy home devices its wait candidates weigh, as each is projected
-    # free, paying the load of the training state there. Off by default until (a)-(f)'s
-    # tables are re-run with it and s14 is fixed: a job alone -0.28% over 58 never-run
-    # pipelines (s23002 -10.2%: an update waited 613 s for a device projected free in
-    # 103 s), (a) +0.33%, (b) -0.70%, (c) -0.30%, (d)-(f) unchanged; the 60 synthetic mixes
-    # +0.05% (s14 +6.0%) (docs/simulator.md, its row)
-    grow_in_plan: bool = False
+    # for a pipeline running alone (every other one done), the look-ahead prices "start
+    # now" with that growth: the stage grows at its micro-batch boundaries onto the busy
+    # home devices its wait candidates weigh, as each is projected free, paying the load of
+    # the training state there. A job alone -0.28% over 58 never-run pipelines (s23002
+    # -10.2%: an update waited 613 s for a device projected free in 103 s); (a)-(f) and the
+    # 60 synthetic mixes unchanged. Beside other pipelines (stop 89's form) it was mixed:
+    # the growth went to the critical pipeline's loans (docs/simulator.md, its row)
+    grow_in_plan: bool = True
     # ... and the running stage of the pipeline projected to finish last
     # (``_projected_finish_t``) grows onto free devices no unfinished pipeline's home holds
     # (their owners finished: no one reclaims them) even before a pace marks it critical: a

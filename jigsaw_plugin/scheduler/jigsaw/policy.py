@@ -26,8 +26,8 @@ runs much slower than on its static share; every device its owner is not using i
   default); ``critical_loans`` (on) grows only the critical pipeline's running stage,
   and (``keep_critical_loans``) an owner that could not use its lent devices leaves them
   with the critical pipeline; any running stage grows onto its own home's devices that
-  nothing else took (``grow_at_home``; with ``grow_in_plan``, off by default, the
-  look-ahead prices starting now with that growth); an agent off the critical path whose
+  nothing else took (``grow_at_home``; for a pipeline running alone, ``grow_in_plan``:
+  the look-ahead prices starting now with that growth); an agent off the critical path whose
   trajectories are in tool calls lends its home for their projected calls and next turns
   (``tool_wait``);
 - tails priced in device-seconds: a replica decoding at a small batch (a few long
