@@ -353,7 +353,7 @@ class TrainingGangs:
             # ``grow_in_plan``: with every other pipeline done, nothing else takes the home
             # devices as they free, so the growth the plan prices is the growth that happens
             if (i == 0 and not loans and later and self.config.grow_in_plan and self.config.grow_at_home
-                    and all(o.done for o in state.order if o is not p)):
+                    and self._alone(state, p)):
                 end = min(end, self._grown_end_s(rnd, p, stage, g, later[:self.config.width - 1], risks))
             if best is None or end < best[0] - 1e-9:
                 best = (end, i)
@@ -364,7 +364,7 @@ class TrainingGangs:
         if unnarrowed:
             return tuple(self._affinity(rnd, p, now, "train"))
         gang = self._no_slower_gang(rnd, p, stage, now, risks)
-        if not gang and self.config.idle_spread and all(o.done for o in state.order if o is not p):
+        if not gang and self.config.idle_spread and self._alone(state, p):
             gang = self._fastest_gang(rnd, p, stage, now, best[0], risks)
         gang = gang or self._packed(rnd, p, stage, self._affinity(rnd, p, now, "train"))
         return gang if risks is not None else self._resident_if_sooner(rnd, p, stage, now, gang)

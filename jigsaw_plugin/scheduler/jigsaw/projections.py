@@ -124,6 +124,11 @@ class Projections:
         return max(0.0, end - state.t) if end is not None else 0.0
 
     @staticmethod
+    def _alone(state, p) -> bool:
+        """Every pipeline but ``p`` has finished: nothing else will take the devices."""
+        return all(o.done for o in state.order if o is not p)
+
+    @staticmethod
     def _tool_calls_left_s(p) -> float:
         """How long ``p``'s trajectories in tool calls keep its rollout going at least: each
         returns after its call, then may call again, about half the observed mean turns

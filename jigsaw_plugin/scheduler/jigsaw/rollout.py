@@ -228,7 +228,7 @@ class RolloutReplicas:
     def _last_left(self, state, p) -> bool:
         """``p`` is the run's last unfinished pipeline, synchronous (an asynchronous one's
         next step could use the devices its rollout frees), and ``idle_spread`` is on."""
-        return (self.config.idle_spread and all(o.done for o in state.order if o is not p)
+        return (self.config.idle_spread and self._alone(state, p)
                 and p.spec.mode == "sync")
 
     def _fast_batch(self, state, p, tp: int, context: float) -> int:
