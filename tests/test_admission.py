@@ -11,7 +11,7 @@ from jigsaw_plugin.costmodel import CostModel, hardware_profile, model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.scheduler import AdmissionLimit, LaunchReplica, get_policy
-from jigsaw_plugin.scheduler.admission import HeldFit, fitting, launch_limit, peak_kv_tokens
+from jigsaw_plugin.scheduler.admission import HeldFit, fitting, launch_limit, peak_kv_tokens, spread_of, trade_count
 from jigsaw_plugin.scheduler.jigsaw import JigsawMemo
 from jigsaw_plugin.scheduler.state import (
     DeviceTask,
@@ -227,12 +227,12 @@ def _replica(rid, running, queued, context, generated, left, capacity, max_seqs=
                        _Views(rows))
 
 
-def _state(replicas, final_context, admission_limits=True):
+def _state(replicas, final_context, admission_limits=True, history=None):
     p = PipelineView(
         name=SPEC.name, index=0, spec=SPEC, model=MODEL, stages=("old_log_prob", "adv", "update_actor", "weight_sync"),
         static_devices=tuple(range(8)), gen_next=1, train_next=0, stage_next=0, stage_running=False, version=0,
         rollout_version=0, done=False, generating=True, pending=0, replicas=tuple(replicas),
-        steps={0: StepView(0, 64, 10, 10, 0, 0.0, {}, {}, 0)}, history=None,
+        steps={0: StepView(0, 64, 10, 10, 0, 0.0, {}, {}, 0)}, history=history,
         lengths=LengthSummary(10, 100.0, final_context - 100.0, final_context, 1.0, 8192.0), stage_history_s={},
         running_stage_end_t=None, running_stage=None)
     busy = {r.devices[0]: DeviceTask("replica", SPEC.name, replica=r.id) for r in replicas}
@@ -437,3 +437,92 @@ def test_a_replica_starts_with_the_limit_its_own_class_holds():
     assert on_big == launch_limit(np.full(64, 6000.0), p.lengths.prompt_tokens, COST.kv_capacity_tokens(MODEL, 1))
     assert on_small == launch_limit(np.full(64, 6000.0), p.lengths.prompt_tokens, small.kv_capacity_tokens(MODEL, 1))
     assert on_small < on_big and limits[(5,)] == on_small
+
+
+# ---- trading a full cache's overflows for a larger batch ---------------------------------
+def _agent_queue(n=400, running=40, context=9_000.0, prompt=1_500.0, left=9_000.0):
+    """``running`` sequences deep into long contexts, then a queue of fresh prompts, each
+    predicted ``left`` more tokens, lengths spread as a long tail (lognormal, sigma 1)."""
+    held = np.array([context] * running + [prompt] * (n - running))
+    lens = np.random.default_rng(0).lognormal(0.0, 1.0, 400)
+    return held, np.full(n, left), np.sort(lens) / lens.mean()
+
+
+def test_trade_admits_past_the_fitting_count_where_recompute_is_cheap_against_a_decode_step():
+    held, left, shape = _agent_queue()
+    cap = 460_000.0
+    first = fitting(held, left, cap, shape, 1.0, 40)
+    flat = lambda b, kv: 0.03 + 0.0 * b  # every step costs the same whatever its batch
+    assert trade_count(held, left, cap, shape, first, 256, flat, 0.0) > first  # recompute free
+    assert trade_count(held, left, cap, shape, first, 256, flat, 1.0) == first  # a token's recompute: 33 steps
+
+
+def test_trade_never_goes_below_the_fitting_count_nor_past_the_engines_limit():
+    held, left, shape = _agent_queue()
+    flat = lambda b, kv: 0.03 + 0.0 * b
+    for first in (0, 10, 60):
+        got = trade_count(held, left, 460_000.0, shape, first, 90, flat, 0.0)
+        assert first <= got <= 90
+    assert trade_count(held, left, 460_000.0, shape, 500, 256, flat, 0.0) == 500  # nothing past it to try
+    assert trade_count(held, left, 460_000.0, None, 30, 256, flat, 0.0) == 30  # no spread observed: no trade
+
+
+def test_trade_prices_the_hardware_a_bandwidth_bound_a100_overcommits_a_compute_poor_h20_does_not():
+    # the same queue, scaled to each replica's cache: a 14B on 2 A100 (decode steps read a
+    # full cache's KV, prefill is cheap) and a 32B on 4 H20 (a larger batch barely speeds a
+    # step, prefill is dear): benchmarks/single_job.py's s23000 and s23006
+    counts = {}
+    for gpu, name, tp in (("a100", "qwen2.5-14b", 2), ("h20", "qwen3-32b", 4)):
+        cost, m = CostModel(hardware_profile(gpu)), model_profile(name)
+        cap = float(cost.kv_capacity_tokens(m, tp))
+        held, left, shape = _agent_queue()
+        held, left = held * cap / 460_000.0, left * cap / 460_000.0
+        first = fitting(held, left, cap, shape, 1.0, 40)
+        got = trade_count(held, left, cap, shape, first, 256, lambda b, kv: cost.decode_steps_s(m, tp, b, kv),
+                          cost.prefill_s(m, tp, 1.0))
+        counts[gpu] = (first, got)
+    assert counts["a100"][1] > counts["a100"][0]
+    assert counts["h20"][1] == counts["h20"][0]
+
+
+def test_the_policy_limits_a_replica_at_the_traded_count_with_the_switch_on():
+    # a 7B replica on one H100 with a 250,000-token cache (its share of a co-located
+    # device), 32 sequences deep into long contexts and a queue of fresh prompts; the
+    # pipeline's finished trajectories spread as a long tail (a real LengthHistory)
+    from jigsaw_plugin.predict.history import LengthHistory
+
+    hist = LengthHistory(32_768)
+    for i, x in enumerate(np.random.default_rng(1).lognormal(np.log(4_000.0), 1.0, 200)):
+        hist.record_finished(0, i, 0, int(min(x, 32_000)))
+    cap = 250_000.0
+    rep = _replica(0, 32, 240, 1_500, 6_000, 5_000.0, cap)
+    state = _state([rep], final_context=6_000.0, history=hist)
+    held, left, running = rep.kv_columns()
+    shape = spread_of(hist.recent_lengths())
+    first = fitting(held, left, cap, shape, 1.0, running)
+    traded = trade_count(held, left, cap, shape, first, min(256, len(held)),
+                         lambda b, kv: COST.decode_steps_s(MODEL, 1, b, kv), COST.prefill_s(MODEL, 1, 1.0))
+    assert traded > first
+    on = _limits(get_policy("jigsaw", multiplex=False, admission=True).decide(state))
+    off = _limits(get_policy("jigsaw", multiplex=False, admission=True, admission_trade=False).decide(state))
+    assert on == {0: traded} and off == {0: first}
+
+
+def test_the_memo_keeps_a_traded_count_only_while_the_arrays_and_its_bounds_are_the_same():
+    from jigsaw_plugin.scheduler.admission import FittingMemo
+
+    held, left, shape = _agent_queue()
+    memo, calls = FittingMemo(), []
+
+    def price(n):
+        calls.append(n)
+        return n
+
+    for arrays, first, top, priced in ((held, 40, 256, True), (held.copy(), 40, 256, False),
+                                       (held.copy(), 41, 256, True), (held.copy(), 41, 200, True),
+                                       (held + 1.0, 41, 200, True), (held + 1.0, 41, 200, False)):
+        memo.round()
+        memo.fitting(3, arrays, left, 460_000.0, shape, 1.0, 40)
+        before = len(calls)
+        assert memo.traded(3, first, top, lambda: price(first + top)) == first + top
+        assert len(calls) == before + priced

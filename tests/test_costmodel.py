@@ -297,3 +297,21 @@ def test_a_pass_over_no_tokens_still_needs_a_gang_that_holds_the_model():
     assert need > 1
     assert a100.forward_s(m, need - 1, 0) == float("inf") and a100.forward_s(m, need, 0) == 0.0
     assert a100.train_s(m, a100.min_gang(m, update=True) - 1, 0) == float("inf")
+
+
+@pytest.mark.parametrize("gpu,model,tp", [("h100", "qwen2.5-7b", 1), ("a100", "qwen2.5-14b", 2),
+                                           ("h20", "qwen3-32b", 4), ("h100", "qwen2.5-72b", 8)])
+def test_decode_steps_over_arrays_are_decode_step_s_element_by_element(gpu, model, tp):
+    import numpy as np
+
+    cost, m = CostModel(hardware_profile(gpu)), model_profile(model)
+    cap = cost.kv_capacity_tokens(m, tp)
+    batches = np.array([[0, 1, 2, 3, 4, 5, 8, 9], [17, 64, 100, 255, 256, 300, 512, 1000]])
+    kv = np.linspace(0.0, cap, batches.size).reshape(batches.shape)
+    got = cost.decode_steps_s(m, tp, batches, kv)
+    want = [[cost.decode_step_s(m, tp, int(b), float(k)) for b, k in zip(rb, rk)] for rb, rk in zip(batches, kv)]
+    assert got.shape == batches.shape
+    assert np.allclose(got, want, rtol=1e-12, atol=0.0)
+    # an expected (fractional) batch runs as the whole sequences it rounds up to
+    assert cost.decode_steps_s(m, tp, np.array([16.2]), np.array([1000.0]))[0] == pytest.approx(
+        cost.decode_step_s(m, tp, 17, 1000.0), rel=1e-12)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
 from jigsaw_plugin.costmodel.profiles import HardwareProfile, ModelProfile
 
@@ -182,6 +184,26 @@ class CostModel:
             return 0.0
         host, roofline, allreduce = self._decode_terms(model, tp, batch, kv_tokens, cross_node)
         return host + roofline + allreduce
+
+    def decode_steps_s(self, model: ModelProfile, tp: int, batch: np.ndarray, kv_tokens: np.ndarray) -> np.ndarray:
+        """``decode_step_s`` element by element over arrays of (possibly fractional, expected)
+        batches and KV tokens, a batch rounded up to whole sequences and padded as
+        ``cuda_graph_batch`` pads it; 0 where the batch is empty. For callers that price
+        many steps at once (``admission.trade_count``)."""
+        b = np.ceil(np.asarray(batch, float))
+        cap = self.f.cuda_graph_max_batch
+        small = np.where(b <= 1, 1.0, np.where(b <= 2, 2.0, 4.0))
+        padded = np.where((b > cap) | (cap <= 0), b,
+                          np.where(b <= 4, small, np.minimum(cap, np.ceil(b / 8) * 8)))
+        mem = (model.weight_bytes + np.asarray(kv_tokens, float) * model.kv_bytes_per_token) / (
+            tp * self.hw.hbm_bytes_per_s * self.f.decode_bw_eff)
+        comp = 2.0 * model.params * padded / (tp * self.hw.flops * self.f.decode_mfu)
+        comm = 0.0
+        if tp > 1:
+            per_token = self._tp_comm_s(model, tp, 1.0) - self._tp_comm_s(model, tp, 0.0)
+            comm = self._tp_comm_s(model, tp, 0.0) + per_token * padded
+        out = self.f.decode_step_overhead_s + np.maximum(mem, comp) + comm
+        return np.where(b > 0, out, 0.0)
 
     def decode_step_parts(self, model: ModelProfile, tp: int, batch: int, kv_tokens: float,
                           cross_node: bool = False) -> "DecodeStepParts":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["peak_kv_tokens", "fitting", "FittingMemo", "HeldFit", "kv_moments", "spread_of", "launch_limit"]
+__all__ = ["peak_kv_tokens", "fitting", "trade_count", "FittingMemo", "HeldFit", "kv_moments", "spread_of", "launch_limit"]
 
 
 def peak_kv_tokens(held: np.ndarray, remaining: np.ndarray) -> float:
@@ -87,15 +87,19 @@ class FittingMemo:
     it (on L9003's calls about 0.7x the rows of its running sequences and 32 more, which
     the first block held otherwise). Keeps only the keys asked since the last ``round``."""
 
-    __slots__ = ("_last", "_now")
+    __slots__ = ("_last", "_now", "_same", "_traded_last", "_traded_now")
 
     def __init__(self):
         self._last: dict = {}
         self._now: dict = {}
+        self._same: set = set()  # keys whose last ``fitting`` call had the remembered arrays
+        self._traded_last: dict = {}
+        self._traded_now: dict = {}
 
     def round(self) -> None:
         """A new decide round: what the last one did not ask is forgotten."""
         self._last, self._now = self._now, {}
+        self._traded_last, self._traded_now = self._traded_now, {}
 
     def fitting(self, key, held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray | None,
                 margin_sd: float, running: int) -> int:
@@ -104,9 +108,23 @@ class FittingMemo:
         if got is not None and got[0] == args and _same(got[1], held) and _same(got[2], remaining) \
                 and (got[3] is shape or (shape is not None and got[3] is not None and _same(got[3], shape))):
             n = got[4]
+            self._same.add(key)
         else:
             n = fitting(held, remaining, capacity, shape, margin_sd, running, None if got is None else got[4])
+            self._same.discard(key)
         self._now[key] = (args, held, remaining, shape, n)
+        return n
+
+    def traded(self, key, first: int, top: int, price) -> int:
+        """``trade_count``'s answer for the arrays of ``key``'s last ``fitting`` call:
+        ``price()`` computes it, unless that call had the arrays of the one before and the
+        trade was asked then with the same ``first`` and ``top``."""
+        got = self._traded_last.get(key) or self._traded_now.get(key)
+        if key in self._same and got is not None and got[0] == (first, top):
+            n = got[1]
+        else:
+            n = price()
+        self._traded_now[key] = ((first, top), n)
         return n
 
 
@@ -213,12 +231,111 @@ def kv_moments(held: np.ndarray, remaining: np.ndarray, shape: np.ndarray,
     """(mean, variance) of each sequence's KV (tokens) after ``t`` decode steps, one row
     per sequence: it holds ``held + t`` tokens while it still runs, which it does with
     probability ``p = P(X > t / remaining)`` for ``X`` drawn from ``shape``, else none."""
-    r = np.maximum(np.asarray(remaining, float), 1.0)
-    x = t[None, :] / r[:, None]
-    running = 1.0 - np.searchsorted(shape, x, side="right") / len(shape)
+    running = _running(remaining, shape, t)
     kv = np.asarray(held, float)[:, None] + t[None, :]
     mean = kv * running
     return mean, mean * kv * (1.0 - running)
+
+
+_TRADE_STEP = 1.125  # candidate counts past the fitting one grow by this factor
+# a count past the fitting one is taken only where its rate beats the fitting count's by this
+# factor: the model leaves out what a preemption costs beyond its recompute (the sequence's
+# wait for a slot, the newest sequence's whole context dropped for a small excess); at 1.0
+# it moved 18 of the 60 synthetic mixes, +0.07% geometric mean (s46 +4.5%), at 1.25 two
+# (+0.01%), s23000's agent -11.8% either way (docs/simulator.md, "Admission limits")
+_TRADE_MIN_GAIN = 1.25
+_TRADE_GIVE_UP = 0.9  # counts are tried upward until one's rate falls below this x the best's
+_TRADE_POINTS = 24  # decode steps at which ``trade_count`` evaluates each candidate
+
+
+def trade_count(held: np.ndarray, remaining: np.ndarray, capacity: float, shape: np.ndarray, first: int,
+                top: int, step_s, recompute_s_per_token: float, horizon: float = 0.8) -> int:
+    """The count of sequences (the first ones of ``held`` / ``remaining``, as ``fitting``'s)
+    at which a replica decodes fastest with its overflows priced: ``first`` (``fitting``'s
+    count, whose expected peak fits) or more, up to ``top``.
+
+    Each candidate set runs as ``kv_moments`` expects it to, with no admission after it: a
+    cache whose expected KV is over ``capacity`` runs full, its running sequences thinned
+    in proportion (the engine preempts the newest), and drops the excess, each token to be
+    prefilled again (``recompute_s_per_token``); a decode step costs ``step_s(batch,
+    kv_tokens)`` (arrays: ``CostModel.decode_steps_s``). Its rate: expected tokens decoded
+    over the steps' seconds and the recompute's, from now until the fitting set has lost
+    ``1 - horizon`` of its running sequences (past that the queue would refill their
+    slots, which the model leaves out: over a whole drain a larger set always looks
+    faster, its batch thinning later). The best rate wins, the smaller count on a tie,
+    where it beats the fitting count's by ``_TRADE_MIN_GAIN``; counts are tried upward, a
+    batch at a time, until one's rate falls below ``_TRADE_GIVE_UP`` of the best.
+
+    Why: the peak rule holds a full cache's batch at what its expected peak allows. Where
+    decode steps are bound by their KV reads and prefill is cheap (a 14B agent's
+    9K-token turns on A100s, ``benchmarks/single_job.py``'s s23000) more sequences in the
+    same full cache yield more tokens a step than their recompute costs; where a larger
+    batch barely speeds a step and prefill is dear (a 32B on H20s) it does not."""
+    n = min(len(held), int(top))
+    if first >= n or shape is None or not len(shape):
+        return first
+    held, remaining = np.asarray(held, float)[:n], np.asarray(remaining, float)[:n]
+    k0 = max(1, first)
+    wide = _grid(remaining, shape)
+    base = _running(remaining[:k0], shape, wide).sum(axis=0)
+    end = float(wide[max(1, int(np.sum(base >= horizon * base[0])) - 1)])
+    t = np.linspace(0.0, max(end, 1.0), _TRADE_POINTS)
+    dt = float(t[1] - t[0])
+    rows = _Rows(held, remaining, shape, t)
+    best, best_rate, k = first, -1.0, k0
+    while True:  # a batch of counts at a time, each up to twice the last batch's end
+        ks = [k]
+        while ks[-1] < n and ks[-1] < 2 * k:
+            ks.append(min(n, max(ks[-1] + 1, int(ks[-1] * _TRADE_STEP))))
+        m, b = rows.upto(np.asarray(ks))
+        scale = np.where(m > capacity, capacity / np.maximum(m, 1e-9), 1.0)
+        excess = np.maximum(m - capacity, 0.0)
+        dropped = excess[:, 0] + np.sum(np.maximum(np.diff(excess, axis=1), 0.0), axis=1)
+        seconds = np.sum(step_s(b * scale, np.minimum(m, capacity)), axis=1) + dropped * recompute_s_per_token / dt
+        rates = np.sum(b * scale, axis=1) / np.maximum(seconds, 1e-12)
+        i = int(np.argmax(rates))
+        if best_rate < 0:
+            first_rate = float(rates[0])  # ``k0``'s: ``first``'s, or one sequence's where it is 0
+        if rates[i] > best_rate:
+            best, best_rate = ks[i], float(rates[i])
+        if ks[-1] >= n or rates[-1] < _TRADE_GIVE_UP * best_rate:
+            break
+        k = min(n, max(ks[-1] + 1, int(ks[-1] * _TRADE_STEP)))
+    return first if best_rate < _TRADE_MIN_GAIN * first_rate else max(best, first)
+
+
+class _Rows:
+    """``trade_count``'s running sums of the sequences' expected KV and running counts at
+    each of ``t``'s steps, computed a block of sequences at a time as the counts tried reach
+    them (a long queue behind a full replica is not evaluated past the count that loses)."""
+
+    __slots__ = ("held", "remaining", "shape", "t", "kv", "running")
+
+    def __init__(self, held: np.ndarray, remaining: np.ndarray, shape: np.ndarray, t: np.ndarray):
+        self.held, self.remaining, self.shape, self.t = held, remaining, shape, t
+        self.kv = np.zeros((0, len(t)))
+        self.running = np.zeros((0, len(t)))
+
+    def upto(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(expected KV, expected running sequences) of the first ``k`` sequences by step,
+        one row for each ``k`` of ``ks``."""
+        have, k = len(self.kv), int(np.max(ks))
+        if k > have:
+            end = min(len(self.held), max(k, 2 * have, 64))
+            run = _running(self.remaining[have:end], self.shape, self.t)
+            kv = (self.held[have:end, None] + self.t[None, :]) * run
+            last_kv = self.kv[-1] if have else np.zeros(len(self.t))
+            last_run = self.running[-1] if have else np.zeros(len(self.t))
+            self.kv = np.concatenate((self.kv, last_kv + np.cumsum(kv, axis=0)))
+            self.running = np.concatenate((self.running, last_run + np.cumsum(run, axis=0)))
+        return self.kv[ks - 1], self.running[ks - 1]
+
+
+def _running(remaining: np.ndarray, shape: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The probability that each sequence still runs after ``t`` decode steps (one row a
+    sequence): ``P(X > t / remaining)`` for ``X`` drawn from ``shape``, as ``kv_moments``."""
+    r = np.maximum(np.asarray(remaining, float), 1.0)
+    return 1.0 - np.searchsorted(shape, t[None, :] / r[:, None], side="right") / len(shape)
 
 
 def spread_of(lengths: np.ndarray) -> np.ndarray | None:

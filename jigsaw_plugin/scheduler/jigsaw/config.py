@@ -255,6 +255,10 @@ class JigsawConfig:
     # ... the peak taken this many standard deviations above the expected KV: admitted up to
     # its expected peak, a replica overflows about half the time (docs/simulator.md)
     admission_margin_sd: float = 1.0
+    # ... and past that count where it pays: each count from it up is priced as the rate it
+    # decodes at, a full cache's overflow thinning its batch and each dropped token
+    # prefilled again (``admission.trade_count``, the cost model's decode steps and prefill)
+    admission_trade: bool = True
     # requests an engine preempted (its cache overflowed: they re-prefill wherever they
     # resume) that wait in its queue move to a sibling replica of the same pipeline whose
     # cache holds them now by the admission rule (``admission.fitting``), for the pipeline

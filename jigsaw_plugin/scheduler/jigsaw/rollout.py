@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from jigsaw_plugin.scheduler.activation import activate, trainer_site
-from jigsaw_plugin.scheduler.admission import HeldFit, launch_limit, spread_of
+from jigsaw_plugin.scheduler.admission import HeldFit, launch_limit, spread_of, trade_count
 from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica, Migrate
 from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
                                                train_estimate_s)
@@ -86,9 +86,20 @@ class RolloutReplicas:
                                       running)
             if n < running and not self.config.shed_admission:
                 n = running  # the running set overflows; admit nothing more, shed nothing
+            if self.config.admission_trade:
+                n = self._fitting.traded(r.id, n, min(top, len(held)),
+                                         lambda: self._traded(state, p, r, held, left, shape, n, min(top, len(held))))
             limit = None if n >= min(top, len(held)) else max(1, n)
             if limit != limit_of(r, top):
                 out.append(AdmissionLimit(r.id, limit))
+
+    @staticmethod
+    def _traded(state, p, r: ReplicaView, held, left, shape, first: int, top: int) -> int:
+        """``admission.trade_count`` for replica ``r``: decode steps and recompute priced by
+        the cost model of its devices' class at its width."""
+        cost, tp = state.cost_of(r.devices), len(r.devices)
+        return trade_count(held, left, r.kv_capacity, shape, first, top,
+                           lambda b, kv: cost.decode_steps_s(p.model, tp, b, kv), cost.prefill_s(p.model, tp, 1.0))
 
     def _move_preempted(self, rnd, out) -> None:
         """``move_preempted``: the waiting requests of the pipeline projected to finish last
