@@ -85,7 +85,8 @@ class FittingMemo:
     (L9018) about a third of the calls. Where they differ, the last answer is ``fitting``'s
     guess: a replica's count moves little from round to round, so the sums stop just past
     it (on L9003's calls about 0.7x the rows of its running sequences and 32 more, which
-    the first block held otherwise). Keeps only the keys asked since the last ``round``."""
+    the first block held otherwise). ``traded`` keeps ``trade_count``'s answer likewise.
+    Keeps only the keys asked since the last ``round``."""
 
     __slots__ = ("_last", "_now", "_same", "_traded_last", "_traded_now")
 
@@ -242,7 +243,7 @@ _TRADE_STEP = 1.125  # candidate counts past the fitting one grow by this factor
 # factor: the model leaves out what a preemption costs beyond its recompute (the sequence's
 # wait for a slot, the newest sequence's whole context dropped for a small excess); at 1.0
 # it moved 18 of the 60 synthetic mixes, +0.07% geometric mean (s46 +4.5%), at 1.25 two
-# (+0.01%), s23000's agent -11.8% either way (docs/simulator.md, "Admission limits")
+# (+0.01%); s23000's agent -11.6% and -11.8% (docs/simulator.md, "Admission limits")
 _TRADE_MIN_GAIN = 1.25
 _TRADE_GIVE_UP = 0.9  # counts are tried upward until one's rate falls below this x the best's
 _TRADE_POINTS = 24  # decode steps at which ``trade_count`` evaluates each candidate

@@ -86,10 +86,12 @@ class RolloutReplicas:
                                       running)
             if n < running and not self.config.shed_admission:
                 n = running  # the running set overflows; admit nothing more, shed nothing
+            most = min(top, len(held))
             if self.config.admission_trade:
-                n = self._fitting.traded(r.id, n, min(top, len(held)),
-                                         lambda: self._traded(state, p, r, held, left, shape, n, min(top, len(held))))
-            limit = None if n >= min(top, len(held)) else max(1, n)
+                first = n
+                n = self._fitting.traded(r.id, first, most,
+                                         lambda: self._traded(state, p, r, held, left, shape, first, most))
+            limit = None if n >= most else max(1, n)
             if limit != limit_of(r, top):
                 out.append(AdmissionLimit(r.id, limit))
 
