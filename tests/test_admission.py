@@ -508,21 +508,22 @@ def test_the_policy_limits_a_replica_at_the_traded_count_with_the_switch_on():
     assert on == {0: traded} and off == {0: first}
 
 
-def test_the_memo_keeps_a_traded_count_only_while_the_arrays_and_its_bounds_are_the_same():
+def test_the_memo_keeps_a_traded_count_while_the_fitting_count_and_the_engines_limit_are_the_same():
     from jigsaw_plugin.scheduler.admission import FittingMemo
 
-    held, left, shape = _agent_queue()
     memo, calls = FittingMemo(), []
 
     def price(n):
         calls.append(n)
         return n
 
-    for arrays, first, top, priced in ((held, 40, 256, True), (held.copy(), 40, 256, False),
-                                       (held.copy(), 41, 256, True), (held.copy(), 41, 200, True),
-                                       (held + 1.0, 41, 200, True), (held + 1.0, 41, 200, False)):
+    # (first, top, priced again): the same pair is kept round to round; either changed, or a
+    # round that did not ask in between, prices again
+    for first, top, skip_round, priced in ((40, 256, False, True), (40, 256, False, False), (41, 256, False, True),
+                                           (41, 200, False, True), (41, 200, False, False), (41, 200, True, True)):
         memo.round()
-        memo.fitting(3, arrays, left, 460_000.0, shape, 1.0, 40)
+        if skip_round:
+            memo.round()
         before = len(calls)
         assert memo.traded(3, first, top, lambda: price(first + top)) == first + top
         assert len(calls) == before + priced

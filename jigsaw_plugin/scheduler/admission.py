@@ -85,15 +85,14 @@ class FittingMemo:
     (L9018) about a third of the calls. Where they differ, the last answer is ``fitting``'s
     guess: a replica's count moves little from round to round, so the sums stop just past
     it (on L9003's calls about 0.7x the rows of its running sequences and 32 more, which
-    the first block held otherwise). ``traded`` keeps ``trade_count``'s answer likewise.
-    Keeps only the keys asked since the last ``round``."""
+    the first block held otherwise). ``traded`` keeps ``trade_count``'s answer (while the
+    fitting count is the same). Keeps only the keys asked since the last ``round``."""
 
-    __slots__ = ("_last", "_now", "_same", "_traded_last", "_traded_now")
+    __slots__ = ("_last", "_now", "_traded_last", "_traded_now")
 
     def __init__(self):
         self._last: dict = {}
         self._now: dict = {}
-        self._same: set = set()  # keys whose last ``fitting`` call had the remembered arrays
         self._traded_last: dict = {}
         self._traded_now: dict = {}
 
@@ -109,19 +108,20 @@ class FittingMemo:
         if got is not None and got[0] == args and _same(got[1], held) and _same(got[2], remaining) \
                 and (got[3] is shape or (shape is not None and got[3] is not None and _same(got[3], shape))):
             n = got[4]
-            self._same.add(key)
         else:
             n = fitting(held, remaining, capacity, shape, margin_sd, running, None if got is None else got[4])
-            self._same.discard(key)
         self._now[key] = (args, held, remaining, shape, n)
         return n
 
     def traded(self, key, first: int, top: int, price) -> int:
-        """``trade_count``'s answer for the arrays of ``key``'s last ``fitting`` call:
-        ``price()`` computes it, unless that call had the arrays of the one before and the
-        trade was asked then with the same ``first`` and ``top``."""
+        """``trade_count``'s answer for ``key``: ``price()`` computes it, unless the last
+        round that asked (or this one) asked with the same ``first`` and ``top``; then that
+        answer is kept. Not the arrays' equality, as ``fitting``'s: a replica's sequences
+        change every round as they decode, its fitting count far less often, and the trade
+        is priced over the steps until a fifth of that count's set has ended; on a large mix
+        (L9018) the trade, priced whenever the arrays changed, doubled the policy's p50."""
         got = self._traded_last.get(key) or self._traded_now.get(key)
-        if key in self._same and got is not None and got[0] == (first, top):
+        if got is not None and got[0] == (first, top):
             n = got[1]
         else:
             n = price()
@@ -243,7 +243,8 @@ _TRADE_STEP = 1.125  # candidate counts past the fitting one grow by this factor
 # factor: the model leaves out what a preemption costs beyond its recompute (the sequence's
 # wait for a slot, the newest sequence's whole context dropped for a small excess); at 1.0
 # it moved 18 of the 60 synthetic mixes, +0.07% geometric mean (s46 +4.5%), at 1.25 two
-# (+0.01%); s23000's agent -11.6% and -11.8% (docs/simulator.md, "Admission limits")
+# (+0.01%); s23000's agent -11.6% and -11.8% (with the memo of stop 91's final form
+# -11.9%: docs/simulator.md, "Admission limits")
 _TRADE_MIN_GAIN = 1.25
 _TRADE_GIVE_UP = 0.9  # counts are tried upward until one's rate falls below this x the best's
 _TRADE_POINTS = 24  # decode steps at which ``trade_count`` evaluates each candidate
