@@ -119,7 +119,8 @@ class FittingMemo:
         answer is kept. Not the arrays' equality, as ``fitting``'s: a replica's sequences
         change every round as they decode, its fitting count far less often, and the trade
         is priced over the steps until a fifth of that count's set has ended; on a large mix
-        (L9018) the trade, priced whenever the arrays changed, doubled the policy's p50."""
+        (L9018) the trade, priced whenever the arrays changed, took the decision p50 from
+        3,675 to 6,690 us."""
         got = self._traded_last.get(key) or self._traded_now.get(key)
         if got is not None and got[0] == (first, top):
             n = got[1]
