@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import time
 
-from jigsaw_plugin.algorithms import ALONGSIDE, UPDATE_STAGES, may_run_alongside
+from jigsaw_plugin.algorithms import ALONGSIDE, UPDATE_STAGES, may_run_alongside, waits_for_alongside
 from jigsaw_plugin.core.pipelines import HOST_STAGES, PipelineRun, StepRun, build_pipelines, sample_tokens
 from jigsaw_plugin.core.pricing import Pricer
 from jigsaw_plugin.core.snapshot import RefreshPolicy, build_state, note_finished
@@ -298,6 +298,8 @@ class ExecutorCore:
             self._check_gang_memory(d)
             self._run_stage(d)
         elif isinstance(d, ResizeStage):
+            if d.rest:
+                self._check_rest(d)
             self._check_gang_memory(d)
             self._resize_stage(d)
         else:
@@ -542,6 +544,23 @@ class ExecutorCore:
             return None
         return s.stage_t[p.alongside][1]
 
+    def _check_rest(self, d: ResizeStage) -> None:
+        """Validate ``ResizeStage.rest``: an early pass of the step to train next, whose
+        batch is complete, of the stage its own pass runs next."""
+        if not self.supports_early_passes:
+            raise PolicyViolation(
+                f"{type(self).__name__} runs no early passes (capability 'early_passes'): ResizeStage.rest=True "
+                f"is for executors whose state says early_passes=True (the simulator)")
+        p = self.pipelines[d.pipeline]
+        if p.early != d.stage or p.early_step != d.step:
+            raise PolicyViolation(f"{p.name}: ResizeStage.rest=True for {d.stage} of step {d.step}, which runs no "
+                                  f"early pass; allowed: the early pass running now "
+                                  f"({p.early or 'none'} of step {p.early_step})")
+        if d.step != p.train_next or not p.batch_ready(d.step) or p.stages[p.stage_next] != d.stage \
+                or waits_for_alongside(d.stage, p.alongside):
+            raise PolicyViolation(f"{p.name}: ResizeStage.rest=True for {d.stage} of step {d.step} before its batch "
+                                  f"is complete and that stage's own pass is next")
+
     def _check_early_pass(self, d: RunStage, p: PipelineRun) -> tuple[PipelineRun, StepRun, tuple]:
         """Validate an early pass (``RunStage.early``), claim its devices, emit its start."""
         if not self.supports_early_passes:
@@ -581,15 +600,18 @@ class ExecutorCore:
                    samples=s.n_gen_done, tokens=tokens, t=self.t)
         return p, s, devices
 
-    def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool) -> float:
-        """The modelled duration of a training-side stage (through ``jigsaw_predict_duration``)."""
+    def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool,
+                    tokens: float | None = None) -> float:
+        """The modelled duration of a training-side stage (through ``jigsaw_predict_duration``),
+        over ``tokens`` (None: what its pass reads now)."""
         if stage in HOST_STAGES:
             return self.cost.f.adv_s
         cross = False
         if stage == "weight_sync":
             rollout = {x for r in p.replicas for x in r.devices}
             cross = bool(rollout) and len({self.nodes[x] for x in rollout | set(devices)}) > 1
-        tokens = s.pass_tokens.get(stage, s.tokens)
+        if tokens is None:
+            tokens = s.pass_tokens.get(stage, s.tokens)
         return self.pricer.stage_s(p.name, stage, devices, s.n, tokens, colocated=colocated, cross_node=cross)
 
     def running_stage_end_t(self, p: PipelineRun) -> float | None:

@@ -173,15 +173,24 @@ class ResizeStage:
     loses are freed at the boundary, so an owner gets a lent device back within one
     micro-batch. Gradients accumulate across micro-batches, so the update does not
     depend on the widths (the reference trainer tests this on real tensors).
+
+    ``rest``: the running stage is an early pass (``RunStage.early``) of a step whose batch
+    is complete, and the stage's own pass is next: from its next boundary the pass goes on
+    as the stage's own pass, reading every token no early pass has read, on ``devices``;
+    its fixed cost is paid once, and no new gang waits for it to end (the micro-batches it
+    ran count as read). Only for executors whose state says ``early_passes``.
     """
 
     pipeline: str
     step: int
     stage: str
     devices: tuple
+    rest: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "devices", _devices("ResizeStage.devices", self.devices, empty=True))
+        if not isinstance(self.rest, bool):
+            raise SpecError("ResizeStage.rest", self.rest, "true or false")
 
 
 @dataclass(frozen=True, slots=True)

@@ -293,6 +293,7 @@ class RunningStageView:
     micro_batches: int
     boundary_t: float  # when the micro-batch in progress ends
     resizable: bool  # whether this executor can grow, shrink or pause it
+    rest: bool = False  # an early pass asked to go on as the stage's own pass (ResizeStage.rest)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ __all__ = ["World", "PolicyViolation"]
 class _StageRun:
     """A training stage in progress, micro-batch by micro-batch."""
 
-    __slots__ = ("p", "s", "stage", "colocated", "devices", "pending", "index", "epoch", "seg_start", "boundary_t")
+    __slots__ = ("p", "s", "stage", "colocated", "devices", "pending", "index", "epoch", "seg_start", "boundary_t",
+                 "rest", "read_before", "fixed_left")
 
     def __init__(self, p: PipelineRun, s: StepRun, stage: str, colocated: bool, devices: tuple, t: float):
         self.p, self.s, self.stage, self.colocated, self.devices = p, s, stage, colocated, devices
@@ -38,6 +39,9 @@ class _StageRun:
         self.epoch = 0
         self.seg_start = t  # start of the current run of micro-batches on ``devices``
         self.boundary_t = t  # end of the micro-batch in progress
+        self.rest = False  # an early pass that goes on as the stage's own pass (ResizeStage.rest)
+        self.read_before = 0  # tokens its early part read, where it went on as the stage's own pass
+        self.fixed_left = 0.0  # ... and the share of a pass's fixed cost its early part left unpaid
 
 
 class World(ExecutorCore):
@@ -449,18 +453,28 @@ class World(ExecutorCore):
         s.stage_t[d.stage] = (self.t, self.t)
         self._next_micro_batch(run, self.t + switch)
 
-    def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool) -> float:
+    def price_stage(self, p: PipelineRun, s: StepRun, stage: str, devices: tuple, colocated: bool,
+                    tokens: float | None = None) -> float:
         """As the core prices it; a weight sync also waits for the copy over the slowest
         wide-area link to this pipeline's replicas (ECHO-2's dissemination latency)."""
-        dur = super().price_stage(p, s, stage, devices, colocated)
+        dur = super().price_stage(p, s, stage, devices, colocated, tokens)
         if stage == "weight_sync" and self.device_classes.heterogeneous:
             dur = max(dur, self.device_classes.weight_pull_s(p.model, [r.devices for r in p.replicas]))
         return dur
 
     def _micro_batch_s(self, run: _StageRun, devices: tuple) -> float:
         """One micro-batch on ``devices``: the stage's price at that width, split evenly (a
-        stage that never resizes costs exactly its whole-stage price)."""
-        return self.price_stage(run.p, run.s, run.stage, devices, run.colocated) / self.micro_batches
+        stage that never resizes costs exactly its whole-stage price). An early pass gone on
+        as the stage's own pass (``ResizeStage.rest``) prices the tokens it reads past those
+        its early part read, plus the share of the pass's fixed cost (its price over one
+        token) the early part's micro-batches left unpaid: the two parts pay one fixed cost."""
+        p, s, stage, co = run.p, run.s, run.stage, run.colocated
+        if run.read_before:
+            rest, read = s.pass_tokens.get(stage, s.tokens), run.read_before
+            marginal = self.price_stage(p, s, stage, devices, co, rest + read) - self.price_stage(
+                p, s, stage, devices, co, read)
+            return (marginal + run.fixed_left * self.price_stage(p, s, stage, devices, co, 1)) / self.micro_batches
+        return self.price_stage(p, s, stage, devices, co) / self.micro_batches
 
     def _next_micro_batch(self, run: _StageRun, start: float) -> None:
         dur = self._micro_batch_s(run, run.devices)
@@ -481,6 +495,8 @@ class World(ExecutorCore):
         if run is None or ev.epoch != run.epoch:
             return
         run.index += 1
+        if run.rest and run.index < self.micro_batches:
+            self._go_on_as_stage(run)
         if run.index >= self.micro_batches:
             self._close_segment(run)
             del self._stage_runs[ev.pipeline]
@@ -507,18 +523,35 @@ class World(ExecutorCore):
         self.busy_s += switch * len(new)
         self._next_micro_batch(run, self.t + switch)
 
+    def _go_on_as_stage(self, run: _StageRun) -> None:
+        """``ResizeStage.rest`` at a boundary: the early pass ends having read its
+        micro-batches so far, and its gang goes on as the stage's own pass over the rest."""
+        p, s, stage = run.p, run.s, run.stage
+        read = s.pass_tokens[stage] * run.index // self.micro_batches
+        s.pass_tokens[stage] = read
+        self._close_segment(run)
+        self._early_pass_done(p, s, stage, run.devices)
+        p.stage_running = True
+        s.pass_tokens[stage] = s.tokens - s.covered[stage]
+        s.stage_t[stage] = (self.t, self.t)
+        self._emit("jigsaw_stage_start", pipeline=p.name, step=s.step, stage=stage, devices=run.devices,
+                   samples=s.n, tokens=s.pass_tokens[stage], t=self.t)
+        run.rest, run.read_before, run.fixed_left = False, read, 1.0 - run.index / self.micro_batches
+        run.index = 0
+
     def running_stage_view(self, p: PipelineRun):
         run = self._stage_runs.get(p.name)
         if run is None:
             return None
         return RunningStageView(run.s.step, run.stage, run.devices, run.pending, self.micro_batches - run.index,
-                                self.micro_batches, run.boundary_t if run.devices else float("inf"), True)
+                                self.micro_batches, run.boundary_t if run.devices else float("inf"), True, run.rest)
 
     def _resize_stage(self, d: ResizeStage) -> None:
         run = self._stage_runs.get(d.pipeline)
         if run is None or run.s.step != d.step or run.stage != d.stage:
             raise PolicyViolation(f"{d.pipeline}: ResizeStage of {d.stage} step {d.step}, which is not running "
                                   f"micro-batch by micro-batch")
+        run.rest = run.rest or d.rest  # (validated by the core: an early pass of a complete batch)
         new = tuple(d.devices)
         held = set(run.devices) | set(run.pending or ())
         for dev in (run.pending or ()):  # an earlier request not yet applied: its extra devices go back

@@ -216,6 +216,10 @@ class JigsawConfig:
     early_from: float = 0.5  # ... once this fraction of the step's trajectories has finished
     early_chunk: float = 0.25  # ... and reading at least this fraction of the finished tokens again
     early_min_fixed: float = 2.0  # a pass reads at least this many times its fixed cost's worth
+    # an early pass still running when its step's batch is complete goes on, from its next
+    # micro-batch boundary, as the stage's own pass (``ResizeStage.rest``): one fixed cost,
+    # no wait for it to end and a new gang to form (off: the stage's pass starts after it)
+    early_rest: bool = True
     # merges that feed early passes (off by default; docs/simulator.md): early passes for a
     # pipeline off the job set's critical path too, on its own home's devices that nothing
     # else took this round (never on lent ones: those may be the critical one's), and a

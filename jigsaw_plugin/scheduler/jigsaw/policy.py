@@ -216,6 +216,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         if cfg.critical_spread:
             self._spread_critical(rnd, out)
         if cfg.early_passes and state.early_passes and cfg.resize:
+            if cfg.early_rest:
+                self._early_rest(rnd, out)
             self._early_passes(rnd, out)
         if cfg.resize and (cfg.grow_at_home or (cfg.multiplex and (cfg.loans or cfg.critical_loans))):
             self._grow_stages(rnd, out)

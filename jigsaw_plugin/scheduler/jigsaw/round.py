@@ -233,7 +233,7 @@ class Round:
                     undone.add(p.name)
         if not undone:
             return out
-        return [d for d in out if not (isinstance(d, ResizeStage) and d.pipeline in undone)]
+        return [d for d in out if not (isinstance(d, ResizeStage) and d.pipeline in undone and not d.rest)]
 
 
 class Ends:
