@@ -156,6 +156,22 @@ def _rebound(all_jobs: list, spans: dict) -> list:
     return saved
 
 
+def _rerun_defaults(all_jobs: list) -> list:
+    """Re-run only jigsaw's runs with its default options (the default predictor and the
+    oracle ablation), every other run the saved one: a change of a default moves these
+    first, and the ablation rows (one run each per workload) then read against this build's
+    defaults. A saved file from an older job list is refused."""
+    import json
+
+    saved = json.loads(RESULTS.read_text())
+    if len(saved) != len(all_jobs):
+        raise SystemExit(f"{RESULTS}: {len(saved)} saved runs, {len(all_jobs)} jobs now; run with --add-ablation "
+                         f"or without --defaults")
+    new = [j for j in all_jobs if _is_jigsaw(j) and j[2] is None]
+    fresh = iter(run_many(new))
+    return [next(fresh) if _is_jigsaw(j) and j[2] is None else old for j, old in zip(all_jobs, saved)]
+
+
 def _add_ablation(all_jobs: list, names: str) -> list:
     """Run only the jobs of the ablations ``names`` (comma-separated); every other run is
     the saved one. The saved file holds the job list in the same order, without those
@@ -178,16 +194,16 @@ def _add_ablation(all_jobs: list, names: str) -> list:
 
 
 def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None = None,
-        baselines_only: bool = False, rebound: bool = False) -> tuple[str, dict]:
+        baselines_only: bool = False, rebound: bool = False, defaults: bool = False) -> tuple[str, dict]:
     """``reuse``: render the runs saved by the last call (benchmarks/results/policies.json);
     ``rebound``: the saved runs with their bounds derived again (``_rebound``);
     ``jigsaw_only``: re-run only the jigsaw runs, the baselines' from the saved file;
     ``baselines_only``: re-run only the baselines, jigsaw's from the saved file;
     ``add_ablation``: run only these ablations' jobs (comma-separated; new, or re-run), the rest
-    from the saved file."""
+    from the saved file; ``defaults``: re-run only jigsaw's default runs (``_rerun_defaults``)."""
     import json
 
-    if reuse or jigsaw_only or add_ablation or rebound:
+    if reuse or jigsaw_only or add_ablation or rebound or defaults:
         splits = json.loads(SPLITS.read_text())
     else:
         splits = tuned_splits()
@@ -215,6 +231,9 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
         dump(results, RESULTS)
     elif add_ablation:
         results = _add_ablation(all_jobs, add_ablation)
+        dump(results, RESULTS)
+    elif defaults:
+        results = _rerun_defaults(all_jobs)
         dump(results, RESULTS)
     else:
         results = run_many(all_jobs)

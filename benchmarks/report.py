@@ -3,6 +3,7 @@
     python benchmarks/report.py        # over two hours on 2 cores: every baseline, jigsaw, each
                                        # ablation and the oracle on (a)-(d)
     python benchmarks/report.py --only policies --reuse   # re-render from the saved runs (a second)
+    python benchmarks/report.py --only policies --defaults   # jigsaw's default and oracle runs alone
 
 Numbers come from the deterministic simulator (same seed, same samples for every
 policy); only wall times and decision latencies are measured and vary with machine load.
@@ -179,7 +180,8 @@ def render(argv: list[str] | None = None) -> str:
     ``--reuse``: render the policy tables from the runs saved last time (benchmarks/results/);
     ``--jigsaw-only`` / ``--baselines-only``: re-run only those runs, the others from the saved file;
     ``--add-ablation NAME[,NAME]``: run only these ablations' runs (newly added, or re-run after
-    their rules changed), the others from the saved file; ``--rebound``: the saved runs with their bounds
+    their rules changed), the others from the saved file; ``--defaults``: only jigsaw's runs with its
+    default options (the default predictor and the oracle), after a default changed; ``--rebound``: the saved runs with their bounds
     derived again (a change to ``core/bounds.py`` alone)."""
     args = argv or sys.argv[1:]
     only = args[1:2] if args[:1] == ["--only"] else []
@@ -191,7 +193,7 @@ def render(argv: list[str] | None = None) -> str:
         added = args[args.index("--add-ablation") + 1] if "--add-ablation" in args else None
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args,
                                     baselines_only="--baselines-only" in args, add_ablation=added,
-                                    rebound="--rebound" in args)
+                                    rebound="--rebound" in args, defaults="--defaults" in args)
         cp = _KEPT_NOTE + "\n\n" + _old_section("## Control plane on the EMULATED backend (runtime, not the simulator)")
     else:
         pol, summary = policies.run(reuse="--reuse" in args, jigsaw_only="--jigsaw-only" in args)
