@@ -954,8 +954,10 @@ def test_a_spread_is_priced_on_the_new_replicas_width():
         p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
                                  done=True)
         st = state([p0, p1], busy=_busy_with_replicas([p0, p1]))
-        # nodes as wide as the replica: no wider re-shard to take the tail instead
-        out = get_policy("jigsaw").decide(dataclasses.replace(st, gpus_per_node=len(devices)))
+        # nodes as wide as the replica: no wider re-shard to take the tail instead; the
+        # launch width held at the cheapest token's (``alone_width`` would launch p0, alone,
+        # 4-wide at this context, and a spread 4-wide onto devices 4-7 ends sooner)
+        out = get_policy("jigsaw", alone_width=False).decide(dataclasses.replace(st, gpus_per_node=len(devices)))
         return [d.devices for d in out if isinstance(d, LaunchReplica) and d.spread]
 
     assert spread_of((0, 1, 2, 3)) == []
@@ -982,7 +984,10 @@ def test_a_spread_leaves_out_devices_whose_class_holds_few_of_the_requests():
                DeviceClassView(1, "s", "rtx4090", range(4, 8), small, None, False, None))
 
     def spread(s):
-        return [d.devices for d in get_policy("jigsaw").decide(s) if isinstance(d, LaunchReplica) and d.spread]
+        # the launch width held at the cheapest token's (``alone_width`` would launch p0,
+        # alone, wider at this context: the class pricing is what this test is of)
+        return [d.devices for d in get_policy("jigsaw", alone_width=False).decide(s)
+                if isinstance(d, LaunchReplica) and d.spread]
 
     assert spread(st) == [(2,), (3,), (4,), (5,), (6,), (7,)]
     assert spread(dataclasses.replace(st, classes=classes)) == [(2,), (3,)]

@@ -80,6 +80,10 @@ class JigsawConfig:
     # narrow replicas of 8 each, or one wide one of 32), not at the batch its cache holds
     # (docs/simulator.md)
     fill_width: bool = True
+    # the run's last synchronous pipeline (every other one finished, ``idle_spread`` on)
+    # launches its rollout at the width that ends its bulk soonest over the whole pool, not
+    # the one whose token is cheapest: no one else will use the device-seconds
+    alone_width: bool = True
     # a critical pipeline's training gang (projected last at the pipelines' observed paces)
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)
