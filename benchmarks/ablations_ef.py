@@ -4,6 +4,7 @@ long-tail and agentic workloads (e) and (f), and the oracle predictor against th
     python3 benchmarks/ablations_ef.py            # every run, then the block
     python3 benchmarks/ablations_ef.py --render   # the block from the saved runs
     python3 benchmarks/ablations_ef.py --quick    # (e) alone, nothing written
+    python3 benchmarks/ablations_ef.py --defaults  # only jigsaw's default and oracle runs
     python3 benchmarks/ablations_ef.py --add NAME[,NAME]  # only these mechanisms' runs (newly
                                                   # added, or their rules changed), the rest saved
 
@@ -67,7 +68,11 @@ def add(names: str) -> dict:
     unknown = sorted(wanted - set(ABLATIONS))
     if unknown:
         raise SystemExit(f"--add: {', '.join(unknown)} is not one of {', '.join(ABLATIONS)}")
-    labels = {_label(a) for a in wanted}
+    return _rerun({_label(a) for a in wanted})
+
+
+def _rerun(labels: set) -> dict:
+    """The saved runs with the rows ``labels`` run again (or for the first time)."""
     data = json.loads(OUT.read_text())
     picked = [(k, label, job) for k in KEYS for label, job in _runs(k) if label in labels]
     for (k, label, _), r in zip(picked, run_many([job for _, _, job in picked])):
@@ -129,6 +134,9 @@ def main() -> None:
     if "--add" in sys.argv:  # measured as the full table is, and saved and written the same way
         names = sys.argv[sys.argv.index("--add") + 1]
         measure_and_write(BLOCK, OUT, lambda _keys: add(names), render, KEYS, ("e",))
+        return
+    if "--defaults" in sys.argv:  # jigsaw's default and oracle runs alone, after a default changed
+        measure_and_write(BLOCK, OUT, lambda _keys: _rerun({"jigsaw (defaults)", ORACLE}), render, KEYS, ("e",))
         return
     measure_and_write(BLOCK, OUT, measure, render, KEYS, ("e",))
 
