@@ -501,10 +501,9 @@ class ExecutorCore:
                 raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
             self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
         p.stage_running = True
-        if d.stage in s.covered:  # the rest of what early passes read
-            s.pass_tokens[d.stage] = s.tokens - s.covered[d.stage]
+        tokens = self._own_pass_tokens(s, d.stage)
         self._emit("jigsaw_stage_start", pipeline=p.name, step=d.step, stage=d.stage, devices=devices,
-                   samples=s.n, tokens=s.pass_tokens.get(d.stage, s.tokens), t=self.t)
+                   samples=s.n, tokens=tokens, t=self.t)
         if d.stage == "weight_sync":
             self._emit("jigsaw_weight_sync_start", pipeline=p.name, step=d.step, version=p.version,
                        devices=devices, bytes=int(p.model.weight_bytes), t=self.t)
@@ -528,8 +527,7 @@ class ExecutorCore:
             raise PolicyViolation(f"{p.name}: stage {d.stage} needs devices")
         self._claim(devices, DeviceTask("stage", p.name, stage=d.stage))
         s = p.steps[d.step]
-        if d.stage in s.covered:  # the rest of what early passes read
-            s.pass_tokens[d.stage] = s.tokens - s.covered[d.stage]
+        self._own_pass_tokens(s, d.stage)
         p.alongside = d.stage
         p.stage_next += 1
         self.dirty = True
@@ -543,6 +541,14 @@ class ExecutorCore:
         if p.alongside is None or s is None or p.alongside not in s.stage_t:
             return None
         return s.stage_t[p.alongside][1]
+
+    @staticmethod
+    def _own_pass_tokens(s: StepRun, stage: str) -> int:
+        """The tokens a stage's own pass over step ``s`` reads: the rest of what its early
+        passes read (set as the pass's tokens), else the whole batch."""
+        if stage in s.covered:
+            s.pass_tokens[stage] = s.tokens - s.covered[stage]
+        return s.pass_tokens.get(stage, s.tokens)
 
     def _check_rest(self, d: ResizeStage) -> None:
         """Validate ``ResizeStage.rest``: an early pass of the step to train next, whose

@@ -532,10 +532,9 @@ class World(ExecutorCore):
         self._close_segment(run)
         self._early_pass_done(p, s, stage, run.devices)
         p.stage_running = True
-        s.pass_tokens[stage] = s.tokens - s.covered[stage]
         s.stage_t[stage] = (self.t, self.t)
         self._emit("jigsaw_stage_start", pipeline=p.name, step=s.step, stage=stage, devices=run.devices,
-                   samples=s.n, tokens=s.pass_tokens[stage], t=self.t)
+                   samples=s.n, tokens=self._own_pass_tokens(s, stage), t=self.t)
         run.rest, run.read_before, run.fixed_left = False, read, 1.0 - run.index / self.micro_batches
         run.index = 0
 
