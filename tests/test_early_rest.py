@@ -149,12 +149,11 @@ def test_rest_must_be_a_bool():
 
 
 # ---- the policy's choice on a hand-built state ------------------------------------------
-def _early_running(rewarded=32, rest=False, left=5, stage="old_log_prob", tokens=24000):
+def _early_running(rewarded=32, rest=False, left=5, stage="old_log_prob"):
     """p0's early log-prob pass of step 1 runs on devices 1-3 (``left`` micro-batches of 8
-    to go), its step's 32 trajectories generated (``tokens`` in all) and ``rewarded`` of
-    them rewarded; device 0 of its home is free."""
+    to go), its step's 32 trajectories generated and ``rewarded`` of them rewarded."""
     rs = RunningStageView(1, stage, (1, 2, 3), None, left, 8, 101.0, True, rest)
-    p0 = pipeline(0, range(4), steps={1: step(1, samples=32, done=32, rewarded=rewarded, tokens=tokens)},
+    p0 = pipeline(0, range(4), steps={1: step(1, samples=32, done=32, rewarded=rewarded, tokens=24000)},
                   gen_next=2, train_next=1, version=1, stage_running=True, running_end=103.0, running_stage=rs)
     p0 = dataclasses.replace(p0, early_stage=stage)
     p1 = pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)})
@@ -180,15 +179,3 @@ def test_policy_lets_an_early_pass_go_on_once_its_batch_is_complete():
 ])
 def test_policy_leaves_an_early_pass_be_otherwise(kw, options):
     assert not _rests(get_policy("jigsaw", **options).decide(_early_running(**kw)))
-
-
-def test_policy_grows_a_pass_that_goes_on_where_that_pays_over_its_whole_own_pass():
-    """Over 20M tokens a fourth device ends the own pass sooner by more than loading the
-    training state onto it; over the one micro-batch left of the early chunk it does not.
-    So the running early pass is not grown before its batch is complete, and the pass that
-    goes on as the stage's own pass is (over 24,000 tokens, above, it is not)."""
-    decide = get_policy("jigsaw").decide
-    chunk = decide(_early_running(left=2, rewarded=31, tokens=20_000_000))
-    assert not [d for d in chunk if isinstance(d, ResizeStage)]
-    assert _rests(decide(_early_running(left=2, tokens=20_000_000))) == [
-        ResizeStage("p0", 1, "old_log_prob", (1, 2, 3, 0), rest=True)]

@@ -280,19 +280,15 @@ class TrainingGangs:
                                 tokens=0 if chunk >= tokens else chunk))
             rnd.free.difference_update(devs)
 
-    def _early_rest(self, rnd, out) -> None:
+    @staticmethod
+    def _early_rest(rnd, out) -> None:
         """``early_rest``: an early pass still running once its step's batch is complete
         (every trajectory generated and rewarded) and the stage's own pass is next goes on
-        as that pass from its next boundary (``ResizeStage.rest``): it would otherwise
-        finish its chunk, pay the pass's fixed cost again and hold the stage back meanwhile
-        (a lone DAPO 7B on 8 H100: the pass ended 1.8 s after verl-sync's, which ran none).
-        It goes on on the devices it holds, grown onto the free devices it may grow onto
-        (``_growth_pool``) where that ends the whole own pass sooner by more than the
-        switch: priced over what was left of the early chunk, as a running stage's growth
-        is, the growth looked too small to pay, and the own pass went on narrow for all of
-        its tokens ((d) seed 0: the critical 32B's update of step 7 62.6 s against 50.9 s
-        without ``early_rest``). Growth rules act on it from then on as on any running
-        stage."""
+        as that pass from its next boundary (``ResizeStage.rest``), on the devices it holds
+        then: it would otherwise finish its chunk, pay the pass's fixed cost again and hold
+        the stage back meanwhile (a lone DAPO 7B on 8 H100: the pass ended 1.8 s after
+        verl-sync's, which ran none). Growth rules act on it from then on as on any
+        running stage."""
         for p in rnd.state.order:
             rs, stage = p.running_stage, p.early_stage
             if rs is None or stage is None or rs.rest or rs.step != p.train_next or rs.micro_batches_left <= 1:
@@ -301,12 +297,7 @@ class TrainingGangs:
             if s is None or s.rewarded < s.samples or p.stages[p.stage_next] != stage \
                     or waits_for_alongside(stage, p.alongside_stage):
                 continue
-            devs = rnd.stage_devices(p)
-            grown = self._growth_that_pays(rnd, p, self._growth_pool(rnd, p, devs, stage), whole=True)
-            if grown is not None:
-                rnd.free.difference_update(d for d in grown if d not in devs)
-                rnd.resized[p.name] = devs = grown
-            out.append(ResizeStage(p.name, rs.step, stage, devs, rest=True))
+            out.append(ResizeStage(p.name, rs.step, stage, rnd.stage_devices(p), rest=True))
 
     def _early_stage(self, p, s) -> str | None:
         """The first forward stage (before any stage that needs the whole batch) with enough

@@ -239,6 +239,7 @@ class Loans:
         own home's free devices alone, and (``grow_onto_orphans``) the pipeline projected to
         finish last onto devices whose owners have finished too."""
         state, cfg = rnd.state, self.config
+        lending = cfg.multiplex and (cfg.loans or cfg.critical_loans)
         running = [p for p in state.order if p.running_stage is not None and p.running_stage.resizable
                    and p.running_stage.micro_batches_left >= 2
                    and (cfg.grow_at_home or self._stage_may_grow(rnd, p))]
@@ -252,40 +253,30 @@ class Loans:
             base = rnd.stage_devices(p)
             if not base:
                 continue  # paused: served as a "resume" demand
-            grown_set = self._growth_that_pays(rnd, p, self._growth_pool(rnd, p, base, rs.stage, last))
+            home = set(rnd.share[p.name])
+            own = [d for d in sorted(rnd.free) if d in home]
+            g0 = len(base)
+            lend = []
+            if lending and self._stage_may_grow(rnd, p):
+                lend = self._lendable(rnd, p, self._micro_batch_s(state, p, rs.stage, g0 + len(own) + 1),
+                                      training=not cfg.loans)
+            elif p is last:
+                lend = [d for d in sorted(rnd.free) if self._orphaned(rnd, d)]
+            add = self._on_trainer_site(state, own + [d for d in lend if d not in home])
+            grown_set = self._growth_that_pays(rnd, p, add)
             if grown_set is not None:
                 rnd.resize(out, p, grown_set)
                 rnd.free.difference_update(d for d in grown_set if d not in base)
 
-    def _growth_pool(self, rnd, p, base, stage, last=None) -> list:
-        """The free devices ``p``'s running ``stage`` on ``base`` may grow onto: its home's;
-        with micro-batch loans, where it may grow onto lent ones (``_stage_may_grow``),
-        those lent for a micro-batch; else, for ``last`` (the pipeline projected to finish
-        last, ``grow_onto_orphans``), those whose owners have finished."""
-        state, cfg = rnd.state, self.config
-        home = set(rnd.share[p.name])
-        own = [d for d in sorted(rnd.free) if d in home]
-        lend = []
-        if cfg.multiplex and (cfg.loans or cfg.critical_loans) and self._stage_may_grow(rnd, p):
-            lend = self._lendable(rnd, p, self._micro_batch_s(state, p, stage, len(base) + len(own) + 1),
-                                  training=not cfg.loans)
-        elif p is last:
-            lend = [d for d in sorted(rnd.free) if self._orphaned(rnd, d)]
-        return self._on_trainer_site(state, own + [d for d in lend if d not in home])
-
-    def _growth_that_pays(self, rnd, p, add, whole: bool = False) -> tuple | None:
+    def _growth_that_pays(self, rnd, p, add) -> tuple | None:
         """The gang ``p``'s running stage grows to at its next micro-batch boundary from
         ``add`` (devices free now), or None where none ends its remaining micro-batches
-        sooner by more than the switch onto the new devices. ``whole``: the stage is an
-        early pass that goes on as the stage's own pass from that boundary
-        (``_early_rest``), so all of that pass is left, not the rest of the early chunk."""
+        sooner by more than the switch onto the new devices."""
         if not add:
             return None
         state, rs = rnd.state, p.running_stage
         base = rnd.stage_devices(p)
-        # the one in progress keeps its width; an early pass going on reads all of the own
-        # pass from the boundary (``_pass_tokens``: what no early pass has read)
-        left = rs.micro_batches if whole else rs.micro_batches_left - 1
+        left = rs.micro_batches_left - 1  # the one in progress keeps its width
         # priced at the gang's class (on a pool of several, the first class's profile
         # priced a 14B update running on 3 H20s of 96 GB as one 80 GB H100s cannot hold:
         # infinite, so any growth looked like a gain)
