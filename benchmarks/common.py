@@ -40,10 +40,11 @@ def run_one(job: tuple) -> dict:
     return result
 
 
-def run_many(jobs: list, workers: int = 2) -> list:
-    """Each job in a fresh process (honest peak memory), two at a time on this machine."""
+def run_many(jobs: list, workers: int = 2, fn=run_one) -> list:
+    """Each job (``fn`` of it: ``run_one`` unless said) in a fresh process (honest peak
+    memory), two at a time on this machine."""
     with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=1) as ex:
-        return list(ex.map(run_one, jobs))
+        return list(ex.map(fn, jobs))
 
 
 def md_table(head: list, rows: list) -> str:

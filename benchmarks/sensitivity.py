@@ -21,7 +21,7 @@ import dataclasses
 import statistics
 import sys
 
-from common import EXAMPLES, ROOT, md_table, measure_and_write
+from common import EXAMPLES, ROOT, md_table, measure_and_write, run_many
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
@@ -51,15 +51,11 @@ def run(job: tuple) -> float:
 
 
 def measure(keys) -> dict:
-    from concurrent.futures import ProcessPoolExecutor
-
-    jobs = [(str(EXAMPLES / benchmark_workload(k).file), policy, scale)
-            for k in keys for policy in POLICIES for scale in SCALES]
-    with ProcessPoolExecutor(max_workers=2, max_tasks_per_child=1) as ex:
-        spans = list(ex.map(run, jobs))
+    where = [(k, policy, scale) for k in keys for policy in POLICIES for scale in SCALES]
+    spans = run_many([(str(EXAMPLES / benchmark_workload(k).file), policy, scale) for k, policy, scale in where],
+                     fn=run)
     data: dict = {}
-    for (path, policy, scale), span in zip(jobs, spans):
-        k = next(k for k in keys if path.endswith(benchmark_workload(k).file))
+    for (k, policy, scale), span in zip(where, spans):
         data.setdefault(k, {}).setdefault(policy, []).append({"scale": scale, "makespan_s": span})
     return data
 
