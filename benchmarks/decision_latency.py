@@ -344,12 +344,20 @@ replicas' reports, below):
 What stop 53 changed: a simulated replica's report (`Replica.observe`) computes its KV
 figure once and skips the sync where time has not moved (the same report; every
 decision and makespan unchanged): the snapshot of a stopped 1024 / 32 run 2.9 -> 2.7 ms
-(medians of two alternated runs each). The tables below are of that build. One
-invocation's figures move by 10-30% with the shared machine's load from run to run, and
-whole runs by more: three runs of this build at 1024 / 32 over 16,000 rounds gave a
-decision p99 of 12,664, 8,369 and 7,766 us at 1-minute load averages under 1 (the table
-below is the median one's), and stop 36's build (be6f09c), run alternately with it, 8,734
-and 7,683 us (the medians under the tables), where its own stop measured 6,915 us.
+(medians of two alternated runs each). One invocation's figures move by 10-30% with the
+shared machine's load from run to run, and whole runs by more: three runs of stop 53's
+build at 1024 / 32 over 16,000 rounds gave a decision p99 of 12,664, 8,369 and 7,766 us at
+1-minute load averages under 1, and stop 36's build (be6f09c), run alternately with it,
+8,734 and 7,683 us (the first medians under the tables), where its own stop measured
+6,915 us.
+
+The tables below are of stop 94's build (stop 92's policy), measured on 2026-12-06: this
+machine ran both builds' rounds slower that day than in stop 53's runs (the policy's own
+p50 at 1024 / 32 over the first 400 rounds 967 us then, 1,571-1,799 us now for stop 91's
+build and this one alike: the second medians under the tables, the two builds alternated).
+Three runs of 16,000 rounds at 1024 / 32 gave a decision p99 of 9,622, 11,864 and 13,569
+us, each slower than the one before at load averages under 1 (their files
+benchmarks/results/decision_latency_s94_16k_*.json); the table is the median one's.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -359,7 +367,7 @@ and 7,683 us (the medians under the tables), where its own stop measured 6,915 u
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,432
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,160
 rounds, 287 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
@@ -368,7 +376,7 @@ table reads too).
 What is left. At 64 / 8 (1 ms) the median round is
 already about 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
 times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
-1 ms by itself (1.1 ms in stop 53's run; 0.9 ms in stop 36's), and a slow round adds the consolidation's
+1 ms by itself (1.2 ms in stop 94's run, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
 gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
 batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
 predictions that are not made in the round that first reads them (refreshed as requests
@@ -376,10 +384,10 @@ finish, between rounds) or a predictor call an order of magnitude cheaper on a f
 and a round without a Python pass over every replica; none is built (re-pricing each
 pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p99, but
 slower makespans: docs/simulator.md, stop 47). At 1024 / 32 (10 ms) the target is met
-over the first 400 rounds and, in most runs, over 16,000 rounds into the first rollout's
-tails (7.8-8.4 ms; one run of three 12.7 ms, and one of the build before stop 53's report
-change 12.9 ms): with no margin against this machine's swings. Side by side, this build
-and stop 36's are within its noise. What a slow round there is made of is the views of
+over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
+two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
+11.9 and 13.6 ms), so on this machine it is not met reliably. Side by side, stop 53's build
+and stop 36's are within its noise, and so are this build and stop 91's. What a slow round there is made of is the views of
 the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
 needs the replicas' reports and views built without a Python call per replica each round
 (arrays the executor keeps, advanced in one pass); not built.
