@@ -84,7 +84,7 @@ def render(data: dict) -> str:
             big = max(abs(m) for m in moves)
             largest.setdefault(policy, []).append(big)
             gap = (f"{gaps[0]:.0%} ({min(gaps[1:]):.0%} - {max(gaps[1:]):.0%})"
-                   if policy == "jigsaw" and len(gaps) == len(runs) else "")
+                   if policy == "jigsaw" and len(gaps) == len(runs) > 1 else "")
             rows.append([f"({k})", policy, f"{runs[0]['makespan_s']:.1f}",
                          ", ".join(f"{r['makespan_s']:.1f}" for r in runs[1:]),
                          f"{big:.2%}", f"{statistics.median(abs(m) for m in moves):.2%}",
