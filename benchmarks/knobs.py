@@ -24,6 +24,7 @@ import sys
 from common import ROOT, md_table, measure_and_write, run_many
 
 sys.path.insert(0, str(ROOT))
+from jigsaw_plugin.bench.ab import gap_share  # noqa: E402
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
 from jigsaw_plugin.scheduler.jigsaw.config import JigsawConfig  # noqa: E402
 
@@ -91,8 +92,7 @@ def _combined(runs: list) -> dict:
 
 
 def _gap(verl: float, run: dict) -> float | None:
-    gap = verl - run["bound_s"]
-    return (verl - run["makespan_s"]) / gap if gap > 0 else None
+    return gap_share(verl, run["makespan_s"], run["bound_s"])
 
 
 def _pct(x: float | None) -> str:

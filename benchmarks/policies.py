@@ -98,12 +98,6 @@ def jobs_for(fname: str, splits: dict | None = None) -> list:
     return jobs
 
 
-def _gap(base: dict, cand: dict) -> float | None:
-    lb = base["bounds"]["makespan_lower_bound_s"]
-    span = base["makespan_s"] - lb
-    return (base["makespan_s"] - cand["makespan_s"]) / span if span > 0 else None
-
-
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -262,7 +256,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
             "busy": jig["gpu_busy_fraction"],
             "p99_us": jig["scheduler"]["decision_p99_us"],
             "p50_us": jig["scheduler"]["decision_p50_us"],
-            "gap_recovered": _gap(by["verl-sync"], jig),
+            "gap_recovered": ab.gap_recovered(by["verl-sync"], jig),
             "bound_ratio": by["verl-sync"]["makespan_s"] / jig["bounds"]["makespan_lower_bound_s"],
             # the most any policy could gain over the best asynchronous run on the cost model
             "async_bound_ratio": best_async["makespan_s"] / jig["bounds"]["makespan_lower_bound_s"],
@@ -299,7 +293,7 @@ def run(reuse: bool = False, jigsaw_only: bool = False, add_ablation: str | None
                           f"{sps / oracle['samples_per_s'] - 1:+.1%}", _num(acc.get("remaining_tokens_mae"), ".0f"),
                           _num(acc.get("remaining_tokens_rel_error"), ".2f"), _num(acc.get("rank_corr"), ".2f"),
                           _num(acc.get("remaining_s_mae"), ".1f"), acc.get("notes"),
-                          _pct(_gap(by["verl-sync"], oracle))])
+                          _pct(ab.gap_recovered(by["verl-sync"], oracle))])
         for name, pj in jig["pipelines"].items():
             pv = by["verl-sync"]["pipelines"][name]
             lat_rows.append([f"({key})", name, f"{pv['mean_step_s']:.1f}", f"{pj['mean_step_s']:.1f}",

@@ -24,7 +24,7 @@ import sys
 from common import EXAMPLES, ROOT, md_table, measure_and_write, run_many
 
 sys.path.insert(0, str(ROOT))
-from jigsaw_plugin.bench.ab import gap_recovered  # noqa: E402
+from jigsaw_plugin.bench.ab import gap_share  # noqa: E402
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "sensitivity.json"
@@ -69,10 +69,10 @@ def _moves(runs: list) -> list:
 
 
 def _gaps(by_policy: dict) -> list:
-    """jigsaw's gap recovered against verl-sync at each scale (``bench.ab.gap_recovered``),
+    """jigsaw's gap recovered against verl-sync at each scale (``bench.ab.gap_share``),
     each run against its own scale's verl-sync run and bound; none where verl-sync's run is
     not above its bound."""
-    got = [gap_recovered({"makespan_s": v["makespan_s"], "bounds": {"makespan_lower_bound_s": v["bound_s"]}}, j)
+    got = [gap_share(v["makespan_s"], j["makespan_s"], v["bound_s"])
            for j, v in zip(by_policy["jigsaw"], by_policy["verl-sync"])]
     return [g for g in got if g is not None]
 

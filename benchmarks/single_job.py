@@ -37,6 +37,8 @@ from common import BUNDLED, EXAMPLES, ROOT, md_table, measure_and_write, run_one
 from policies import with_tp
 from random_mixes import synthetic_mixes
 
+from jigsaw_plugin.bench.ab import gap_share
+
 RESULTS = ROOT / "benchmarks" / "results" / "single_job.json"
 BLOCK = "single-job"
 HELD_OUT_SEED, HELD_OUT_MIXES = 23000, 20
@@ -122,7 +124,8 @@ def _by_label(runs: list, part: str) -> dict:
 
 
 def _gap(base: float, ours: float, bound: float) -> str:
-    return f"{(base - ours) / (base - bound):.0%}" if base - bound > 1e-9 else "-"
+    g = gap_share(base, ours, bound)
+    return "-" if g is None else f"{g:.0%}"
 
 
 def render(data: dict) -> str:

@@ -154,10 +154,15 @@ def run_ab_recorded(workload, baseline: str, candidate: str = "jigsaw", seed: in
 def gap_recovered(base: dict, cand: dict) -> float | None:
     """How much of the gap between the baseline's makespan and the makespan lower bound
     the candidate closes (1.0: it reaches the bound; 0: no better than the baseline)."""
-    lb = base.get("bounds", {}).get("makespan_lower_bound_s")
-    if lb is None or base["makespan_s"] - lb <= 0:
+    return gap_share(base["makespan_s"], cand["makespan_s"], base.get("bounds", {}).get("makespan_lower_bound_s"))
+
+
+def gap_share(base_s: float, cand_s: float, bound_s: float | None) -> float | None:
+    """``gap_recovered`` of bare makespans: (base - candidate) / (base - bound); None where
+    the bound is unknown or the baseline is not above it."""
+    if bound_s is None or base_s - bound_s <= 0:
         return None
-    return (base["makespan_s"] - cand["makespan_s"]) / (base["makespan_s"] - lb)
+    return (base_s - cand_s) / (base_s - bound_s)
 
 
 def _breakdown_rows(b: dict, c: dict) -> list[str]:

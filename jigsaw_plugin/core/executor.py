@@ -104,6 +104,9 @@ class ExecutorCore:
         # predictions during the policy) and the policy's own time (core.snapshot)
         self.state_build_us: list[float] = []
         self.policy_us: list[float] = []
+        # per decide round, before it: the engines' reports brought to the round's time
+        # (``advance_engines``; the simulator's replicas decoding up to now), not in the above
+        self.engine_advance_us: list[float] = []
         self._lazy_us = 0.0
         # the decision timers' clock (a benchmark on a shared machine may read CPU time,
         # time.process_time, which other processes' load does not inflate)
@@ -219,6 +222,15 @@ class ExecutorCore:
         """Time the snapshot's lazy parts spent while the policy ran (core.snapshot)."""
         self._lazy_us += us
 
+    def advance_engines(self) -> None:
+        """Bring what the engines report up to the round's time, before the round starts.
+
+        A live executor's engines decode on their own and have reported already, so it has
+        nothing to do here (its snapshot reads their last reports). The simulator overrides
+        it: its simulated replicas advance their decode to now, the engines' own work, which
+        a live host's round does not do; it is timed apart (``engine_advance_us``) and not
+        counted in the decision latency."""
+
     def decide(self) -> list:
         """One round: the state, then ``jigsaw_schedule``; returns the decisions.
 
@@ -232,7 +244,10 @@ class ExecutorCore:
         collecting = gc.isenabled()
         gc.disable()
         try:
+            t_engines = clock()
+            self.advance_engines()
             t0 = clock()
+            self.engine_advance_us.append((t0 - t_engines) * 1e6)
             state = self.snapshot()
             t1 = clock()
             decisions = self.pm.hook.jigsaw_schedule(state=state) or []

@@ -97,6 +97,16 @@ class World(ExecutorCore):
         s = self.pipelines[request_id.pipeline].steps[request_id.step].samples
         return int(s.gen_tokens[int(s.turn_offset[request_id.sample]) + (request_id.turn or 0)])
 
+    def advance_engines(self) -> None:
+        """Each simulated replica decodes up to now before the round (``ExecutorCore``): the
+        engines' work, which the snapshot would otherwise do inside the timed round when it
+        asks each replica for its report (the same sync, so the same state and decisions)."""
+        t = self.t
+        for p in self.order:
+            for rep in p.replicas:
+                if t > rep.t_sync:
+                    rep.sync(t)
+
     def _schedule(self, r: Replica) -> None:
         self._schedule_one(r)
         partner = r.partner
