@@ -306,7 +306,8 @@ def section(results: list, command: str, load_before: str, load_after: str, note
 CPU microseconds per decide round (`time.thread_time` of the simulation's thread: the
 process clock moves in 4 ms ticks once the run's RLIMIT_CPU backstop is armed; the wall
 p99 is beside it), split into building the `SchedulerState` (snapshot plus the rows and
-predictions the policy reads lazily) and the policy's own time. "incremental" is the
+predictions the policy reads lazily) and the policy's own time; the simulated engines'
+decode up to the round's time runs before the round and is given apart (stop 95, below). "incremental" is the
 default build; "from-scratch" reads every row and asks the predictor every round.
 Workloads: the demo's two pipelines repeated, 8 samples per prompt, 2 steps. "(budget)":
 the case stopped at its round or CPU budget; its figures are those of the rounds it ran.
@@ -357,13 +358,32 @@ build at 1024 / 32 over 16,000 rounds gave a decision p99 of 12,664, 8,369 and 7
 8,734 and 7,683 us (the first medians under the tables), where its own stop measured
 6,915 us.
 
-The tables below are of stop 94's build (stop 92's policy), measured on 2026-12-06: this
-machine ran both builds' rounds slower that day than in stop 53's runs (the policy's own
-p50 at 1024 / 32 over the first 400 rounds 967 us then, 1,571-1,799 us now for stop 91's
-build and this one alike: the second medians under the tables, the two builds alternated).
-Three runs of 16,000 rounds at 1024 / 32 gave a decision p99 of 9,622, 11,864 and 13,569
-us, each slower than the one before at load averages under 1 (their files
-benchmarks/results/decision_latency_s94_16k_*.json); the table is the median one's.
+What stop 95 changed: the simulated replicas advance their decode to the round's time
+before the round (`World.advance_engines`, which `ExecutorCore.decide` calls ahead of its
+timers), where before each replica's report did it inside the snapshot (`Replica.sync`
+from `Replica.observe`). That is the simulated engines' own work: a live host's engines
+decode on their own and its round reads their last reports, so the live executors'
+`advance_engines` does nothing. Its CPU time per round is the column "engines' advance
+before the round", not part of the decision (the wall column is the round's wall time less
+it). Every decision is the same: (a)-(f) at seeds 0-2 ran to the same makespans bit for
+bit (18 runs), and tests/test_engine_advance.py holds a run to the one with the sync left
+to the snapshot.
+
+The tables below are of stop 95's build (stop 92's policy), measured on 2026-12-06. Three
+runs of 16,000 rounds at 1024 / 32, one after another from 06:48 UTC, gave a decision p99
+of 9,712, 8,067 and 8,948 us (benchmarks/results/decision_latency_s95_16k_*.json); three
+more, alternated with stop 94's build from 06:55 to 07:11, 12,230, 10,940 and 12,606 us,
+against stop 94's 10,188, 13,880 and 11,267 us with the advance inside its rounds (the
+second medians under the tables). The machine ran the same build's rounds up to 1.3x
+slower within twenty minutes (the policy's own p50 1,157-1,241 us in the first three runs,
+1,367-1,594 us in the last three), so what one run gives is as much the machine's as the
+build's. Against the policy's own p50 of the same run, a yardstick the load moves less,
+the state build went from 3.3-3.5 policy p50s (stop 94's build) to 2.6-2.7 (this one) in
+the alternated runs: the advance's 0.8-1.5 ms a round (its column) left the round. The
+16,000-round table below is the run with the fourth-lowest p99 of this build's six
+(10,940 us; the median of six lies between 9,712 and 10,940 us). Over the first 400 rounds
+at 1024 / 32 this build gave 6,467 us (the first table, 06:54), then 7,196 and 10,820 us
+alternated with stop 94's build's 8,790 and 13,299 us (the third medians).
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -392,22 +412,19 @@ pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p9
 slower makespans: docs/simulator.md, stop 47). At 1024 / 32 (10 ms) the target is met
 over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
 two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
-11.9 and 13.6 ms), so on this machine it is not met reliably. Side by side, stop 53's build
-and stop 36's are within its noise, and so are this build and stop 91's. What a slow round there is made of is the views of
+11.9 and 13.6 ms), both with the engines' advance inside the round, and in three of stop
+95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three): on this
+machine it is still not met reliably, its run-to-run spread being larger than the margin. Side by side, stop 53's build
+and stop 36's are within its noise, and so are stop 94's build and stop 91's. What a slow round there is made of is the views of
 the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
 needs the replicas' reports and views built without a Python call per replica each round
 (arrays the executor keeps, advanced in one pass); not built. Stop 94's breakdown there
-(`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget 400`, this build): the snapshot
+(`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget 400`, stop 94's build): the snapshot
 4.7 ms of a round on average and 6.9 ms in the slowest 1% (whose rounds take 14.1 ms, the
-consolidation 5.6 ms of it). Of the snapshot, the simulated replicas advancing their
-decode to the round's time (`Replica.sync`, called by each replica's report) is work a
-live host does not do in its round (it reads its engines' last reports): timed apart over
-16,000 rounds at 1024 / 32 (a thread-CPU timer wrapped around it for one run, not an
-option of this script), 1.8 ms of a round's 7.4 ms at the median, and the rounds less it
-have a decision p99 of 9.6 ms against 11.5 ms; at 64 / 8 (the whole run) 45 us of a 1.2
-ms round, so that target is far either way.
-Whether the simulator should advance its replicas outside the timed round, said as such
-beside the figures, is the first question for that work.
+consolidation 5.6 ms of it); of the snapshot, the simulated replicas advancing their
+decode was 1.8 ms of a round's 7.4 ms at the median (a thread-CPU timer wrapped around
+`Replica.sync` for one run), the work stop 95 moved before the round. At 64 / 8 that
+advance is well under 0.1 ms a round (the column), so that target is as far as before.
 """
 
 
@@ -763,11 +780,12 @@ def main(argv=None) -> None:
     results = _run_jobs([(g, n, pr, m, args.rounds, args.cpu_budget, options) for g, n, pr in cases for m in modes])
     load_after = _load_avg()
     command = "python benchmarks/decision_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = section(results, command.strip(), load_before, load_after, notes)
-    print(text)
+    # saved before the block is rendered: a rendering fault loses no measurement
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps({"command": command.strip(), "load_before": load_before,
                                         "load_after": load_after, "results": results}, indent=2))
+    text = section(results, command.strip(), load_before, load_after, notes)
+    print(text)
     if args.write:
         write_doc_block(BLOCK, text)
 
