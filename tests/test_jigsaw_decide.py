@@ -669,6 +669,29 @@ def test_a_stage_that_would_not_grow_lends_its_free_home_to_rollout_replicas_unt
     assert lendable(long, 100.0, replica=True) == []
 
 
+def test_a_replica_lent_beside_a_stage_is_not_evicted_before_the_stage_ends():
+    # p0's short update (on 0-1, it would not grow) lends its free home to p1's replicas until
+    # it ends; p1 took device 2. The reclaim must agree with that loan: the replica stays
+    # (it was evicted in the round after each launch, its requests moved back and forth:
+    # held-out mix s21008, 35,306 moves of one pipeline's requests in three steps)
+    rs = RunningStageView(1, "update_actor", (0, 1), None, 2, 8, 105.0, True)
+    reps = [replica("p1", 5, (4,), generated=[3000], predicted=[30000]),
+            replica("p1", 6, (2,), generated=[2000], predicted=[30000])]
+    busy = {4: DeviceTask("replica", "p1", replica=5), 2: DeviceTask("replica", "p1", replica=6),
+            **{d: DeviceTask("stage", "p0", stage="update_actor") for d in (0, 1)}}
+    ready = _paced(step(1, samples=32, done=32, rewarded=32, tokens=100_000), 20.0)
+    p0 = pipeline(0, range(4), gen_next=2, train_next=1, version=1, stage_next=3, stage_running=True,
+                  running_end=300.0, running_stage=rs, steps={1: ready})
+    p1 = pipeline(1, range(4, 8), replicas=reps, gen_next=3, train_next=2, version=2, generating=True,
+                  steps={2: StepView(2, 32, 30, 30, 0, 90.0, {}, {}, 1)})
+    st = state([p0, p1], busy=busy)
+    # (keep_critical_loans off: p1 keeps its loan here by the stage's lending alone)
+    evicted = lambda **opts: [d for d in get_policy("jigsaw", keep_critical_loans=False, **opts).decide(st)
+                              if isinstance(d, RetireReplica) and d.replica == 6]
+    assert evicted() == []
+    assert evicted(lend_beside_stages=False) == [RetireReplica(6)]
+
+
 def _rollout_ready_home_returning(boundary_in_s):
     """p0's step 1 may start generating; its home device 0 is free, devices 1-3 are lent to
     p1's update_actor, which hands them back at its boundary ``boundary_in_s`` from now."""

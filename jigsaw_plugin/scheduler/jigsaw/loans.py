@@ -167,6 +167,9 @@ class Loans:
                 continue
             # an owner that would leave the devices idle lets the critical pipeline keep them
             yields = self.config.keep_critical_loans and not self._would_use_home(rnd, o)
+            # ... and keeps lending them to rollout replicas until its running stage ends,
+            # as ``_needed_in_s`` lent them (``lend_beside_stages``)
+            beside = self.config.lend_beside_stages and self._declines_home(rnd, o)
             for d in rnd.share[o.name]:
                 task = state.devices[d].task
                 if task is None or task.pipeline == o.name:
@@ -175,7 +178,7 @@ class Loans:
                     continue
                 if task.kind == "stage":
                     shrink.setdefault(task.pipeline, set()).add(d)
-                elif task.kind == "replica" and task.replica is not None:
+                elif task.kind == "replica" and task.replica is not None and not beside:
                     replicas.add(task.replica)
         for q, devs in shrink.items():
             qv = state.pipelines[q]
