@@ -168,8 +168,8 @@ class Loans:
             # an owner that would leave the devices idle lets the critical pipeline keep them
             yields = self.config.keep_critical_loans and not self._would_use_home(rnd, o)
             # ... and keeps lending them to rollout replicas until its running stage ends,
-            # as ``_needed_in_s`` lent them (``lend_beside_stages``)
-            beside = self.config.lend_beside_stages and self._declines_home(rnd, o)
+            # as ``_needed_in_s`` lent them (``lend_beside_stages``; read at its first replica)
+            beside = None
             for d in rnd.share[o.name]:
                 task = state.devices[d].task
                 if task is None or task.pipeline == o.name:
@@ -178,8 +178,11 @@ class Loans:
                     continue
                 if task.kind == "stage":
                     shrink.setdefault(task.pipeline, set()).add(d)
-                elif task.kind == "replica" and task.replica is not None and not beside:
-                    replicas.add(task.replica)
+                elif task.kind == "replica" and task.replica is not None:
+                    if beside is None:
+                        beside = self.config.lend_beside_stages and self._declines_home(rnd, o)
+                    if not beside:
+                        replicas.add(task.replica)
         for q, devs in shrink.items():
             qv = state.pipelines[q]
             if qv.running_stage is None or not qv.running_stage.resizable:
