@@ -379,7 +379,7 @@ slower within twenty minutes (the policy's own p50 1,157-1,241 us in the first t
 1,367-1,594 us in the last three), so what one run gives is as much the machine's as the
 build's. Against the policy's own p50 of the same run, a yardstick the load moves less,
 the state build went from 3.3-3.5 policy p50s (stop 94's build) to 2.6-2.7 (this one) in
-the alternated runs: the advance's 0.8-1.5 ms a round (its column) left the round. The
+the alternated runs: the advance's 0.7-1.5 ms a round at the median (its column) left the round. The
 16,000-round table below is the run with the fourth-lowest p99 of this build's six
 (10,940 us; the median of six lies between 9,712 and 10,940 us). Over the first 400 rounds
 at 1024 / 32 this build gave 6,467 us (the first table, 06:54), then 7,196 and 10,820 us
