@@ -26,7 +26,6 @@ from common import ROOT, md_table, measure_and_write, run_many
 
 sys.path.insert(0, str(ROOT))
 from jigsaw_plugin.bench import ab  # noqa: E402
-from jigsaw_plugin.bench.ab import gap_share  # noqa: E402
 from jigsaw_plugin.bench.bundled import benchmark_workload  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "ablations_ef.json"
@@ -84,7 +83,7 @@ def _rerun(labels: set) -> dict:
 def _gap(base: dict, run: dict) -> float | None:
     """The share of the gap between verl-sync's makespan and ``run``'s lower bound that
     ``run`` recovers."""
-    return gap_share(base["makespan_s"], run["makespan_s"], run["lower_bound_s"])
+    return ab.gap_share(base["makespan_s"], run["makespan_s"], run["lower_bound_s"])
 
 
 def _cell(base: dict, ref: dict, run: dict) -> str:
