@@ -127,6 +127,26 @@ def test_consolidates_a_tail_replica_onto_a_sibling():
     assert Migrate(1, 2) in out and RetireReplica(1) in out
 
 
+def test_the_last_pipeline_merges_no_tail_while_devices_stand_idle():
+    # the other pipeline is done: what a merge of p0's tail frees serves only p0 itself; with
+    # five devices idle already, the merge would only slow the replica it merges into. With
+    # every device busy (p0's other replicas, none of them a tail, on all of them) it merges
+    tail = [replica("p0", 1, (0,), generated=[900], predicted=[100]),
+            replica("p0", 2, (1,), generated=[800, 700, 600], predicted=[2000, 1800, 1500])]
+    full = [replica("p0", r, (r - 1,), generated=[500] * 40, predicted=[3000] * 40) for r in range(3, 9)]
+    p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, generating=False,
+                                      steps={1: step(1, samples=32, done=32, rewarded=32, tokens=32 * 900)}),
+                             done=True)
+
+    def merged(reps):
+        p0 = pipeline(0, range(8), replicas=reps, gen_next=1, generating=True, steps={0: step(0, done=28)})
+        out = get_policy("jigsaw", resize=False).decide(state([p0, p1], busy=_busy_with_replicas([p0])))
+        return any(isinstance(d, Migrate) and d.src == 1 for d in out)
+
+    assert not merged(tail + full[:1])  # replica 3 ends last: the merge would not stretch the step
+    assert merged(tail + full)
+
+
 def test_replicas_at_their_steps_start_are_not_merged_as_tails():
     # two replicas of 16 requests each, none decoded yet, 8K tokens predicted each: under
     # tail_requests, but merging them doubles the KV every step reads as it grows by 16 x

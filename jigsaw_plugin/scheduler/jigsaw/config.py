@@ -150,7 +150,8 @@ class JigsawConfig:
     # the run's last unfinished pipeline, if synchronous, starts a step's rollout on as many more replicas as
     # the devices the others left allow, down to the batch below which halving it shortens a
     # decode step by less than ``idle_spread_gain``: no other pipeline can use those devices,
-    # and a long context's KV reads make a smaller batch decode each token faster
+    # and a long context's KV reads make a smaller batch decode each token faster; its tail
+    # moves may not stretch its generation, and none is made while a device stands idle
     idle_spread: bool = True
     idle_spread_gain: float = 0.2
     # while others still run, a synchronous pipeline projected to finish within

@@ -37,6 +37,14 @@ class TailMoves:
             live = [r for r in p.replicas if not r.retiring and r.load and r.id not in rnd.gone]
             if len(live) < 2:
                 continue
+            last = self._last_left(state, p)
+            if last and rnd.free:
+                # the run's last pipeline (``idle_spread``): what a merge frees serves only its
+                # own widened tails and early passes, and devices already stand idle for those,
+                # so a merge would only slow the replica it merges into (a 0.5B DAPO alone on
+                # 32 H100, held-out mix s17031: 32 replicas merged down to 14 in 50 s, whose
+                # long contexts' KV reads then made most of each step: 204.1 s, verl-sync 190.1)
+                continue
             open_steps = [s for s in p.steps.values() if s.gen_done < s.samples]
             if (p.lengths.turns > 1.0 and open_steps
                     and 2 * sum(s.gen_done for s in open_steps) < sum(s.samples for s in open_steps)):
@@ -50,7 +58,6 @@ class TailMoves:
             # are too short to pay for any move: their siblings' drains are not read)
             # the last pipeline's freed devices serve only its own widened tails: a move
             # may not stretch its generation at all (``idle_spread``)
-            last = self._last_left(state, p)
             ends = Ends(0.0 if last else self._slack(rnd, p),
                         extra=(0.0, 0.0) if last else self._early_stretch(rnd, p))
             widths = {r.tp for r in live}
