@@ -153,7 +153,7 @@ def render(data: dict) -> str:
                 for k in keys if gains.get(k) is not None and _gap(data[k]["verl-sync"]["makespan_s"],
                                                                       data[k]["jigsaw"][0]) is not None),
                default=None)
-    reading = (f"With its defaults jigsaw recovers {TARGET:.0%} of the gap on "
+    reading = (f"With its defaults jigsaw recovers at least {TARGET:.0%} of the gap on "
                f"{', '.join(met_default) or 'none of these'}; at the best of every setting tried on "
                f"{', '.join(met_best) or 'none of these'}" +
                (f" (the best moves the gap recovered by {100 * lift[0]:.0f} points at most, on ({lift[1]}))"

@@ -66,7 +66,10 @@ def test_columns_from_rows_and_a_bad_length():
 def test_view_builders_equal_the_constructors():
     args = (3, "p", (0, 1), 5, 2, 100.0, 1e5, 256, False, 0.02, 0.0, None)
     built, made = ReplicaView.build(*args), ReplicaView(*args)
-    assert built == made and vars(built) == vars(made) and built.load == 7 and built.tp == 2
+    # the builder sets the derived ``load`` and ``tp`` up front; the constructor's view
+    # computes them on first read: the same values, then the same dict
+    assert built == made and built.load == made.load == 7 and built.tp == made.tp == 2
+    assert vars(built) == vars(made)
     values = {f.name: i for i, f in enumerate(dataclasses.fields(PipelineView))}
     assert PipelineView.build(**values) == PipelineView(**values)
     del values["history"]

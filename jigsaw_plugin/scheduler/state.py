@@ -166,11 +166,13 @@ class ReplicaView:
     def build(cls, id, pipeline, devices, running, queued, kv_tokens, kv_capacity, max_seqs, retiring, step_s,
               stall_s, source) -> "ReplicaView":
         """The same view as the constructor, built in one dict update instead of a frozen
-        ``__setattr__`` per field (an executor builds every replica's view every round)."""
+        ``__setattr__`` per field (an executor builds every replica's view every round).
+        ``tp`` and ``load`` are set here too: a policy reads every view's load each round
+        (``_retire_drained``), and a plain entry costs less than the descriptor's first read."""
         v = _new(cls)
         v.__dict__.update(id=id, pipeline=pipeline, devices=devices, running=running, queued=queued,
                           kv_tokens=kv_tokens, kv_capacity=kv_capacity, max_seqs=max_seqs, retiring=retiring,
-                          step_s=step_s, stall_s=stall_s, _source=source)
+                          step_s=step_s, stall_s=stall_s, _source=source, tp=len(devices), load=running + queued)
         return v
 
     #: Its tensor-parallel width (devices).

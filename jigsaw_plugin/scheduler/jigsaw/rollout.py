@@ -112,6 +112,8 @@ class RolloutReplicas:
         the roomiest sibling first, in the order the queue would admit them. A request that
         waits for its next turn keeps its replica (its context is in that prefix cache),
         and one never admitted waits where the router put it."""
+        if not any(r.queued for q in rnd.state.order if q.generating for r in q.replicas):
+            return  # no engine holds a waiting request: nothing to move, no projection needed
         p = self._projected_last(rnd)
         if p is None or not p.generating:
             return
