@@ -369,21 +369,30 @@ it). Every decision is the same: (a)-(f) at seeds 0-2 ran to the same makespans 
 bit (18 runs), and tests/test_engine_advance.py holds a run to the one with the sync left
 to the snapshot.
 
-The tables below are of stop 95's build (stop 92's policy), measured on 2026-12-06. Three
-runs of 16,000 rounds at 1024 / 32, one after another from 06:48 UTC, gave a decision p99
-of 9,712, 8,067 and 8,948 us (benchmarks/results/decision_latency_s95_16k_*.json); three
-more, alternated with stop 94's build from 06:55 to 07:11, 12,230, 10,940 and 12,606 us,
-against stop 94's 10,188, 13,880 and 11,267 us with the advance inside its rounds (the
-second medians under the tables). The machine ran the same build's rounds up to 1.3x
-slower within twenty minutes (the policy's own p50 1,157-1,241 us in the first three runs,
-1,367-1,594 us in the last three), so what one run gives is as much the machine's as the
-build's. Against the policy's own p50 of the same run, a yardstick the load moves less,
-the state build went from 3.3-3.5 policy p50s (stop 94's build) to 2.6-2.7 (this one) in
-the alternated runs: the advance's 0.7-1.5 ms a round at the median (its column) left the round. The
-16,000-round table below is the run with the fourth-lowest p99 of this build's six
-(10,940 us; the median of six lies between 9,712 and 10,940 us). Over the first 400 rounds
-at 1024 / 32 this build gave 6,467 us (the first table, 06:54), then 7,196 and 10,820 us
-alternated with stop 94's build's 8,790 and 13,299 us (the third medians).
+What stop 97 changed: the policy's move of requests an engine preempted (`move_preempted`,
+`_move_preempted`) first asks whether any generating pipeline's engine holds a waiting
+request at all (its replica views' `queued`), and only then which pipeline is projected to
+finish last; before, every round projected every pipeline's finish for it
+(`_projected_last`: before a pipeline's first step ends, its step on its static share from
+its observed lengths), and in the rollouts' first seconds at 1024 / 32 nothing else in the
+round needed that projection. Replica views also carry `load` and `tp` from the builder
+(`ReplicaView.build`), which the policy reads for every replica every round. Every decision
+is the same: (a)-(f) at seeds 0-2 ran to the same makespans bit for bit (18 runs). Over
+the first 400 rounds at 1024 / 32 the policy's own p50 went from 1,441-1,523 us to 793-976
+us (two runs each, alternated with stop 96's build: the last medians under the tables);
+over 16,000 rounds, into the tails, where the tail pricing asks for the projection anyway,
+from 1,227-1,334 us to 962-1,222 us, and the decision p99 stayed within the machine's
+spread (this build 7,518, 9,185 and 11,258 us; stop 96's, alternated with it, 7,680, 10,885
+and 11,009 us). At 64 / 8 the projection is needed anyway; the figures are as before.
+
+The tables below are of stop 97's build, measured on 2026-12-06 from 12:03 UTC. The
+16,000-round table below is the run with the median p99 of this build's three (9,185 us;
+benchmarks/results/decision_latency_s97_new_16k_*.json, stop 96's build's runs
+decision_latency_s97_old_16k_*.json). Stop 95's six runs of its build gave 8,067-12,606 us
+(under the tables, the medians of alternated runs: stop 53's and stop 95's over 16,000
+rounds, stop 95's over 400, then this stop's over 16,000 and over 400). What
+one run gives is as much the machine's as the build's: the same build's rounds ran up to
+1.3x slower within twenty minutes in stop 95's runs.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -412,8 +421,9 @@ pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p9
 slower makespans: docs/simulator.md, stop 47). At 1024 / 32 (10 ms) the target is met
 over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
 two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
-11.9 and 13.6 ms), both with the engines' advance inside the round, and in three of stop
-95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three): on this
+11.9 and 13.6 ms), both with the engines' advance inside the round, in three of stop
+95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three), and in
+two of stop 97's three (7.5 and 9.2 ms; 11.3 ms): on this
 machine it is still not met reliably, its run-to-run spread being larger than the margin. Side by side, stop 53's build
 and stop 36's are within its noise, and so are stop 94's build and stop 91's. What a slow round there is made of is the views of
 the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
@@ -467,7 +477,7 @@ def repeats_table(before: list, after: list) -> str:
     load; the medians of several are the comparison."""
     import numpy as np
 
-    fields = ("state_p50_us", "state_p99_us", "policy_p99_us", "decision_p50_us", "decision_p99_us")
+    fields = ("state_p50_us", "state_p99_us", "policy_p50_us", "policy_p99_us", "decision_p50_us", "decision_p99_us")
     rows = []
     for g, n, _ in CASES:
         runs = {}
@@ -493,7 +503,8 @@ def repeats_table(before: list, after: list) -> str:
     return (f"\nMedians over repeats of each build (`{command}`, each build's runs alternated, the earlier "
             f"build's first; 1-minute load averages at their starts: {loads}; the shared machine's load moves a "
             f"run by 10-30%, so the two are side by side only where the loads are alike):\n\n"
-            + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p99 us",
+            + md_table(["GPUs", "pipelines", "runs before / after", "state p50 us", "state p99 us", "policy p50 us",
+                        "policy p99 us",
                         "decision p50 us", "decision p99 us", "last tenth: decision p99 us", "state p50 / policy p50"],
                        rows)
             + "\n")

@@ -144,6 +144,23 @@ LONG_LATENCY_RUNS = {(64, 8): ("whole run", "decision_latency_whole_64x8.json"),
                      (1024, 32): ("16,000 rounds, into the first rollout's tails", "decision_latency_16k_1024x32.json")}
 
 
+# the alternated repeats of the current build's longer run, where several were saved: the
+# targets table says the target is met there only if every repeat met it (one run is as much
+# the shared machine's load as the build: docs/benchmarks.md, the decision-latency block)
+LONG_LATENCY_REPEATS = {(1024, 32): "decision_latency_s97_new_16k_*.json"}
+
+
+def _long_repeats_p99() -> dict:
+    """{(gpus, pipelines): [decision p99 us of each saved repeat of its longer run]}."""
+    got = {}
+    for case, pattern in LONG_LATENCY_REPEATS.items():
+        runs = [_p99_by_case(path.name).get(case) for path in sorted((ROOT / "benchmarks" / "results").glob(pattern))]
+        runs = [us for us in runs if us is not None]
+        if runs:
+            got[case] = runs
+    return got
+
+
 def _decision_p99_long() -> dict:
     """{(gpus, pipelines): (what the run covers, its decision p99 us)} of the block's longer
     runs, where saved."""
@@ -155,19 +172,28 @@ def _decision_p99_long() -> dict:
     return got
 
 
-def _latency_rows(first: dict, long: dict) -> str:
+def _latency_rows(first: dict, long: dict, repeats: dict | None = None) -> str:
     """The targets table's decision-latency rows: the first 400 rounds and, where saved, the
-    block's longer run of each case; met only where every measured figure is."""
+    block's longer run of each case (and its repeats); met only where every measured figure is."""
     out = ""
+    repeats = repeats or {}
     for (g, n), target in (((64, 8), 1000), ((1024, 32), 10000)):
         figures = [("first 400 rounds", first[(g, n)])] + ([long[(g, n)]] if (g, n) in long else [])
         measured = "; ".join(f"{label}: {us:.0f} us" for label, us in figures)
+        runs = repeats.get((g, n), [])
+        if len(runs) > 1:
+            measured += f" ({len(runs)} runs: {', '.join(f'{us:.0f}' for us in sorted(runs))} us)"
         if first[(g, n)] >= target:
             met = "no"
         elif (g, n) not in long:
             met = "in the first 400 rounds (no longer run saved)"
+        elif long[(g, n)][1] >= target:
+            met = "in the first 400 rounds only"
+        elif any(us >= target for us in runs):
+            met = (f"in the first 400 rounds; over the longer run in {sum(us < target for us in runs)} of "
+                   f"{len(runs)} runs")
         else:
-            met = "yes" if long[(g, n)][1] < target else "in the first 400 rounds only"
+            met = "yes"
         out += (f"| decision p99 < {target // 1000} ms at {g} GPUs / {n} pipelines | decision-latency benchmark "
                 f"(its block) | {measured} | {met} |\n")
     return out
@@ -252,7 +278,7 @@ the best of the six. Reproduce one cell: `jigsaw bench examples/workloads/a_sync
         f"| no pipeline's mean step > 1.25x its mean step alone on its static share | ({k}) | "
         f"largest ratio {summary[k]['max_step_ratio']:.2f} | {'yes' if summary[k]['max_step_ratio'] <= 1.25 else 'no'} |\n"
         for k in ("a", "b", "c", "d")
-    ) + (_latency_rows(lat_summary, _decision_p99_long()) if lat_summary else
+    ) + (_latency_rows(lat_summary, _decision_p99_long(), _long_repeats_p99()) if lat_summary else
         f"| decision p99 < 1 ms at 64 GPUs / 8 pipelines | (b), this run | {summary['b']['p99_us']:.0f} us "
         f"(p50 {summary['b']['p50_us']:.0f} us) | {'yes' if summary['b']['p99_us'] < 1000 else 'no'} |\n") + """
 Every jigsaw figure above is measured with the default length predictor: the policy sees
