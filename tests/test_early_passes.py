@@ -202,24 +202,43 @@ def _merge_slack(state, **options):
     return bound / max(r.predicted_drain_s() for r in live) - 1
 
 
+def _home_taken(st):
+    """``st`` with p0's free home devices (1-3) held by a stage of p1: an early pass of p0
+    has no device to run on unless a merge frees one."""
+    from jigsaw_plugin.scheduler.state import DeviceTask
+
+    task = DeviceTask("stage", "p1", stage="update_actor")
+    return dataclasses.replace(st, free=frozenset(d for d in st.free if d not in (1, 2, 3)),
+                               devices=tuple(dataclasses.replace(d, task=task) if d.id in (1, 2, 3) else d
+                                             for d in st.devices))
+
+
 def test_a_tail_merge_may_stretch_a_step_by_what_its_early_pass_would_take_off_the_chain():
-    # p0's step 1: 31 of 32 trajectories finished, log-prob and reference passes to run:
-    # the devices a merge frees would read them, so with ``early_merges`` a merge may
-    # stretch its generation by what that pass would take off the chain after the tail
-    # (the pass over them on p0's 4-device home, less its fixed cost), as a fraction of the
-    # tail's projected end, at most ``merge_for_early`` more than ``latency_slack``
-    big = _tail_state(done=31, tokens_each=75000)
+    # p0's step 1: 31 of 32 trajectories finished, log-prob and reference passes to run,
+    # its home's other devices taken: the devices a merge frees would read them, so with
+    # ``early_merges`` a merge may stretch its generation by what that pass would take off
+    # the chain after the tail (the pass over them on p0's 4-device home, less its fixed
+    # cost), as a fraction of the tail's projected end, at most ``merge_for_early`` more
+    # than ``latency_slack``
+    big = _home_taken(_tail_state(done=31, tokens_each=75000))
     tail = max(r.predicted_drain_s() for r in big.order[0].replicas)
     saved = COST.forward_s(MODEL, 4, 31 * 75000) - COST.f.train_stage_overhead_s
     assert _merge_slack(big, early_merges=True) == pytest.approx(0.05 + min(0.2, saved / tail))
     assert 0.05 < _merge_slack(big, early_merges=True) <= 0.25 + 1e-12
     assert _merge_slack(big, early_merges=True, merge_for_early=0.01) == pytest.approx(0.06)
     assert _merge_slack(big) == pytest.approx(0.05)  # off by default
+    # its home's free devices can read them now, or a pass of p0 already runs: no merge
+    # is needed for the pass, so no stretch
+    assert _merge_slack(_tail_state(done=31, tokens_each=75000), early_merges=True) == pytest.approx(0.05)
+    running = dataclasses.replace(big, order=(dataclasses.replace(big.order[0], stage_running=True), big.order[1]))
+    assert _merge_slack(running, early_merges=True) == pytest.approx(0.05)
     # little to read early: the pass would take about its fixed cost off, no more stretch
-    assert _merge_slack(_tail_state(done=31, tokens_each=10), early_merges=True) == pytest.approx(0.05, abs=1e-3)
+    assert _merge_slack(_home_taken(_tail_state(done=31, tokens_each=10)), early_merges=True) == pytest.approx(
+        0.05, abs=1e-3)
     # before ``early_from`` of the step has finished, all read early already, or early passes off or unsupported
-    assert _merge_slack(_tail_state(done=8, tokens_each=75000), early_merges=True) == pytest.approx(0.05)
-    read = _tail_state(done=31, tokens_each=75000, covered={"old_log_prob": 31 * 75000, "ref": 31 * 75000})
+    assert _merge_slack(_home_taken(_tail_state(done=8, tokens_each=75000)), early_merges=True) == pytest.approx(0.05)
+    read = _home_taken(_tail_state(done=31, tokens_each=75000, covered={"old_log_prob": 31 * 75000,
+                                                                        "ref": 31 * 75000}))
     assert _merge_slack(read, early_merges=True) == pytest.approx(0.05)
     assert _merge_slack(big, early_merges=True, early_passes=False) == pytest.approx(0.05)
     unsupported = _tail_state(done=31, tokens_each=75000, early_passes=False)
