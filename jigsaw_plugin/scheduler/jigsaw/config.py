@@ -231,7 +231,8 @@ class JigsawConfig:
     # tail merge may stretch a synchronous pipeline's generation by up to ``merge_for_early``
     # of the tail's projected end beyond ``latency_slack`` once its step has ``early_from``
     # of its trajectories finished and a forward pass to run early (the devices it frees
-    # read them), held to what that pass would take off the chain after the tail
+    # read them), held to what that pass would take off the chain after the tail; none while
+    # a pass of it runs or its home has free devices enough for one (the pass needs no merge)
     early_merges: bool = False
     merge_for_early: float = 0.2
     # ... and while a step whose trajectories are all generated waits on their rewards (a
