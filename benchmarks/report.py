@@ -23,6 +23,7 @@ import policies  # noqa: E402
 import real_ab  # noqa: E402
 from common import ROOT  # noqa: E402
 
+RESULTS_DIR = ROOT / "benchmarks" / "results"  # the saved runs the report renders from
 
 
 FIGURES = ("<!-- report-figures:start -->", "<!-- report-figures:end -->")
@@ -99,7 +100,7 @@ def _p99_by_case(name: str) -> dict:
     decision-latency results file ``name`` (benchmarks/results/), empty if not saved."""
     import json
 
-    path = ROOT / "benchmarks" / "results" / name
+    path = RESULTS_DIR / name
     if not path.exists():
         return {}
     rows = json.loads(path.read_text()).get("results", [])
@@ -116,7 +117,7 @@ def _decision_p99() -> dict | None:
 @functools.lru_cache(maxsize=1)
 def _seed_runs() -> dict:
     """benchmarks/results/seeds.json (``benchmarks/seeds.py``), read once; {} where not saved."""
-    path = ROOT / "benchmarks" / "results" / "seeds.json"
+    path = RESULTS_DIR / "seeds.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -146,7 +147,8 @@ LONG_LATENCY_RUNS = {(64, 8): ("whole run", "decision_latency_whole_64x8.json"),
 
 # the alternated repeats of the current build's longer run, where several were saved: the
 # targets table says the target is met there only if every repeat met it (one run is as much
-# the shared machine's load as the build: docs/benchmarks.md, the decision-latency block)
+# the shared machine's load as the build: docs/benchmarks.md, the decision-latency block);
+# it names the build's own files, so a re-run of the block on a new build moves it along
 LONG_LATENCY_REPEATS = {(1024, 32): "decision_latency_s97_new_16k_*.json"}
 
 
@@ -154,7 +156,7 @@ def _long_repeats_p99() -> dict:
     """{(gpus, pipelines): [decision p99 us of each saved repeat of its longer run]}."""
     got = {}
     for case, pattern in LONG_LATENCY_REPEATS.items():
-        runs = [_p99_by_case(path.name).get(case) for path in sorted((ROOT / "benchmarks" / "results").glob(pattern))]
+        runs = [_p99_by_case(path.name).get(case) for path in sorted(RESULTS_DIR.glob(pattern))]
         runs = [us for us in runs if us is not None]
         if runs:
             got[case] = runs
