@@ -901,6 +901,33 @@ def test_a_wide_gang_takes_whole_nodes_where_hybrid_sharding_pays():
     assert len(got) == 1 and len(got[0]) < 24
 
 
+def test_a_gang_narrower_than_its_home_takes_whole_nodes_for_its_hybrid_shard_groups():
+    # a 32B's update over 330K tokens with its home of 32 free devices starting mid-node
+    # (2-33 on nodes of 8: 6, 8, 8, 8, 2): its fastest width is 16, sharded in two node-local
+    # groups of 8 (11 s); the first 16 of its home (6, 8 and 2 on three nodes) form no such
+    # groups and shard over all 16 across the NICs (63 s), so the gang is two whole nodes
+    cost = CostModel.for_nodes(hardware_profile("h100"), 8)
+    m32 = model_profile("qwen2.5-32b")
+    tokens = 330_000
+    assert cost.train_s(m32, 16, tokens, nodes=(8, 8)) < 0.5 * cost.train_s(m32, 16, tokens, nodes=(6, 8, 2))
+    assert min(range(8, 33), key=lambda w: cost.train_s(m32, w, tokens)) == 16
+    p0 = dataclasses.replace(pipeline(0, range(2, 34), gen_next=1, stage_next=3,
+                                      steps={0: step(0, done=32, rewarded=32, tokens=tokens)}), model=m32)
+    p1 = pipeline(1, (), gen_next=1, train_next=1, version=1, steps={1: step(1)})
+    devices = tuple(DeviceView(d, d // 8, None, (), "p0" if d >= 2 else None) for d in range(40))
+    home = {"p0": (p0.static_devices, p0.static_devices), "p1": ((), ())}
+    st = SchedulerState(t=100.0, gpus=40, gpus_per_node=8, devices=devices, free=frozenset(range(40)),
+                        order=(p0, p1), cost=cost, max_num_seqs=256,
+                        memo=JigsawMemo(home, {d: "p0" for d in range(2, 34)}))
+    out = get_policy("jigsaw", migration=False, idle_spread=False).decide(st)
+    got = [d.devices for d in out if isinstance(d, RunStage) and d.pipeline == "p0"]
+    assert len(got) == 1 and len(got[0]) == 16
+    per_node = {}
+    for d in got[0]:
+        per_node[d // 8] = per_node.get(d // 8, 0) + 1
+    assert sorted(per_node.values()) == [8, 8]
+
+
 def test_the_last_pipelines_gang_takes_the_width_priced_fastest():
     # idle_spread on its own (fastest_width off): the run's last pipeline takes the
     # narrowest gang that ends as soon as all 8 would, 4 on one node; while another

@@ -101,6 +101,12 @@ class TrainingGangs:
         price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
         return price(p.model, g, self._pass_tokens(p, stage))
 
+    def _placed_s(self, state, p, stage, devices) -> float:
+        """``_stage_s`` of ``len(devices)`` as ``devices`` are placed: in the sharding layouts
+        their nodes allow, where ``_stage_s`` prices the width placed at best."""
+        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
+
     def _class_layout_s(self, state, p, stage, devices) -> float:
         """The pass's time on exactly ``devices``: in the sharding layouts their nodes allow
         (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``), where
@@ -182,26 +188,35 @@ class TrainingGangs:
         return best
 
     def _take(self, rnd, p, stage, devices, g: int) -> tuple:
-        """``g`` of ``devices`` placed for the layout ``_stage_s`` assumes of that width: in
-        whole node-local groups of its hybrid shard size, the nodes with the most of
-        ``devices`` first; the first ``g`` where the whole gang shards (or no groups fit)."""
+        """``g`` of ``devices`` placed for a layout that width allows: the first ``g``
+        (sharded over the whole gang), or for each hybrid shard size, whole node-local
+        groups of it, the nodes with the most of ``devices`` first; of these, the one priced
+        soonest as placed (``_class_layout_s``; the larger shard on a tie). Priced as the
+        width placed at best instead, the first 16 of a 32B's home, 6, 8 and 2 devices on
+        three nodes, which form no groups of 8 and shard over all 16 across the NICs, took
+        its update for 63 s where two whole nodes run it in 11 s (synthetic mix s31)."""
         state = rnd.state
         devices = list(devices)
-        cost = state.cost
         update = stage not in FORWARD_STAGES
-        price = cost.forward_s if not update else cost.train_s
-        tokens = self._pass_tokens(p, stage)
-        size = min(cost.shard_sizes(p.model, g, update),
-                   key=lambda x: (price(p.model, g, tokens, nodes=(x,) * (g // x)), -x))
-        if size >= g:
-            return tuple(devices[:g])
+        best = None
+        for size in state.cost.shard_sizes(p.model, g, update):  # the whole gang first, larger sizes first
+            gang = tuple(devices[:g]) if size >= g else self._in_groups(state, devices, g, size)
+            if gang:
+                t = self._class_layout_s(state, p, stage, gang)
+                if best is None or t < best[0] * (1 - 1e-9):
+                    best = (t, gang)
+        return best[1]
+
+    def _in_groups(self, state, devices: list, g: int, size: int) -> tuple:
+        """``g`` of ``devices`` in whole node-local groups of ``size``, the nodes with the
+        most of them first; () where they do not hold ``g`` so."""
         out: list = []
         for ds in sorted(self._by_node(state, devices).values(), key=len, reverse=True):
             n = min(len(ds) // size * size, g - len(out))
             out += ds[:n // size * size]
             if len(out) == g:
                 return tuple(out)
-        return tuple(devices[:g])
+        return ()
 
     def _early_passes(self, rnd, out) -> None:
         """Run a forward pass over a generating step's finished trajectories on devices left
@@ -520,6 +535,8 @@ class TrainingGangs:
         # log-prob and reference passes on 5 + 8 H20 each loaded it, the second 6 s, and
         # ended 0.9 s after the two in turn would have)
         switch = self._switch_in_s
+        # each as placed: the devices left to the second may form no node-local groups
+        t1, t2 = max(t1, self._placed_s(state, p, stage, a)), max(t2, self._placed_s(state, p, partner, b))
         end = max(t1 + switch(state, p, a), t2 + switch(state, p, b))
         if end > (in_turn + switch(state, p, pool)) * (1 - cfg.alongside_gain):
             return False
@@ -625,5 +642,9 @@ class TrainingGangs:
         for g, t in enumerate(self._stage_times(rnd, p, stage, len(now) - 1)[:len(now) - 1], 1):
             if t <= end + 1e-9:
                 group = self._node_group(rnd, p, now, g) if g <= gpn else ()
-                return group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
+                gang = group or self._take(rnd, p, stage, self._affinity(rnd, p, now, "train"), g)
+                # the width is priced as placed at best; where ``now`` cannot place it so
+                # (its node-local groups), a wider gang may still end by ``end``
+                if self._placed_s(rnd.state, p, stage, gang) <= t * (1 + 1e-9):
+                    return gang
         return ()
