@@ -101,22 +101,19 @@ class TrainingGangs:
         price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
         return price(p.model, g, self._pass_tokens(p, stage))
 
-    def _placed_s(self, state, p, stage, devices) -> float:
+    def _placed_s(self, state, p, stage, devices, cost=None) -> float:
         """``_stage_s`` of ``len(devices)`` as ``devices`` are placed: in the sharding layouts
-        their nodes allow, where ``_stage_s`` prices the width placed at best."""
-        price = state.cost.forward_s if stage in FORWARD_STAGES else state.cost.train_s
+        their nodes allow (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``),
+        where ``_stage_s`` prices the width placed at best; on ``cost`` (None: ``state.cost``)."""
+        cost = cost or state.cost
+        price = cost.forward_s if stage in FORWARD_STAGES else cost.train_s
         return price(p.model, len(devices), self._pass_tokens(p, stage), nodes=self._nodes(state, devices))
 
     def _class_layout_s(self, state, p, stage, devices) -> float:
-        """The pass's time on exactly ``devices``: in the sharding layouts their nodes allow
-        (hybrid sharding needs node-local groups, ``CostModel.shard_sizes``), where
-        ``_stage_s`` prices a width as it would be placed at best; at each of their classes'
-        cost models, the slowest answer (as the simulator's ``ClassPricer`` prices a gang
-        across classes; on a pool of one class, its cost model)."""
-        tokens, nodes = self._pass_tokens(p, stage), self._nodes(state, devices)
-        forward = stage in FORWARD_STAGES
-        return max((c.forward_s if forward else c.train_s)(p.model, len(devices), tokens, nodes=nodes)
-                   for c in self._costs_of(state, devices))
+        """``_placed_s`` at each of ``devices``' classes' cost models, the slowest answer (as
+        the simulator's ``ClassPricer`` prices a gang across classes; on a pool of one class,
+        its cost model)."""
+        return max(self._placed_s(state, p, stage, devices, c) for c in self._costs_of(state, devices))
 
     @staticmethod
     def _classes_of(state, devices) -> tuple:
