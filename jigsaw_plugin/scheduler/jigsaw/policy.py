@@ -81,7 +81,14 @@ from jigsaw_plugin.scheduler.activation import holds_updates, trainer_classes, t
 from jigsaw_plugin.scheduler.admission import FittingMemo
 from jigsaw_plugin.scheduler.base import Policy, PolicySetup, register_policy
 from jigsaw_plugin.scheduler.colocation import colocate_tails
-from jigsaw_plugin.scheduler.decisions import LaunchReplica, RetireReplica, RunStage, StartGen
+from jigsaw_plugin.scheduler.decisions import (
+    AdmissionLimit,
+    LaunchReplica,
+    ResizeStage,
+    RetireReplica,
+    RunStage,
+    StartGen,
+)
 from jigsaw_plugin.scheduler.estimates import balanced_split, rollout_tp
 from jigsaw_plugin.scheduler.jigsaw.config import JigsawConfig
 from jigsaw_plugin.scheduler.jigsaw.gangs import TrainingGangs
@@ -225,6 +232,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
             self._move_preempted(rnd, out)
         if admit:
             self._limit_admission(rnd, out)
+        if rnd.held_empty:
+            out = self._retire_taken(rnd, out)
         return rnd.drop_undone_resizes(out) if rnd.resized else out
 
     def _homes(self, state) -> tuple[dict, dict]:
@@ -263,10 +272,44 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
                 if keep and len(live) == 1 and self._yields_to_batch(rnd, p):
                     keep = False
                 if not keep:
-                    out.append(RetireReplica(r.id))
+                    if self._keeps_for_turns(rnd, p, r):
+                        rnd.held_empty[r.id] = r.devices  # retired only if the round takes a device of it
+                    else:
+                        out.append(RetireReplica(r.id))
                     rnd.gone.add(r.id)
                     rnd.free.update(r.devices)
                     live.remove(r)
+
+    def _keeps_for_turns(self, rnd, p, r) -> bool:
+        """``keep_between_turns``: ``r``, empty, on ``p``'s own rollout home, while
+        trajectories of ``p`` are in tool calls (their next turns come back to the replica
+        that served them) and ``p`` is on the job set's critical path (``_paced_critical``).
+        Off it, the turns that return are better packed onto the replicas left (larger
+        batches, fewer device-seconds a token) and its devices freed for the pipelines
+        whose chains set the makespan: kept, they fill again and hold a gang back (a 72B
+        PPO's critic and actor updates ran one after the other, not side by side, beside an
+        agent's replicas kept so: synthetic mix s427 +19%). A borrowed replica goes back
+        when empty, as before."""
+        if not (self.config.keep_between_turns and p.generating and self._between_turns(p)
+                and self._paced_critical(rnd, p)):
+            return False
+        home = rnd.home[p.name][0]
+        return all(d in home for d in r.devices)
+
+    @staticmethod
+    def _retire_taken(rnd, out: list) -> list:
+        """``keep_between_turns``: the held empty replicas a decision of the round took a
+        device of (or that the round counted as taken) are retired, first, so that their
+        devices are free before those decisions apply; the rest stay for the next turns of
+        the trajectories in tool calls."""
+        used = {x for d in out if isinstance(d, (LaunchReplica, RunStage, ResizeStage)) for x in d.devices}
+        retire = [RetireReplica(rid) for rid, devs in rnd.held_empty.items()
+                  if used.intersection(devs) or not rnd.free.issuperset(devs)]
+        if not retire:
+            return out
+        # an empty replica closes as it is retired: no batch limit for it
+        ended = {d.replica for d in retire}
+        return retire + [d for d in out if not (isinstance(d, AdmissionLimit) and d.replica in ended)]
 
     def _yields_to_batch(self, rnd, p) -> bool:
         """``async_reserve``: ``p``'s last replica, empty (its trajectories are in tool

@@ -177,7 +177,7 @@ class Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in", "claim", "risk", "risky", "gang_claims")
+                 "moved_in", "claim", "risk", "risky", "gang_claims", "held_empty")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -205,6 +205,9 @@ class Round:
         self.risk = UNSET  # device -> (preemptions a second, seconds down) seen (estimates.device_risks)
         self.risky: dict = {}  # (pipeline, stage, devices) -> its gangs priced with restarts (``_gangs_on``)
         self.gang_claims: dict | None = None  # device -> seconds until a training gang takes it (``_gang_claims``)
+        # replica -> its devices: empty, kept for its trajectories' next turns unless a decision
+        # of this round takes a device of it (``keep_between_turns``); the devices count as free
+        self.held_empty: dict[int, tuple] = {}
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""
