@@ -19,6 +19,7 @@ and benchmarks/results/tail_free.json.
 
 from __future__ import annotations
 
+import collections
 import copy
 import sys
 
@@ -34,6 +35,9 @@ BLOCK = "tail-free"
 KEYS = ("a", "b", "c", "d")
 POLICIES = ("verl-sync", "jigsaw")
 # per-request figures of a pipeline spec, and whether each is a whole number
+# the four parts of jigsaw's gap (``gap_breakdown`` fractions), as the reading names them
+PARTS = {"idle": "idle devices", "rollout_above_ideal": "rollout above its ideal",
+         "training_above_ideal": "training above its ideal", "weight_sync": "weight syncs"}
 PER_REQUEST = {"prompt_len": True, "response_len": True, "observation_len": True, "turns": True,
                "tool_latency_s": False}
 
@@ -79,7 +83,8 @@ def measure(keys) -> dict:
 
 
 def render(data: dict) -> str:
-    rows, less, more, idle, at_pass = [], [], [], [], []
+    rows, less, more, largest = [], [], [], {}
+    top = collections.defaultdict(list)  # largest idle place -> workloads
     for k, variants in data.items():
         recovered = {}
         for variant, runs in variants.items():
@@ -100,17 +105,24 @@ def render(data: dict) -> str:
             (less if b <= a else more).append(f"({k}) {a:.0%} -> {b:.0%}")
         if "tail-free" in variants:
             j = variants["tail-free"]["jigsaw"]
-            idle.append(f"({k}) {j['fractions']['idle']:.0%}")
-            if j["top_idle"][0] == "rollout->old_log_prob":
-                at_pass.append(f"({k})")
+            part = max(PARTS, key=lambda x: j["fractions"][x])
+            largest.setdefault(part, []).append(f"({k}) {j['fractions'][part]:.0%}")
+            top[j["top_idle"][0]].append(f"({k})")
+    where = "; ".join(f"{PARTS[part]} on {', '.join(ks)}" for part, ks in largest.items())
     reading = (f"Without tails jigsaw recovers less of the gap on {', '.join(less) or 'none'}"
-               f"{'; more on ' + ', '.join(more) if more else ''}. So the tails its mechanisms aim at are not "
-               f"what holds the rest back. Without them idle devices are the largest part of its gap "
-               f"({', '.join(idle)}); their largest place is between a rollout and the log-prob pass on "
-               f"{', '.join(at_pass) or 'none'}: the devices of a replica that finished wait for the step's "
-               f"last trajectories (a replica admits what its KV cache holds, so its batches end one after "
-               f"another even when every response has the same length; early passes run only for the "
-               f"pipeline on the critical path) and for the pass's gang to form.")
+               f"{'; more on ' + ', '.join(more) if more else ''}. Without them the largest part of its gap is "
+               f"{where}.")
+    if top["rollout->old_log_prob"]:
+        reading += (f" Idle devices wait most between a rollout and the log-prob pass on "
+                    f"{', '.join(top['rollout->old_log_prob'])}: the devices of a replica that finished wait for "
+                    f"the step's last trajectories (a replica admits what its KV cache holds, so its batches end "
+                    f"one after another even when every response has the same length; early passes run only for "
+                    f"the pipeline on the critical path) and for the pass's gang to form.")
+    if top["rollout->rollout"]:
+        reading += (f" Idle devices wait most between two rollout replicas on {', '.join(top['rollout->rollout'])}: an agent's turns "
+                    f"end together, its replicas empty into tool calls at once, and off the job set's critical "
+                    f"path the empty ones are retired and the next turns packed onto the rest "
+                    f"(`keep_between_turns` keeps them only for the critical pipeline, docs/simulator.md).")
     return f"""## Without tails (`benchmarks/tail_free.py`)
 
 Each workload beside its tail-free variant: every per-request figure of every pipeline
