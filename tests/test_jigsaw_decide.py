@@ -114,13 +114,13 @@ def test_retires_a_drained_replica_after_generation():
     out = get_policy("jigsaw").decide(state([p0, p1], busy=_busy_with_replicas([p0])))
     assert {RetireReplica(1), RetireReplica(2)} <= set(out)
 
-def _agent_between_turns(empty_on, p1_ready, p0_critical=True, running=64):
+
+def _agent_between_turns(empty_on, p0_critical=True, running=64):
     """A synchronous agent p0 generates its step 1 on two replicas: replica 1 (device 0)
     runs ``running`` requests, replica 2 (``empty_on``) holds none, the rest of the step's
-    84 open trajectories are in tool calls of 0.3 s. p1 owns devices 4-7: its update of step 1 runs on them to the
-    end of the run, or (``p1_ready``) that step's batch waits for a gang. p0's first step
-    took 300 s and p1's 100 s (``p0_critical``: p0's chain sets the makespan), or the
-    other way round."""
+    84 open trajectories are in tool calls of 0.3 s. p1 owns devices 4-7 and runs its
+    update of step 1 on them to the end of the run. p0's first step took 300 s and p1's
+    100 s (``p0_critical``: p0's chain sets the makespan), or the other way round."""
     spec = small_workload(gpus=8, pipelines=2, prompts=8, samples=4, algorithms=("grpo", "grpo"),
                           agentic=(True, False)).pipelines[0]
     slow, fast = (300.0, 100.0) if p0_critical else (100.0, 300.0)
@@ -129,14 +129,9 @@ def _agent_between_turns(empty_on, p1_ready, p0_critical=True, running=64):
     p0 = pipeline(0, range(4), replicas=reps, gen_next=2, train_next=1, version=1, generating=True, spec=spec,
                   steps={1: _paced(step(1, samples=100, done=16), slow)})
     p0 = dataclasses.replace(p0, lengths=dataclasses.replace(p0.lengths, turns=3.0, tool_s=0.3))
-    ready = _paced(step(1, done=32, rewarded=32, tokens=32 * 900), fast)
-    if p1_ready:
-        p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, version=1, steps={1: ready})
-        busy = _busy_with_replicas([p0])
-    else:
-        p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, stage_next=3, version=1, stage_running=True,
-                      running_end=1e6, steps={1: ready})
-        busy = _busy_with_replicas([p0]) | {d: DeviceTask("stage", "p1") for d in range(4, 8) if d != empty_on}
+    p1 = pipeline(1, range(4, 8), gen_next=2, train_next=1, stage_next=3, version=1, stage_running=True,
+                  running_end=1e6, steps={1: _paced(step(1, done=32, rewarded=32, tokens=32 * 900), fast)})
+    busy = _busy_with_replicas([p0]) | {d: DeviceTask("stage", "p1") for d in range(4, 8) if d != empty_on}
     return _trained_on(state([p0, p1], busy=busy, t=360.0), "p1")
 
 
@@ -145,21 +140,21 @@ def test_an_empty_replica_stays_for_the_next_turns_while_nothing_takes_its_devic
     # replica stays, and the trajectories in tool calls come back to it (off: it goes,
     # their turns queue on replica 1 and device 1 stands idle)
     retired = lambda st, **o: [d for d in get_policy("jigsaw", **o).decide(st) if isinstance(d, RetireReplica)]
-    assert retired(_agent_between_turns(1, False)) == []
-    assert retired(_agent_between_turns(1, False), keep_between_turns=False) == [RetireReplica(2)]
+    assert retired(_agent_between_turns(1)) == []
+    assert retired(_agent_between_turns(1), keep_between_turns=False) == [RetireReplica(2)]
     # off the critical path p0 packs its returning turns onto replica 1 and frees device 1
-    assert retired(_agent_between_turns(1, False, p0_critical=False)) == [RetireReplica(2)]
+    assert retired(_agent_between_turns(1, p0_critical=False)) == [RetireReplica(2)]
 
 
 def test_an_empty_replica_kept_for_next_turns_goes_first_when_a_decision_takes_its_device():
     # replica 1 runs a tail of 4 requests, re-sharded wider onto devices 1 and 2: device 1
     # is the empty replica's, so it is retired, ahead of the launch that takes the device
-    out = get_policy("jigsaw").decide(_agent_between_turns(1, False, running=4))
+    out = get_policy("jigsaw").decide(_agent_between_turns(1, running=4))
     wider = [d for d in out if isinstance(d, LaunchReplica) and d.pipeline == "p0"]
     assert wider and 1 in wider[0].devices
     assert out.index(RetireReplica(2)) < out.index(wider[0])
     # an empty replica on devices p0 borrowed (p1's device 4) goes back when empty
-    assert RetireReplica(2) in get_policy("jigsaw").decide(_agent_between_turns(4, False))
+    assert RetireReplica(2) in get_policy("jigsaw").decide(_agent_between_turns(4))
 
 
 def test_consolidates_a_tail_replica_onto_a_sibling():
