@@ -34,10 +34,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "tail_free.json"
 BLOCK = "tail-free"
 KEYS = ("a", "b", "c", "d")
 POLICIES = ("verl-sync", "jigsaw")
-# per-request figures of a pipeline spec, and whether each is a whole number
 # the four parts of jigsaw's gap (``gap_breakdown`` fractions), as the reading names them
 PARTS = {"idle": "idle devices", "rollout_above_ideal": "rollout above its ideal",
          "training_above_ideal": "training above its ideal", "weight_sync": "weight syncs"}
+# per-request figures of a pipeline spec, and whether each is a whole number
 PER_REQUEST = {"prompt_len": True, "response_len": True, "observation_len": True, "turns": True,
                "tool_latency_s": False}
 
@@ -119,8 +119,8 @@ def render(data: dict) -> str:
                     f"one after another even when every response has the same length; early passes run only for "
                     f"the pipeline on the critical path) and for the pass's gang to form.")
     if top["rollout->rollout"]:
-        reading += (f" Idle devices wait most between two rollout replicas on {', '.join(top['rollout->rollout'])}: an agent's turns "
-                    f"end together, its replicas empty into tool calls at once, and off the job set's critical "
+        reading += (f" Idle devices wait most between two rollout replicas on "
+                    f"{', '.join(top['rollout->rollout'])}: an agent's turns end together, its replicas empty into tool calls at once, and off the job set's critical "
                     f"path the empty ones are retired and the next turns packed onto the rest "
                     f"(`keep_between_turns` keeps them only for the critical pipeline, docs/simulator.md).")
     return f"""## Without tails (`benchmarks/tail_free.py`)

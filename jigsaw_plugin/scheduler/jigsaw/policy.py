@@ -290,11 +290,10 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         PPO's critic and actor updates ran one after the other, not side by side, beside an
         agent's replicas kept so: synthetic mix s427 +19%). A borrowed replica goes back
         when empty, as before."""
-        if not (self.config.keep_between_turns and p.generating and self._between_turns(p)
-                and self._paced_critical(rnd, p)):
+        if not (self.config.keep_between_turns and p.generating and self._between_turns(p)):
             return False
         home = rnd.home[p.name][0]
-        return all(d in home for d in r.devices)
+        return all(d in home for d in r.devices) and self._paced_critical(rnd, p)
 
     @staticmethod
     def _retire_taken(rnd, out: list) -> list:
