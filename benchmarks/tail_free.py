@@ -116,8 +116,9 @@ def render(data: dict) -> str:
         reading += (f" Idle devices wait most between a rollout and the log-prob pass on "
                     f"{', '.join(top['rollout->old_log_prob'])}: the devices of a replica that finished wait for "
                     f"the step's last trajectories (a replica admits what its KV cache holds, so its batches end "
-                    f"one after another even when every response has the same length; early passes run only for "
-                    f"the pipeline on the critical path) and for the pass's gang to form.")
+                    f"one after another even when every response has the same length; early passes run once a "
+                    f"rollout is down to its tail, and off the critical path only on the pipeline's own home) and "
+                    f"for the pass's gang to form.")
     if top["rollout->rollout"]:
         reading += (f" Idle devices wait most between two rollout replicas on "
                     f"{', '.join(top['rollout->rollout'])}: an agent's turns end together, its replicas empty into tool calls at once, and off the job set's critical "

@@ -103,7 +103,9 @@ def run_with_probe(probe, name: str):
 
 def one_class_state(cost, t: float = 0.0, gpus_per_node: int | None = None, **fields):
     """A hand-built ``SchedulerState`` stand-in of a pool of one class priced by ``cost``:
-    what tail pricing reads of the state (``cost``, ``t``, the class and node queries).
+    what tail pricing reads of the state (``cost``, ``t``, the class and node queries, and
+    the executor's ``early_passes`` capability, off unless ``fields`` says: no merge is
+    stretched for an early pass, ``early_merges``).
     ``gpus_per_node``: nodes of that many devices (None: every device set on one node)."""
     from types import SimpleNamespace
 
@@ -113,7 +115,7 @@ def one_class_state(cost, t: float = 0.0, gpus_per_node: int | None = None, **fi
         return gpus_per_node is not None and spans_extra_nodes(devices, gpus_per_node)
 
     return SimpleNamespace(cost=cost, t=t, class_costs=lambda: (cost,), cost_of=lambda devices: cost,
-                           cross_node=cross_node, classes=(), **fields)
+                           cross_node=cross_node, classes=(), **{"early_passes": False, **fields})
 
 
 def full_tail_pricing(policy, state, p, src, live, ends, extra, used, slack):

@@ -181,11 +181,11 @@ def test_policy_sends_no_early_pass_too_soon_unsupported_or_with_little_left(kw)
 def test_off_the_critical_path_an_early_pass_takes_only_its_own_free_home_devices():
     # p0 started its step first: p1 is on the critical path, p0 off it. With
     # ``early_merges`` p0 reads its finished trajectories on its own home's free devices
-    # (1-3), never on devices it would borrow; without it (the default), not at all
+    # (1-3), never on devices it would borrow (the default); without it, not at all
     off = _tail_state(done=31, started=(200.0, 300.0), tokens_each=75000, left=2000)
     (early,) = _early(get_policy("jigsaw", migration=False, early_merges=True).decide(off))
     assert early.pipeline == "p0" and set(early.devices) <= {1, 2, 3}
-    assert not _early(get_policy("jigsaw", migration=False).decide(off))
+    assert not _early(get_policy("jigsaw", migration=False, early_merges=False).decide(off))
 
 
 def _merge_slack(state, **options):
@@ -226,7 +226,7 @@ def test_a_tail_merge_may_stretch_a_step_by_what_its_early_pass_would_take_off_t
     assert _merge_slack(big, early_merges=True) == pytest.approx(0.05 + min(0.2, saved / tail))
     assert 0.05 < _merge_slack(big, early_merges=True) <= 0.25 + 1e-12
     assert _merge_slack(big, early_merges=True, merge_for_early=0.01) == pytest.approx(0.06)
-    assert _merge_slack(big) == pytest.approx(0.05)  # off by default
+    assert _merge_slack(big, early_merges=False) == pytest.approx(0.05)
     # its home's free devices can read them now, or a pass of p0 already runs: no merge
     # is needed for the pass, so no stretch
     assert _merge_slack(_tail_state(done=31, tokens_each=75000), early_merges=True) == pytest.approx(0.05)

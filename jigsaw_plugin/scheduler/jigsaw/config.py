@@ -225,7 +225,7 @@ class JigsawConfig:
     # micro-batch boundary, as the stage's own pass (``ResizeStage.rest``): one fixed cost,
     # no wait for it to end and a new gang to form (off: the stage's pass starts after it)
     early_rest: bool = True
-    # merges that feed early passes (off by default; docs/simulator.md): early passes for a
+    # merges that feed early passes (on since stop 100; docs/simulator.md): early passes for a
     # pipeline off the job set's critical path too, on its own home's devices that nothing
     # else took this round (never on lent ones: those may be the critical one's), and a
     # tail merge may stretch a synchronous pipeline's generation by up to ``merge_for_early``
@@ -233,7 +233,7 @@ class JigsawConfig:
     # of its trajectories finished and a forward pass to run early (the devices it frees
     # read them), held to what that pass would take off the chain after the tail; none while
     # a pass of it runs or its home has free devices enough for one (the pass needs no merge)
-    early_merges: bool = False
+    early_merges: bool = True
     merge_for_early: float = 0.2
     # ... and while a step whose trajectories are all generated waits on their rewards (a
     # sandbox), for as long as the wait is projected from earlier rewards (``_reward_wait_s``):

@@ -39,7 +39,7 @@ runs much slower than on its static share; every device its owner is not using i
   critical path);
 - early forward passes: a step's log-prob / reference / values passes read its finished
   trajectories on devices its tail no longer needs, the critical pipeline's on its home
-  and lent devices; with ``early_merges`` (off by default) another's on its own home's
+  and lent devices; with ``early_merges`` (on) another's on its own home's
   devices nothing else took, and a tail merge of a synchronous step with such a pass to
   run may stretch its generation by what that pass would take off the chain after the
   tail (at most ``merge_for_early`` of the tail more), since the devices it frees read them;
