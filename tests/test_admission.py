@@ -527,3 +527,43 @@ def test_the_memo_keeps_a_traded_count_while_the_fitting_count_and_the_engines_l
         before = len(calls)
         assert memo.traded(3, first, top, lambda: price(first + top)) == first + top
         assert len(calls) == before + priced
+
+
+def test_a_count_capped_at_most_is_the_count_or_most_and_sums_no_further():
+    # ``most``: the caller's engine runs at most that many sequences at once, so any count
+    # from there on means the same; below it the count is the uncapped one (the grid is
+    # still the whole set's), and the sums stop at ``most`` rows (a 64 / 8 replica holding
+    # 4,000 requests, 2,300 of which fit, at a batch of 1,024)
+    from jigsaw_plugin.scheduler import admission
+
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        n = int(rng.integers(2, 600))
+        held = rng.integers(10, 30_000, n).astype(float)
+        left = rng.lognormal(6, 1.2, n)
+        shape = np.sort(rng.lognormal(6, 1.0, 50))
+        shape /= shape.mean()
+        cap = float(rng.uniform(1e4, 6e6))
+        run = int(rng.integers(0, n + 1))
+        most = int(rng.integers(1, n + 1))
+        whole = admission.fitting(held, left, cap, shape, 1.0, run)
+        assert admission.fitting(held, left, cap, shape, 1.0, run, most=most) == min(whole, most)
+        memo = admission.FittingMemo()
+        memo.round()
+        assert memo.fitting(7, held, left, cap, shape, 1.0, run, most) == min(whole, most)
+    rows = []
+    real = admission._block
+
+    def counted(held, *a):
+        rows.append(len(held))
+        return real(held, *a)
+
+    admission._block = counted
+    try:
+        n = 4_000
+        held, left = np.full(n, 100.0), np.full(n, 100.0)
+        shape = np.linspace(0.5, 1.5, 50)
+        assert admission.fitting(held, left, 1e12, shape, 1.0, 100, most=1_024) == 1_024
+    finally:
+        admission._block = real
+    assert sum(rows) == 1_024

@@ -82,11 +82,11 @@ class RolloutReplicas:
             if p.name not in shapes:
                 shapes[p.name] = spread_of(p.history.recent_lengths()) if p.history is not None else None
             shape = shapes[p.name]
+            most = min(top, len(held))  # any count from here on admits all the engine runs at once
             n = self._fitting.fitting(r.id, held, left, r.kv_capacity, shape, self.config.admission_margin_sd,
-                                      running)
+                                      running, most)
             if n < running and not self.config.shed_admission:
                 n = running  # the running set overflows; admit nothing more, shed nothing
-            most = min(top, len(held))
             if self.config.admission_trade:
                 first = n
                 n = self._fitting.traded(r.id, first, most,
