@@ -373,6 +373,15 @@ def test_fitting_with_a_spread_a_block_at_a_time_counts_as_over_all_sequences_at
         assert fitting(held, left, cap, shape, margin, guess=int(rng.integers(0, n + 2))) == want
 
 
+def _random_queue(rng, n: int) -> tuple:
+    """``n`` sequences of a replica as the fitting tests draw them: KV held, predicted
+    remaining tokens (lognormal) and a unit-mean spread of 50 finished lengths."""
+    held = rng.integers(10, 30_000, n).astype(float)
+    left = rng.lognormal(6, 1.2, n)
+    shape = np.sort(rng.lognormal(6, 1.0, 50))
+    return held, left, shape / shape.mean()
+
+
 def test_the_memo_answers_as_fitting_and_asks_again_on_any_change():
     # a replica asking with the same arrays (rounds at one instant) gets the count back
     # without the evaluation; any element, the capacity or the spread changed is evaluated
@@ -390,11 +399,8 @@ def test_the_memo_answers_as_fitting_and_asks_again_on_any_change():
     admission.fitting = counted
     try:
         for _ in range(200):
-            n = int(rng.integers(2, 300))
-            held = rng.integers(10, 30_000, n).astype(float)
-            left = rng.lognormal(6, 1.2, n)
-            shape = np.sort(rng.lognormal(6, 1.0, 50))
-            shape /= shape.mean()
+            held, left, shape = _random_queue(rng, int(rng.integers(2, 300)))
+            n = len(held)
             cap = float(rng.uniform(1e4, 3e6))
             run = int(rng.integers(0, n + 1))
             memo.round()
@@ -538,11 +544,8 @@ def test_a_count_capped_at_most_is_the_count_or_most_and_sums_no_further():
 
     rng = np.random.default_rng(12)
     for _ in range(200):
-        n = int(rng.integers(2, 600))
-        held = rng.integers(10, 30_000, n).astype(float)
-        left = rng.lognormal(6, 1.2, n)
-        shape = np.sort(rng.lognormal(6, 1.0, 50))
-        shape /= shape.mean()
+        held, left, shape = _random_queue(rng, int(rng.integers(2, 600)))
+        n = len(held)
         cap = float(rng.uniform(1e4, 6e6))
         run = int(rng.integers(0, n + 1))
         most = int(rng.integers(1, n + 1))
