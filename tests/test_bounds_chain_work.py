@@ -10,7 +10,9 @@ import itertools
 
 import pytest
 
-from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
+import numpy as np
+
+from jigsaw_plugin.core.chain_work import ChainTokens, PassPrices, WidthPrice, chain_work_s, pareto
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler import get_policy, policy_names
 from jigsaw_plugin.sim import Simulation
@@ -42,11 +44,25 @@ def _programme(contexts) -> tuple[list, list]:
     return [t for t, _ in picks], out
 
 
-def _least_makespan(ideal: float, gpus: int, contexts, rest_s: float, floor_s: float) -> float:
+def _least_makespan(ideal: float, gpus: int, contexts, rest_s: float, floor_s: float, passes=(),
+                    slack: float = 0.0) -> float:
     """The least ``T >= floor_s`` with ``gpus T >= ideal + the programme's least at budget
     T - rest`` (what ``chain_work_s`` must not exceed), by bisection: the programme's least
-    does not grow with its budget."""
-    times, least = _programme(contexts)
+    does not grow with its budget. ``passes``: update passes, each picking one of its
+    (seconds, device-seconds) points besides the tokens' picks; ``slack``: what the work
+    bound counts already of the tokens' device-seconds (the passes' count in full)."""
+    times, least = _programme(contexts) if contexts else ([0.0], [0.0])
+    if passes:
+        picks = []
+        for t, d in zip(times, least):
+            for combo in itertools.product(*[list(zip(pp.seconds, pp.excess_device_s)) for pp in passes]):
+                picks.append((t + sum(x for x, _ in combo), max(0.0, d - slack) + sum(y for _, y in combo)))
+        picks.sort()
+        times, least, best = [], [], float("inf")
+        for t, d in picks:
+            best = min(best, d)
+            times.append(t)
+            least.append(best)
 
     def fits(t: float) -> bool:
         k = bisect.bisect_right(times, t - rest_s)
@@ -76,6 +92,43 @@ def test_the_dual_never_exceeds_the_programme_it_bounds(c0, rest_s):
     assert bound > floor  # the chain's price binds here: the test is not vacuous
     # the programme picks one option a token, its dual may split one: within a token of it
     assert bound >= 0.9 * exact
+
+
+# an update pass at three gang widths: (seconds, device-seconds above the work bound)
+_PASS = pareto(np.array([0.060, 0.030, 0.016, 0.017]), np.array([0.0, 0.004, 0.012, 0.020]))
+
+
+def test_pareto_keeps_the_points_none_beats():
+    assert list(_PASS.seconds) == [0.016, 0.030, 0.060]
+    assert list(_PASS.excess_device_s) == [0.012, 0.004, 0.0]
+
+
+@pytest.mark.parametrize("c0,rest_s,slack", [(100.0, 0.0, 0.0), (5_000.0, 0.01, 0.0), (100.0, 0.0, 0.01),
+                                             (19_997.0, 0.0, 1.0)])
+def test_with_update_passes_the_dual_never_exceeds_the_programme(c0, rest_s, slack):
+    n = 4
+    contexts = [c0 + j for j in range(n)]
+    passes = (_PASS, _PASS)
+    tokens = ChainTokens(_WIDTHS, _W, _CAP, ((c0, n),), 0.0, rest_s, slack, passes)
+    floor = rest_s + n * 0.005 + 2 * 0.016  # the chain alone: every token and pass at its fastest
+    ideal = floor
+    bound = chain_work_s(ideal, 1, [tokens], floor)
+    exact = _least_makespan(ideal, 1, contexts, rest_s, floor, passes, slack)
+    assert floor <= bound <= exact + 1e-9
+    assert bound > floor  # it binds: the test is not vacuous
+
+
+def test_passes_alone_price_the_chain_and_a_slack_does_not_cover_them():
+    """A chain with no decode on it: its passes' excess counts in full, whatever the
+    decode's slack."""
+    tokens = ChainTokens(_WIDTHS, _W, _CAP, (), 0.0, 0.0, 1e9, (_PASS,))
+    bound = chain_work_s(0.02, 1, [tokens], 0.02)
+    exact = _least_makespan(0.02, 1, [], 0.0, 0.02, (_PASS,), 1e9)
+    assert 0.02 < bound <= exact + 1e-9
+    # a pass resized at micro-batch boundaries mixes two widths: between (0.016 s, 0.012)
+    # and (0.030 s, 0.004) the least T has T - 0.02 = 0.012 - (T - 0.016) x 0.008 / 0.014,
+    # T = 0.02618, under the programme's pure picks (0.030); the dual reaches it within its grids
+    assert bound == pytest.approx(0.02618, rel=0.01)
 
 
 def test_a_slack_that_covers_the_price_leaves_the_bound():

@@ -49,9 +49,12 @@ the record, never the policy's input), priced by the run's cost model:
   contexts then need steps of their own, each reading the weights again). The least ``T``
   at which the pool's ``gpus x T`` covers the ideal device-seconds plus what each
   pipeline's chain costs above them is a bound (weak duality of the programme that picks a
-  width and a carried context per token under the time budget). It binds where a
-  pipeline's chain is near the work bound, as the long-tail 32B of (e); elsewhere it is the
-  larger of the two below it.
+  width and a carried context per token under the time budget). The chain's update passes
+  share that budget: the work bound counts each at its cheapest gang, and a chain that
+  needs them fast pays for wider gangs (``_chain_passes``: each pass's seconds and
+  device-seconds above its ideal at every width; a pair run alongside as one). It binds
+  where a pipeline's chain is near the work bound, as the long-tail 32B of (e) and the
+  training-heavy agents of (a), (b) and (d); elsewhere it is the larger of the two below it.
 - ``makespan_lower_bound_s``: the largest of the three.
 
 docs/simulator.md derives each. A test checks that no policy, the oracle ablation
@@ -65,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jigsaw_plugin.algorithms import FORWARD_STAGES, HOST_STAGES, UPDATE_STAGES, may_run_alongside
-from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s
+from jigsaw_plugin.core.chain_work import ChainTokens, WidthPrice, chain_work_s, pareto
 from jigsaw_plugin.core.class_work import Item, class_work_s, decode_of
 
 __all__ = ["Bounds", "ChainFloor", "PipelineIdeal", "compute_bounds", "chain_split", "gap_breakdown", "rollout_split",
@@ -458,6 +461,51 @@ def _passes_s(ex, costs, p, passes: dict, tokens: float, gpus: int) -> float:
     return total
 
 
+def _gang_prices(costs, model, stage: str, tokens: float, gpus: int, counts=None) -> tuple[np.ndarray, np.ndarray]:
+    """An update pass at each gang width from the fewest devices that hold it to the pool:
+    its seconds without its fixed cost (as ``_pass_s``, the least over the layouts of the
+    pool's classes) and its device-seconds above what the ideal counts for it (its compute
+    at its cheapest width and its fixed cost on its fewest devices): a gang of ``w`` holds
+    all ``w`` devices for the whole pass, its fixed cost included, at best at the cheapest
+    class's price."""
+    if counts is None or len(counts) < 2:
+        counts = [gpus] * len(costs)
+    price = lambda c, w: (c.forward_s if stage in FORWARD_STAGES else c.train_s)(model, w, tokens)
+    lo = [min(c.stage_min_gang(model, stage), gpus) for c in costs]
+    counted = _pass_device_s(costs, model, stage, tokens, gpus) + _stage_fixed_device_s(costs, model, stage)
+    seconds, excess = [], []
+    for w in range(min(lo), gpus + 1):
+        prices = [price(c, w) if w >= lo[k] else None for k, c in enumerate(costs)]
+        t = _least_over_layouts([None if x is None else max(0.0, x - c.f.train_stage_overhead_s)
+                                 for x, c in zip(prices, costs)], counts, w)
+        held = min((x * w for x in prices if x is not None), default=_INF)
+        if t < _INF and held < _INF:
+            seconds.append(t)
+            excess.append(max(0.0, held - counted))
+    return np.asarray(seconds), np.asarray(excess)
+
+
+def _chain_passes(ex, costs, p, updates: dict, tokens: float, gpus: int, counts) -> list:
+    """``ChainTokens.passes`` of one synchronous step: each update pass on the chain at every
+    gang width (``_gang_prices``); a pair run alongside (``_alongside``) as one, its
+    seconds the longer of the two gangs' and never under the pool's time to hold both
+    passes' device-seconds (``_pair_s``), its excess the two gangs' together."""
+    out, paired = [], set()
+    for k in _alongside(ex, p):
+        a, b = p.stages[k], p.stages[k + 1]
+        if a in updates and b in updates:
+            ta, ea = _gang_prices(costs, p.model, a, tokens, gpus, counts)
+            tb, eb = _gang_prices(costs, p.model, b, tokens, gpus, counts)
+            floor = _pair_s(costs, p.model, a, b, tokens, gpus, 0.0, 0.0)
+            both = np.maximum(np.maximum(ta[:, None], tb[None, :]), floor)
+            out.append(pareto(both.ravel(), (ea[:, None] + eb[None, :]).ravel()))
+            paired.update((a, b))
+    for stage in updates:
+        if stage not in paired:
+            out.append(pareto(*_gang_prices(costs, p.model, stage, tokens, gpus, counts)))
+    return [pp for pp in out if len(pp.seconds)]  # a pass no width holds: the pool refuses its pipeline
+
+
 def _window_s(costs, p, device_s: float, gpus: int) -> float:
     """A floor on the seconds from a step's generation opening to the end of its last
     trajectory, from its work: everything the step needs before its first update (its
@@ -546,6 +594,7 @@ def compute_bounds(ex) -> Bounds:
         steps = [p.steps[k] for k in sorted(p.steps)]
         turns = []  # an asynchronous pipeline's turns, (tokens, first context), over its run
         chain_turns, chain_rest, counted, slack = [], 0.0, 0.0, 0.0  # a synchronous one's ``ChainTokens``
+        chain_passes = []
         for i, s in enumerate(steps):
             smp = s.samples
             gen = float(np.sum(smp.gen_tokens))
@@ -603,7 +652,8 @@ def compute_bounds(ex) -> Bounds:
                 gen_t, ctx_t = _turn_contexts(smp)
                 chain_turns += [(float(c), int(g)) for g, c in zip(gen_t[starts[j]:smp.turn_offset[j + 1]],
                                                                    ctx_t[starts[j]:smp.turn_offset[j + 1]])]
-                chain_rest += float(waits[j]) + passes + fixed + weight_sync
+                chain_rest += float(waits[j]) + fixed + weight_sync
+                chain_passes += _chain_passes(ex, costs, p, updates, s.tokens, gpus, counts)
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
         chain = floor.total_s
@@ -619,7 +669,7 @@ def compute_bounds(ex) -> Bounds:
         own.append(PipelineIdeal(p.name, rollout_own, ideal - ideal_before - rollout_own))
         if chain_turns:
             priced.append(ChainTokens(_chain_widths(costs, m, limit), weights_s, cap, tuple(chain_turns), counted,
-                                      chain_rest, slack))
+                                      chain_rest, slack, tuple(chain_passes)))
     work = ideal / gpus
     if shared is not None:  # each class its share at its own price (``class_work``)
         work = max(work, class_work_s(shared[0], shared[1], counts))

@@ -27,7 +27,16 @@ reads: ``slack``), so the least ``T`` with ``gpus x T`` at least that is a lower
 the makespan. ``mu`` is searched on a grid (any grid point is a bound), ``T`` by
 bisection. Each token's least over the lines is bounded below on buckets of contexts (a
 line's least on an interval is at one of its ends), so nothing here is an estimate.
-docs/simulator.md ("Bounds and effective utilisation") derives it.
+
+The chain's update passes share that budget (``ChainTokens.passes``): the work bound counts
+each at its cheapest gang, where it is slowest; a gang of ``w`` holds ``w`` devices for the
+whole pass, its fixed cost included, so a chain that needs its updates fast pays
+device-seconds for them above the work bound (``PassPrices``: seconds and that excess at
+each width, a pair run alongside as one). Their part ``Phi_t(mu)`` is each pass's least
+``excess + mu x seconds``; the decode's excess has the work bound's token-floor ``slack``
+taken off, the passes' not, so the budget's split between the two is searched on a grid
+(``_pipeline_extra``) instead of under one ``mu``. docs/simulator.md ("Bounds and
+effective utilisation") derives it.
 """
 
 from __future__ import annotations
@@ -36,13 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WidthPrice", "ChainTokens", "chain_work_s", "BUCKETS"]
+__all__ = ["WidthPrice", "PassPrices", "ChainTokens", "chain_work_s", "pareto", "BUCKETS"]
 
 #: context buckets per turn of a chain trajectory (each bucket priced at its cheaper end)
 BUCKETS = 32
 # the dual weights tried (device-seconds per second of the chain's budget); 0 is the bound
 # without the budget
 _MU = np.concatenate([[0.0], np.geomspace(1e-3, 1e4, 71)])
+_SPLITS = 257  # grid points of the budget's split between the decode and the update passes
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,28 @@ class WidthPrice:
 
 
 @dataclass(frozen=True)
+class PassPrices:
+    """One update pass on a chain step (or a pair run alongside, as one), at each gang it
+    may run on: its seconds on the chain (its fixed cost is in ``rest_s``) and the
+    device-seconds it then spends above what the work bound counts for it (its compute on
+    the cheapest gang, its fixed cost on the fewest devices). A pass resized at
+    micro-batch boundaries runs each micro-batch at one width's price, so its (seconds,
+    device-seconds) are a mix of these points: its least ``excess + mu x seconds`` is at one."""
+
+    seconds: np.ndarray
+    excess_device_s: np.ndarray
+
+
+def pareto(seconds: np.ndarray, excess: np.ndarray) -> PassPrices:
+    """The points no other is both as fast and as cheap as (the least ``excess + mu x
+    seconds`` over all points is at one of them, for every ``mu >= 0``)."""
+    order = np.lexsort((excess, seconds))
+    t, e = np.asarray(seconds, float)[order], np.asarray(excess, float)[order]
+    keep = e < np.minimum.accumulate(np.concatenate(([np.inf], e[:-1])))
+    return PassPrices(t[keep], e[keep])
+
+
+@dataclass(frozen=True)
 class ChainTokens:
     """One synchronous pipeline's chain trajectories (a step's longest, every step) as
     ``chain_work_s`` prices them."""
@@ -64,8 +96,9 @@ class ChainTokens:
     cap: float  # the roomiest replica's KV cache, tokens (``bounds._kv_cap``)
     turns: tuple  # (first context, tokens) of each of the trajectories' turns
     counted_device_s: float  # sum over steps of W (L - F)+: weight reads the work bound counts for them
-    rest_s: float  # the chain's seconds besides the trajectories' decode
+    rest_s: float  # the chain's seconds besides the trajectories' decode and the update passes
     slack_device_s: float  # its steps' token floors above their read floors (``bounds``)
+    passes: tuple = ()  # ``PassPrices`` of each step's update passes (their seconds not in ``rest_s``)
 
 
 def _buckets(turns: tuple, cap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,19 +140,51 @@ def _phi(tokens: ChainTokens) -> np.ndarray:
     return (best * n).sum(axis=1) - tokens.counted_device_s
 
 
+def _phi_passes(tokens: ChainTokens) -> np.ndarray:
+    """Each update pass's least ``excess + mu x seconds`` over its gangs, summed, on the
+    ``_MU`` grid."""
+    out = np.zeros(len(_MU))
+    for pp in tokens.passes:
+        out += np.min(pp.excess_device_s[None, :] + _MU[:, None] * pp.seconds[None, :], axis=1)
+    return out
+
+
+def _pipeline_extra(phi_d: np.ndarray, phi_t: np.ndarray | None, budget: float, slack: float,
+                    fastest_s: float = 0.0) -> float:
+    """One pipeline's device-seconds above the work bound in a run that leaves its chain
+    ``budget`` seconds for its trajectories' decode and its update passes. Each part's
+    excess is at least ``h(tau) = max over mu of Phi(mu) - mu tau`` on the ``tau`` seconds
+    it gets (weak duality); the decode's less the ``slack`` the work bound counts already
+    (never below 0), the passes' in full. Without passes, that at the whole budget. With
+    them, the budget's split is free: on a grid of the passes' share, each interval
+    between two grid points is priced at its cheapest end of each part (both parts get
+    cheaper with more time), and the least interval is the bound; never under the decode's
+    price with the passes at their fastest (``fastest_s``, their least seconds)."""
+    if phi_t is None:
+        return max(0.0, float(np.max(phi_d - _MU * budget)) - slack)
+    # the passes at their fastest leave the decode at most this (the bound without their
+    # price, which the grid's intervals could otherwise fall below by an interval's width)
+    fastest = max(0.0, float(np.max(phi_d - _MU * (budget - fastest_s))) - slack)
+    tau = np.linspace(0.0, max(budget, 0.0), _SPLITS)
+    h_t = np.max(phi_t[:, None] - _MU[:, None] * tau[None, :], axis=0)
+    h_d = np.max(phi_d[:, None] - _MU[:, None] * (budget - tau)[None, :], axis=0)
+    if len(tau) < 2:
+        return max(fastest, max(0.0, float(h_d[0]) - slack) + float(h_t[0]))
+    return max(fastest, float(np.min(np.maximum(0.0, h_d[:-1] - slack) + h_t[1:])))
+
+
 def chain_work_s(ideal_device_s: float, gpus: int, pipelines: list, floor_s: float) -> float:
     """The least ``T >= floor_s`` with ``gpus x T >= ideal + sum of each pipeline's
     device-seconds above the work bound that a chain within ``T`` costs`` (module doc).
     ``floor_s``: a lower bound already known (the larger of the work and chain bounds)."""
     if not pipelines or gpus <= 0:
         return floor_s
-    phis = [(_phi(p), p.rest_s, p.slack_device_s) for p in pipelines]
+    phis = [(_phi(p), _phi_passes(p) if p.passes else None, p.rest_s, p.slack_device_s,
+             sum(float(np.min(pp.seconds)) for pp in p.passes)) for p in pipelines]
 
     def need(t: float) -> float:
-        extra = 0.0
-        for phi, rest, slack in phis:
-            extra += max(0.0, float(np.max(phi - _MU * (t - rest))) - slack)
-        return ideal_device_s + extra
+        return ideal_device_s + sum(_pipeline_extra(phi_d, phi_t, t - rest, slack, fastest)
+                                    for phi_d, phi_t, rest, slack, fastest in phis)
 
     lo = floor_s
     if need(lo) <= gpus * lo:
