@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from jigsaw_plugin.errors import SpecError
-from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, get_policy
+from jigsaw_plugin.scheduler import LaunchReplica, Migrate, RetireReplica, RunStage, get_policy
+from jigsaw_plugin.scheduler.state import StepView
 from jigsaw_plugin.sim import Simulation
 from jigsaw_plugin.sim.world import PolicyViolation
 from sim_helpers import device_overlaps, small_workload
@@ -93,6 +94,39 @@ def test_a_tail_spreads_over_several_replicas_when_one_wide_replica_would_be_slo
     for d in wide:
         gone |= {x for r in reps if r.id in d.absorb for x in r.devices}
         assert set(d.devices) <= gone | {3, 4, 5, 6, 7}
+
+
+def _tail_beside_finished(predicted: int, done: int = 160):
+    """Three tp1 replicas of 40 requests each (``predicted`` tokens left) on a home of 8
+    devices; ``done`` of the step's 200 trajectories finished, 3M tokens for its log-prob
+    pass to read: the tail's re-shard and an early pass compete for the devices."""
+    reps = [replica("p0", i + 1, (i,), generated=[3000] * 40, predicted=[predicted] * 40) for i in range(3)]
+    st0 = StepView(0, 200, done, done, 3_000_000, 0.0, {}, {}, 0, finished_tokens=3_000_000)
+    p0 = pipeline(0, range(8), replicas=reps, gen_next=1, generating=True, steps={0: st0})
+    return dataclasses.replace(state([p0], busy=_busy_with_replicas([p0])), reshard_in_place=True, early_passes=True)
+
+
+def _launched_and_early(out):
+    return ([sorted(d.devices) for d in _widened(out)],
+            [sorted(d.devices) for d in out if isinstance(d, RunStage) and d.early])
+
+
+def test_widen_for_early_leaves_a_long_tails_spare_devices_to_an_early_pass():
+    # the fastest re-shard, two tp4 replicas on all 8 devices, ends the tail a little
+    # sooner; one tp4 replica ends it later but leaves 4 devices to read most of the
+    # finished trajectories' log-probs meanwhile: the chain after the tail is shorter
+    st = _tail_beside_finished(2000)
+    assert _launched_and_early(get_policy("jigsaw", max_widen=4, widen_for_early=False).decide(st)) == (
+        [[0, 2, 3, 4], [1, 5, 6, 7]], [])
+    assert _launched_and_early(get_policy("jigsaw", max_widen=4).decide(st)) == ([[0, 1, 2, 3]], [[4, 5, 6, 7]])
+
+
+def test_widen_for_early_keeps_the_fastest_re_shard_where_the_pass_would_read_little():
+    # a short tail: 4 devices would read little of the pass by its end; and a step with
+    # under ``early_from`` of its trajectories finished runs no early pass at all
+    for st in (_tail_beside_finished(1000), _tail_beside_finished(2000, done=80)):
+        on = _launched_and_early(get_policy("jigsaw", max_widen=4).decide(st))
+        assert on[0] == [[0, 2, 3, 4], [1, 5, 6, 7]] and not on[1]
 
 
 # ---- the executor -------------------------------------------------------------------------

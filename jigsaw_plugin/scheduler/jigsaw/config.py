@@ -234,6 +234,11 @@ class JigsawConfig:
     # read them), held to what that pass would take off the chain after the tail; none while
     # a pass of it runs or its home has free devices enough for one (the pass needs no merge)
     early_merges: bool = True
+    # a tail's re-shard priced with the early pass its spare devices then run: among the plans
+    # that beat the tail's projection, the one whose end plus the forward pass left after it
+    # is soonest (a lone DAPO 7B on 8 H100: one tp4 replica for the tail and an early log-prob
+    # pass on the other four, not two tp4 replicas on all eight; off: the fastest tail)
+    widen_for_early: bool = True
     merge_for_early: float = 0.2
     # ... and while a step whose trajectories are all generated waits on their rewards (a
     # sandbox), for as long as the wait is projected from earlier rewards (``_reward_wait_s``):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica
-from jigsaw_plugin.scheduler.estimates import holding_replica
+from jigsaw_plugin.scheduler.estimates import holding_replica, rollout_tp
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, INF, balanced_groups, tail_s
 
 __all__ = ["TailMoves"]
@@ -290,7 +290,8 @@ class TailMoves:
             # gangs then start narrow, and a tail holding its devices wide starved (a)'s PPO agent: 2787 s)
             critical = self.config.lookahead and self._near_critical(rnd, p)
             in_place = self.config.reshard_in_place and state.reshard_in_place and critical
-            best = self._widen_plan(rnd, p, live, pool, in_place, beat, spread=critical)
+            after = self._after_tail(rnd, p) if critical else None
+            best = self._widen_plan(rnd, p, live, pool, in_place, beat, spread=critical, after=after)
             if best is None:
                 continue
             for devs, group in best:
@@ -320,9 +321,46 @@ class TailMoves:
             w *= 2
         return widths
 
-    def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True):
+    def _after_tail(self, rnd, p):
+        """``widen_for_early``: the seconds the chain spends after a tail that ends in ``end``
+        seconds with ``spare`` devices beside it, as a function ``(spare, room, end)``, or
+        None where no early pass would run beside it (``_early_passes``' conditions). The
+        forward pass over the step's finished trajectories runs early on the spare devices
+        (all of it, or what it reads by the tail's end where that is worth a pass's fixed
+        cost), and the rest after the tail on all ``room`` devices of the plan."""
+        state, cfg = rnd.state, self.config
+        if not (cfg.widen_for_early and cfg.early_passes and state.early_passes and p.spec.mode == "sync"):
+            return None
+        s = p.steps.get(p.train_next)
+        if (s is None or p.stage_running or p.alongside_stage is not None or s.rewarded >= s.samples
+                or s.gen_done < cfg.early_from * s.samples):
+            return None
+        stage = self._early_stage(p, s)
+        if stage is None:
+            return None
+        tokens = s.finished_tokens - s.covered.get(stage, 0)
+        cost = state.cost
+        need = max(cost.stage_min_gang(p.model, stage), rollout_tp(p, cost))
+        fixed = cost.f.train_stage_overhead_s
+
+        def after(spare: int, room: int, end: float) -> float:
+            left = tokens
+            if spare >= need:
+                whole = cost.forward_s(p.model, spare, tokens)
+                if whole <= end:
+                    left = 0
+                else:
+                    chunk = tokens * max(0.0, end - fixed) / max(1e-9, whole - fixed)
+                    if cost.forward_s(p.model, spare, chunk) - fixed >= cfg.early_min_fixed * fixed:
+                        left = tokens - chunk
+            return cost.forward_s(p.model, max(room, need), left) if left > 0 else 0.0
+
+        return after
+
+    def _widen_plan(self, rnd, p, live, pool, in_place: bool, beat: float, spread: bool = True, after=None):
         """The fastest re-shard of ``live`` ending before ``beat`` seconds from now: a list of
-        (devices, absorbed replicas), one per new replica, or None."""
+        (devices, absorbed replicas), one per new replica, or None. ``after`` (``_after_tail``):
+        the fastest counted to the end of the forward pass its spare devices start early."""
         state = rnd.state
         costs = state.class_costs()
         width = max(r.tp for r in live)
@@ -367,7 +405,7 @@ class TailMoves:
                 k *= 2  # 1, 2, 4, ... replicas: the plans a round prices stay few
                 if not plan or end >= beat:
                     continue
-                key = (end, len(taken))
+                key = (end if after is None else end + after(room - len(taken), room, end), len(taken))
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
         return best
