@@ -494,11 +494,12 @@ def _chain_passes(ex, costs, p, updates: dict, tokens: float, gpus: int, counts)
     for k in _alongside(ex, p):
         a, b = p.stages[k], p.stages[k + 1]
         if a in updates and b in updates:
-            ta, ea = _gang_prices(costs, p.model, a, tokens, gpus, counts)
-            tb, eb = _gang_prices(costs, p.model, b, tokens, gpus, counts)
+            # each gang on its own Pareto points (one that another beats in both never helps the pair)
+            pa = pareto(*_gang_prices(costs, p.model, a, tokens, gpus, counts))
+            pb = pareto(*_gang_prices(costs, p.model, b, tokens, gpus, counts))
             floor = _pair_s(costs, p.model, a, b, tokens, gpus, 0.0, 0.0)
-            both = np.maximum(np.maximum(ta[:, None], tb[None, :]), floor)
-            out.append(pareto(both.ravel(), (ea[:, None] + eb[None, :]).ravel()))
+            both = np.maximum(np.maximum(pa.seconds[:, None], pb.seconds[None, :]), floor)
+            out.append(pareto(both.ravel(), (pa.excess_device_s[:, None] + pb.excess_device_s[None, :]).ravel()))
             paired.update((a, b))
     for stage in updates:
         if stage not in paired:
