@@ -384,15 +384,7 @@ def _pass_s(costs, model, stage: str, tokens: float, gpus: int, counts=None) -> 
     many devices together, of the slowest of them (``_least_over_layouts``). Each class's
     price counts only where the width holds the pass's state on that class
     (``stage_min_gang``), as on one class."""
-    if counts is None or len(counts) < 2:
-        counts = [gpus] * len(costs)  # each class as the whole pool: the least over classes
-    lo = [min(c.stage_min_gang(model, stage), gpus) for c in costs]
-    best = _INF
-    for w in range(min(lo), gpus + 1):
-        prices = [max(0.0, (c.forward_s if stage in FORWARD_STAGES else c.train_s)(model, w, tokens)
-                          - c.f.train_stage_overhead_s) if w >= lo[k] else None for k, c in enumerate(costs)]
-        best = min(best, _least_over_layouts(prices, counts, w))
-    return best
+    return float(np.min(_gang_prices(costs, model, stage, tokens, gpus, counts)[0], initial=_INF))
 
 
 def _least_over_layouts(prices: list, counts, width: int) -> float:
@@ -461,18 +453,18 @@ def _passes_s(ex, costs, p, passes: dict, tokens: float, gpus: int) -> float:
     return total
 
 
-def _gang_prices(costs, model, stage: str, tokens: float, gpus: int, counts=None) -> tuple[np.ndarray, np.ndarray]:
-    """An update pass at each gang width from the fewest devices that hold it to the pool:
-    its seconds without its fixed cost (as ``_pass_s``, the least over the layouts of the
-    pool's classes) and its device-seconds above what the ideal counts for it (its compute
-    at its cheapest width and its fixed cost on its fewest devices): a gang of ``w`` holds
-    all ``w`` devices for the whole pass, its fixed cost included, at best at the cheapest
-    class's price."""
+def _gang_prices(costs, model, stage: str, tokens: float, gpus: int, counts=None,
+                 counted: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """A training-side pass at each gang width from the fewest devices that hold it to the
+    pool: its seconds without its fixed cost (the least over the layouts of the pool's
+    classes, as ``_pass_s`` reads them) and its device-seconds above ``counted`` (what the
+    ideal counts for it: its compute at its cheapest width and its fixed cost on its
+    fewest devices): a gang of ``w`` holds all ``w`` devices for the whole pass, its fixed
+    cost included, at best at the cheapest class's price. ``counts`` as in ``_pass_s``."""
     if counts is None or len(counts) < 2:
-        counts = [gpus] * len(costs)
+        counts = [gpus] * len(costs)  # each class as the whole pool: the least over classes
     price = lambda c, w: (c.forward_s if stage in FORWARD_STAGES else c.train_s)(model, w, tokens)
     lo = [min(c.stage_min_gang(model, stage), gpus) for c in costs]
-    counted = _pass_device_s(costs, model, stage, tokens, gpus) + _stage_fixed_device_s(costs, model, stage)
     seconds, excess = [], []
     for w in range(min(lo), gpus + 1):
         prices = [price(c, w) if w >= lo[k] else None for k, c in enumerate(costs)]
@@ -485,25 +477,25 @@ def _gang_prices(costs, model, stage: str, tokens: float, gpus: int, counts=None
     return np.asarray(seconds), np.asarray(excess)
 
 
-def _chain_passes(ex, costs, p, updates: dict, tokens: float, gpus: int, counts) -> list:
-    """``ChainTokens.passes`` of one synchronous step: each update pass on the chain at every
-    gang width (``_gang_prices``); a pair run alongside (``_alongside``) as one, its
-    seconds the longer of the two gangs' and never under the pool's time to hold both
-    passes' device-seconds (``_pair_s``), its excess the two gangs' together."""
+def _chain_passes(ex, costs, p, prices: dict, tokens: float, gpus: int) -> list:
+    """``ChainTokens.passes`` of one synchronous step from its update passes' ``prices``
+    (stage -> ``_gang_prices``): each pass at every gang width; a pair run alongside
+    (``_alongside``) as one, its seconds the longer of the two gangs' and never under the
+    pool's time to hold both passes' device-seconds (``_pair_s``), its excess the two
+    gangs' together."""
     out, paired = [], set()
     for k in _alongside(ex, p):
         a, b = p.stages[k], p.stages[k + 1]
-        if a in updates and b in updates:
+        if a in prices and b in prices:
             # each gang on its own Pareto points (one that another beats in both never helps the pair)
-            pa = pareto(*_gang_prices(costs, p.model, a, tokens, gpus, counts))
-            pb = pareto(*_gang_prices(costs, p.model, b, tokens, gpus, counts))
+            pa, pb = pareto(*prices[a]), pareto(*prices[b])
             floor = _pair_s(costs, p.model, a, b, tokens, gpus, 0.0, 0.0)
             both = np.maximum(np.maximum(pa.seconds[:, None], pb.seconds[None, :]), floor)
             out.append(pareto(both.ravel(), (pa.excess_device_s[:, None] + pb.excess_device_s[None, :]).ravel()))
             paired.update((a, b))
-    for stage in updates:
+    for stage in prices:
         if stage not in paired:
-            out.append(pareto(*_gang_prices(costs, p.model, stage, tokens, gpus, counts)))
+            out.append(pareto(*prices[stage]))
     return [pp for pp in out if len(pp.seconds)]  # a pass no width holds: the pool refuses its pipeline
 
 
@@ -627,6 +619,7 @@ def compute_bounds(ex) -> Bounds:
             # first update (``_window_s``): its decode and prefill, its forward passes
             window = own_decode + fresh * prefill_per_token
             updates = {}  # the step's update passes (on its chain): stage -> least seconds
+            prices = {}  # ... and stage -> its seconds and excess at each width (``_gang_prices``)
             for stage in p.stages:
                 if stage in FORWARD_STAGES or stage in UPDATE_STAGES:
                     pass_device_s = _pass_device_s(costs, m, stage, s.tokens, gpus) + _stage_fixed_device_s(costs, m, stage)
@@ -638,7 +631,8 @@ def compute_bounds(ex) -> Bounds:
                     if stage in FORWARD_STAGES:
                         window += pass_device_s
                 if stage in UPDATE_STAGES:
-                    updates[stage] = _pass_s(costs, m, stage, s.tokens, gpus, counts)
+                    prices[stage] = _gang_prices(costs, m, stage, s.tokens, gpus, counts, pass_device_s)
+                    updates[stage] = float(np.min(prices[stage][0], initial=_INF))  # ``_pass_s``
             # the step's longest trajectory: its tokens one at a time, its tools and reward
             starts = np.asarray(smp.turn_offset[:-1])
             per_sample = _decode_chain_s(smp, tail_token, tail_line)
@@ -654,7 +648,7 @@ def compute_bounds(ex) -> Bounds:
                 chain_turns += [(float(c), int(g)) for g, c in zip(gen_t[starts[j]:smp.turn_offset[j + 1]],
                                                                    ctx_t[starts[j]:smp.turn_offset[j + 1]])]
                 chain_rest += float(waits[j]) + fixed + weight_sync
-                chain_passes += _chain_passes(ex, costs, p, updates, s.tokens, gpus, counts)
+                chain_passes += _chain_passes(ex, costs, p, prices, s.tokens, gpus)
         floor = _chain_floor(p.name, links, _bound_staleness(p))
         chains.append(floor)
         chain = floor.total_s

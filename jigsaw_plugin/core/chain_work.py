@@ -168,8 +168,6 @@ def _pipeline_extra(phi_d: np.ndarray, phi_t: np.ndarray | None, budget: float, 
     tau = np.linspace(0.0, max(budget, 0.0), _SPLITS)
     h_t = np.max(phi_t[:, None] - _MU[:, None] * tau[None, :], axis=0)
     h_d = np.max(phi_d[:, None] - _MU[:, None] * (budget - tau)[None, :], axis=0)
-    if len(tau) < 2:
-        return max(fastest, max(0.0, float(h_d[0]) - slack) + float(h_t[0]))
     return max(fastest, float(np.min(np.maximum(0.0, h_d[:-1] - slack) + h_t[1:])))
 
 
