@@ -385,12 +385,33 @@ from 1,227-1,334 us to 962-1,222 us, and the decision p99 stayed within the mach
 spread (this build 7,518, 9,185 and 11,258 us; stop 96's, alternated with it, 7,680, 10,885
 and 11,009 us). At 64 / 8 the projection is needed anyway; the figures are as before.
 
-The tables below are of stop 97's build, measured on 2026-12-06 from 12:03 UTC. The
-16,000-round table below is the run with the median p99 of this build's three (9,185 us;
-benchmarks/results/decision_latency_s97_new_16k_*.json, stop 96's build's runs
-decision_latency_s97_old_16k_*.json). Stop 95's six runs of its build gave 8,067-12,606 us
-(under the tables, the medians of alternated runs: stop 53's and stop 95's over 16,000
-rounds, stop 95's over 400, then this stop's over 16,000 and over 400). What
+What stops 100 and 101 cost (neither changed the state build): with `early_merges` (on
+since stop 100) the 64 / 8 run reaches a state that the slow rounds are now made of. The
+second step's rollout of one pipeline (search-agent-7b-7) starts at 175.6 simulated s on
+one replica of one device, its home's other devices still busy, and holds its 4,052
+requests there (1,024 running, about 3,030 queued) for 3.5 s until spreads move them; each
+round in that span the admission limits read that replica's rows again and fit its 1,024
+running sequences (an exact read: `ReplicaView.read_together`; the fit changes as they
+decode). Stop 102's breakdown of the whole run (`--breakdown --cases 64x8 --rounds 0
+--cpu-budget 60`, load average 1.0): the slowest 1% of rounds take 15.4 ms with timers, at
+161-212 simulated s: the admission limits 5.7 ms (the read 3.1 ms, the fit 2.3 ms), the
+gathers of other changed replicas 8.0 ms (their reads 5.1 ms, predictor calls 3.0 ms), the
+early passes 1.8 ms. With `early_merges` off (`--policy-opt early_merges=false`, alternated
+with the default, two runs each) the whole run's p99 is 4,754 and 7,307 us against 10,480 and
+12,630 us. At 1024 / 32 (16,000 rounds) it moves nothing (15,429 us off, one run); there
+the slowest 1% (16.0 ms with timers) are the replicas' views 7.2 ms and the consolidation's
+pricing 6.8 ms (51 moves priced, 2.5 gathers 4.2 ms), as in stop 94's breakdown; nor does
+`widen_for_early` (off: 15,492 us, one run). Its slower rounds there are the machine's, not
+the build's: stop 97's build (c85a98a), run alternately with this one on the same day,
+gave 14,933 and 15,164 us against this build's 14,744 and 14,345 us (the last medians under
+the tables).
+
+The tables below are of stop 102's build (9ab3995, the policy of stop 101), measured on
+2026-12-07 from 00:25 UTC with the machine's other benchmark runs paused (1-minute load
+averages 0.7-1.0). The 16,000-round table below is the run with the median p99 of this
+build's three (14,403 us; benchmarks/results/decision_latency_s102_16k_*.json: 14,521,
+14,403 and 12,397 us); stop 97's build gave 7,518, 9,185 and 11,258 us on its day, and
+about 15,000 us on this one (above). What
 one run gives is as much the machine's as the build's: the same build's rounds ran up to
 1.3x slower within twenty minutes in stop 95's runs.
 
@@ -402,29 +423,32 @@ one run gives is as much the machine's as the build's: the same build's rounds r
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (5,160
-rounds, 287 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (4,892
+rounds, 284 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
 table reads too).
 {notes}
 What is left. At 64 / 8 (1 ms) the median round is
-already about 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
+already past 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
 times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
-1 ms by itself (1.2 ms in stop 94's run, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
+1 ms by itself (3.8 ms in stop 102's run, with `early_merges`; 1.2 ms in stop 94's, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
 gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
 batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
 predictions that are not made in the round that first reads them (refreshed as requests
 finish, between rounds) or a predictor call an order of magnitude cheaper on a few groups,
 and a round without a Python pass over every replica; none is built (re-pricing each
 pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p99, but
-slower makespans: docs/simulator.md, stop 47). At 1024 / 32 (10 ms) the target is met
+slower makespans: docs/simulator.md, stop 47). The admission limits' read of a replica holding
+a whole step, stop 102's slowest rounds, could be carried as the gathers carry rows only if the
+engines reported which queued requests they admitted since the last read, as they report the
+finished ones; not built. At 1024 / 32 (10 ms) the target is met
 over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
 two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
 11.9 and 13.6 ms), both with the engines' advance inside the round, in three of stop
 95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three), and in
-two of stop 97's three (7.5 and 9.2 ms; 11.3 ms): on this
-machine it is still not met reliably, its run-to-run spread being larger than the margin. Side by side, stop 53's build
+two of stop 97's three (7.5 and 9.2 ms; 11.3 ms), and in none of stop 102's three
+(12.4-14.5 ms): on this machine it is not met reliably, its run-to-run spread being larger than the margin. Side by side, stop 53's build
 and stop 36's are within its noise, and so are stop 94's build and stop 91's. What a slow round there is made of is the views of
 the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
 needs the replicas' reports and views built without a Python call per replica each round
