@@ -212,10 +212,10 @@ class _Views:
     def __init__(self, rows):
         self.rows = tuple(rows)
 
-    def views(self):
+    def views(self, replica=None):
         return self.rows
 
-    def predicted(self):
+    def predicted(self, replica=None):
         return np.array([r.predicted_remaining for r in self.rows])
 
 

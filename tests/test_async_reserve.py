@@ -39,10 +39,10 @@ class _Requests:
         self.rows = tuple(RequestView(RequestId("p0", 1, i, 0), i // 16, None, 200, 100, 4096, 10.0, replica, False,
                                       400.0) for i in range(n))
 
-    def predicted(self):
+    def predicted(self, replica=None):
         return self.pred
 
-    def views(self):
+    def views(self, replica=None):
         return self.rows
 
 

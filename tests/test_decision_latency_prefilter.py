@@ -22,7 +22,7 @@ class _Source:
     def __init__(self, work, left):
         self.work, self.left = work, left
 
-    def work_and_left(self):
+    def work_and_left(self, replica=None):
         return self.work, self.left
 
 

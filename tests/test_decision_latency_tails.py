@@ -26,14 +26,14 @@ class _Source:
     def __init__(self, work, left):
         self.work, self.left, self.reads = work, left, 0
 
-    def work_and_left(self):
+    def work_and_left(self, replica=None):
         self.reads += 1
         return self.work, self.left
 
-    def views(self):
+    def views(self, replica=None):
         raise AssertionError("the consolidation read a replica's request views")
 
-    def predicted(self):
+    def predicted(self, replica=None):
         raise AssertionError("work_and_left is there")
 
 

@@ -44,10 +44,10 @@ class _Requests:
         self.rows = tuple(RequestView(RequestId(name, 0, i, 0), i // 4, None, 200, g, 4096, 10.0, replica, False, p)
                           for i, (g, p) in enumerate(zip(generated, predicted)))
 
-    def predicted(self):
+    def predicted(self, replica=None):
         return self.pred
 
-    def views(self):
+    def views(self, replica=None):
         return self.rows
 
 
@@ -1354,8 +1354,8 @@ def test_a_rollout_whose_engines_queue_requests_grows_onto_devices_left_idle():
     for rid in range(4):
         rows = tuple(RequestView(RequestId("p0", 0, 70 * rid + i, 0), i // 4, None, 200, 6000 if i < 40 else 0, 16000,
                                  300.0, rid, i >= 40, 4000.0) for i in range(70))
-        src = type("Src", (), {"views": lambda self, rows=rows: rows,
-                               "predicted": lambda self: np.full(70, 4000.0)})()
+        src = type("Src", (), {"views": lambda self, replica=None, rows=rows: rows,
+                               "predicted": lambda self, replica=None: np.full(70, 4000.0)})()
         step_s = COST.decode_step_s(MODEL, 1, 40, 0.95 * cap)
         reps.append(ReplicaView(rid, "p0", (rid,), 40, 30, 0.95 * cap, cap, 256, False, step_s, 0.0, src))
     spec = dataclasses.replace(SPECS[0], mode="async", staleness=1)

@@ -5,7 +5,8 @@
   its ``request_rows`` tuples (same order, same dtypes, same values bit for bit), which is
   what keeps every prediction, and so every decision, unchanged.
 * ``ReplicaView.build`` and ``PipelineView.build`` (one dict update, no per-field frozen
-  setattr) give views equal to the constructor's.
+  setattr) give views equal to the constructor's, and the snapshot's replica views (the
+  builder inlined in its loop) equal the builder's at every round of a run.
 * A malformed ``RequestColumns`` names its field.
 """
 
@@ -75,6 +76,31 @@ def test_view_builders_equal_the_constructors():
     del values["history"]
     with pytest.raises(SpecError, match="PipelineView.build"):
         PipelineView.build(**values)
+
+
+class _CompareSnapshotViews:
+    """At every round, each replica view the snapshot built (``ReplicaView.build`` inlined
+    in its loop over the reports) against ``ReplicaView.build`` of the same fields."""
+
+    def __init__(self):
+        self.sim, self.views = None, 0
+
+    @hookimpl(tryfirst=True)
+    def jigsaw_schedule(self, state):
+        names = [f.name for f in dataclasses.fields(ReplicaView)]
+        for p in state.order:
+            for r in p.replicas:
+                built = ReplicaView.build(*(getattr(r, n) for n in names))
+                assert built == r and vars(built) == {k: v for k, v in vars(r).items() if k in vars(built)}
+                assert set(vars(built)) <= set(vars(r))
+                self.views += 1
+        return None
+
+
+def test_the_snapshots_replica_views_equal_the_builders():
+    cmp = _CompareSnapshotViews()
+    run_with_probe(cmp, "compare-snapshot-views")
+    assert cmp.views > 100
 
 
 class _CompareKvColumns:

@@ -41,14 +41,14 @@ class _Source:
     def __init__(self, work, left):
         self.reads, self.figures = 0, (work, left)
 
-    def work_and_left(self):
+    def work_and_left(self, replica=None):
         self.reads += 1
         return self.figures
 
-    def predicted(self):
+    def predicted(self, replica=None):
         return np.asarray([self.figures[1]])
 
-    def views(self):
+    def views(self, replica=None):
         return ()
 
 

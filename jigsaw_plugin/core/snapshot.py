@@ -973,30 +973,6 @@ class _PipelineRequests:
         return out
 
 
-class _ReplicaSource:
-    __slots__ = ("_reqs", "_id")
-
-    def __init__(self, reqs: _PipelineRequests, replica: int):
-        self._reqs, self._id = reqs, replica
-
-    def predicted(self) -> np.ndarray:
-        return self._reqs.predicted(self._id)
-
-    def work_and_left(self) -> tuple[float, float]:
-        """(predicted tokens still to generate, predicted longest remaining)."""
-        return self._reqs.work_and_left(self._id)
-
-    def views(self) -> tuple:
-        return self._reqs.views(self._id)
-
-    def kv_columns(self) -> tuple[np.ndarray, np.ndarray, int]:
-        return self._reqs.kv_columns(self._id)
-
-    def observe_with(self, replicas) -> None:
-        """``ReplicaView.read_together``: this replica's pipeline reads ``replicas`` now."""
-        self._reqs.observe(replicas)
-
-
 def _requests_of(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> _PipelineRequests:
     """This round's gatherer for ``p``; the same one while nothing it reads has changed
     (same time, same replicas at the same version, same history): the rounds of one
@@ -1053,12 +1029,21 @@ def _step_view(s) -> StepView:
 
 def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> PipelineView:
     reqs = _requests_of(ex, p, t, refresh, caches)
-    obs = {rep.id: rep.observe(t) for rep in p.replicas}
+    obs: dict = {}
+    replicas = []
+    name, new, view = p.name, _new, ReplicaView
+    # ``ReplicaView.build``, inlined: every replica reports every round (1,024 at 1024 GPUs),
+    # and its view shares the pipeline's source (the view's id picks its rows)
+    for rep in p.replicas:
+        o = obs[rep.id] = rep.observe(t)
+        v = new(view)
+        running, queued, devices = o.running, o.queued, rep.devices
+        v.__dict__.update(id=rep.id, pipeline=name, devices=devices, running=running, queued=queued,
+                          kv_tokens=o.kv_tokens, kv_capacity=o.kv_capacity, max_seqs=o.max_seqs,
+                          retiring=rep.retiring, step_s=o.step_s, stall_s=o.stall_s, _source=reqs,
+                          tp=len(devices), load=running + queued)
+        replicas.append(v)
     reqs.observed(obs)
-    build, name = ReplicaView.build, p.name
-    replicas = [build(rep.id, name, rep.devices, o.running, o.queued, o.kv_tokens, o.kv_capacity, o.max_seqs,
-                      rep.retiring, o.step_s, o.stall_s, _ReplicaSource(reqs, rep.id))
-                for rep, o in zip(p.replicas, obs.values())]
     running_end = None
     if p.stage_running and not p.done:
         running_end = ex.running_stage_end_t(p)

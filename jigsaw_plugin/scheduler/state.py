@@ -157,9 +157,11 @@ class ReplicaView:
     retiring: bool
     step_s: float  # the current decode step time (observed tokens/s of the batch)
     stall_s: float  # prefill or weight load still ahead of decoding
-    # the executor's lazy source of this replica's requests and their predictions:
-    # ``views() -> tuple[RequestView]``, ``predicted() -> np.ndarray`` (remaining tokens),
-    # optionally ``work_and_left() -> (sum, max)`` of the latter without building it
+    # the executor's lazy source of its pipeline's requests and their predictions, each
+    # method given the replica's id: ``views(id) -> tuple[RequestView]``, ``predicted(id) ->
+    # np.ndarray`` (remaining tokens), optionally ``work_and_left(id) -> (sum, max)`` of the
+    # latter without building it, ``kv_columns(id)`` and ``observe(ids)`` (one source per
+    # pipeline and round, shared by its replicas' views: no object per replica)
     _source: Any = field(repr=False, compare=False, default=None)
 
     @classmethod
@@ -183,7 +185,7 @@ class ReplicaView:
     @cached_property
     def requests(self) -> tuple[RequestView, ...]:
         """Its requests, running then queued (built on first use)."""
-        return tuple(self._source.views()) if self._source is not None else ()
+        return tuple(self._source.views(self.id)) if self._source is not None else ()
 
     def kv_columns(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Its requests' KV tokens held now (context + generated) and predicted remaining
@@ -192,7 +194,7 @@ class ReplicaView:
         round: a 72B PPO step's 2,048 requests queued on a few replicas)."""
         src = self._source
         if src is not None and hasattr(src, "kv_columns"):
-            return src.kv_columns()
+            return src.kv_columns(self.id)
         views = self.requests
         return (np.fromiter((q.kv_tokens for q in views), float, len(views)),
                 np.fromiter((q.predicted_remaining for q in views), float, len(views)),
@@ -202,16 +204,16 @@ class ReplicaView:
     def read_together(views) -> None:
         """A hint before a policy reads the requests of several replicas (``kv_columns``,
         ``requests``): a source that can read a pipeline's replicas together
-        (``observe_with(ids)``) does so now, one read and one predictor call per pipeline
+        (``observe(ids)``) does so now, one read and one predictor call per pipeline
         instead of one per replica. Where rows are carried from an earlier read, those read
         together are predicted with each other's fresh rows as evidence."""
         by: dict[str, tuple] = {}
         for v in views:
             src = v._source
-            if src is not None and hasattr(src, "observe_with"):
+            if src is not None and hasattr(src, "observe"):
                 by.setdefault(v.pipeline, (src, []))[1].append(v.id)
         for src, ids in by.values():
-            src.observe_with(ids)
+            src.observe(ids)
 
     def _work_and_left(self) -> tuple[float, float]:
         """(work, longest), asked of the source once (it keeps both as running sums where
@@ -224,9 +226,9 @@ class ReplicaView:
             if src is None:
                 got = (0.0, 0.0)
             elif hasattr(src, "work_and_left"):
-                got = src.work_and_left()
+                got = src.work_and_left(self.id)
             else:
-                pred = src.predicted()
+                pred = src.predicted(self.id)
                 got = (float(pred.sum()), float(pred.max())) if len(pred) else (0.0, 0.0)
             self.__dict__["_work_left"] = got
         return got
