@@ -84,6 +84,10 @@ class JigsawConfig:
     # launches its rollout at the width that ends its bulk soonest over the whole pool, not
     # the one whose token is cheapest: no one else will use the device-seconds
     alone_width: bool = True
+    # ... and tries wider widths on its steps, one step each while steps remain, keeping the
+    # width whose steps ended soonest (``trials.py``: the projection leaves out
+    # a multi-turn agent's thinning batch)
+    width_trials: bool = False
     # a critical pipeline's training gang (projected last at the pipelines' observed paces)
     # may take free devices of owners off the critical path even when they want them back
     # soon: they wait, the makespan does not (docs/simulator.md)

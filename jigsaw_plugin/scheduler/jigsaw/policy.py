@@ -123,6 +123,8 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         self._share_s: dict[tuple, tuple] = {}
         # each replica's last admission limit, kept while its arrays are the same
         self._fitting = FittingMemo()
+        # the last pipeline's rollout widths tried on its steps (``width_trials``)
+        self._trials: dict = {}
 
     def staleness_bound(self, pipeline) -> int:
         spec = pipeline.spec
@@ -169,6 +171,9 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         rnd = Round(state, home, owner)
         out: list = []
         admit = cfg.admission and state.admission_limits  # admission limits, where the executor sets them
+        for name, trials in self._trials.items():
+            # a step's generation time is readable only until its training ends
+            trials.observe(state.pipelines[name].steps)
         self._retire_drained(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._reclaim(rnd, out)

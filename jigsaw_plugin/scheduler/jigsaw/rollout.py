@@ -16,6 +16,7 @@ from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica, Mig
 from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
                                                train_estimate_s)
 from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
+from jigsaw_plugin.scheduler.jigsaw.trials import WidthTrials
 from jigsaw_plugin.scheduler.state import ReplicaView
 
 __all__ = ["RolloutReplicas"]
@@ -442,7 +443,15 @@ class RolloutReplicas:
         if not per_token:
             return base
         if self.config.alone_width and self._last_left(state, p):
-            return self._fastest_bulk_width(state, p, sorted(per_token), n, ctx)
+            widths = sorted(per_token)
+            projected = self._fastest_bulk_width(state, p, widths, n, ctx)
+            if not self.config.width_trials:
+                return projected
+            trials = self._trials.setdefault(p.name, WidthTrials())
+            trials.observe(p.steps)
+            step = p.gen_next - 1 if p.generating else p.gen_next
+            fit = [w for w in widths if w <= len(state.devices)]  # a replica the pool holds
+            return trials.width_for(step, p.spec.steps - step, fit, projected, not p.generating)
         cheapest = min(per_token.values())
         return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
 
