@@ -172,7 +172,7 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         out: list = []
         admit = cfg.admission and state.admission_limits  # admission limits, where the executor sets them
         for name, trials in self._trials.items():
-            # a step's generation time is readable only until its training ends
+            # a step's view is gone once it is trained: its time is read each round till then
             trials.observe(state.pipelines[name].steps)
         self._retire_drained(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
