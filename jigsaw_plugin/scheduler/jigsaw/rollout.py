@@ -447,8 +447,7 @@ class RolloutReplicas:
             projected = self._fastest_bulk_width(state, p, widths, n, ctx)
             if not self.config.width_trials:
                 return projected
-            trials = self._trials.setdefault(p.name, WidthTrials())
-            trials.observe(p.steps)
+            trials = self._trials.setdefault(p.name, WidthTrials())  # ``decide`` has it read the steps
             step = p.gen_next - 1 if p.generating else p.gen_next
             fit = [w for w in widths if w <= len(state.devices)]  # a replica the pool holds
             return trials.width_for(step, p.spec.steps - step, fit, projected, not p.generating)

@@ -15,8 +15,9 @@ width whose steps took least on average (a step's time: its generation and the t
 after it, ``WidthTrials.observe``). Only widths at or above the
 projection are tried (the projection's blind spot is the thinning, which favours wider).
 
-Pure bookkeeping over what the policy sees (each step's generation start and end, from the
-pipeline's step views) and what it chose; ``Jigsaw._cheapest_width`` asks it."""
+Pure bookkeeping over what the policy sees (each step's generation start and its stages'
+ends, from the pipeline's step views) and what it chose; ``Jigsaw._cheapest_width`` asks it,
+``Jigsaw.decide`` has it read the step views every round."""
 
 from __future__ import annotations
 
@@ -27,12 +28,11 @@ TRIAL_STEPS_LEFT = 3
 
 
 class WidthTrials:
-    """One pipeline's steps' launch widths and how long their generation took."""
+    """One pipeline's steps' launch widths and how long those steps took."""
 
     def __init__(self):
         self.chosen: dict[int, int] = {}  # step -> the width its generation launched at
         self.seen: dict[int, list[float]] = {}  # width -> seconds of its steps (``observe``)
-        self._read: set[int] = set()  # steps whose time is in ``seen``
         self._span: dict[int, tuple[float, float]] = {}  # step -> (its start, its last end seen)
         self._pinned: set[int] = set()  # steps launched at a width other than the projection
 
@@ -46,18 +46,17 @@ class WidthTrials:
         1.4% longer). The weight sync after the last stage is left out: the same at
         every width."""
         for k, s in steps.items():
-            if k in self.chosen and k not in self._read:
+            if k in self.chosen:
                 ends = list(s.stage_end_t.values())
                 if s.gen_end_t is not None:
                     ends.append(s.gen_end_t)
                 self._span[k] = (s.gen_start_t, max(ends, default=s.gen_start_t))
         for k in [k for k in self._span if k not in steps]:
-            start, end = self._span.pop(k)
-            self._read.add(k)
+            start, end = self._span.pop(k)  # trained: a step does not come back
             self.seen.setdefault(self.chosen[k], []).append(end - start)
 
     def best(self) -> int | None:
-        """The width whose steps' generation took least on average (None: none seen)."""
+        """The width whose steps took least on average (None: none seen)."""
         if not self.seen:
             return None
         return min(self.seen, key=lambda w: (sum(self.seen[w]) / len(self.seen[w]), w))
