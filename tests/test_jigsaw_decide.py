@@ -1630,3 +1630,30 @@ def test_grow_in_plan_prices_starting_now_with_the_growth_onto_home_devices_as_t
         st = _one_home_device_busy_for(predicted, alone=False)
         assert started(get_policy("jigsaw", migration=False).decide(st)) == \
             started(get_policy("jigsaw", migration=False, grow_in_plan=False).decide(st))
+
+
+def test_an_owner_whose_engines_queue_more_than_a_wave_reclaims_its_home():
+    # p1's step runs on one replica (device 4) that its engine filled: 256 sequences run and
+    # 600 more wait in its queue, none waits for a replica (pending 0). The rest of p1's home
+    # (devices 5 and 6) holds two of p0's borrowed replicas. More queued than its replicas
+    # run at once is a wave and more waiting: p1 wants its home now and p0's replicas go
+    # back to their home, their requests to a sibling there with room
+    def p0_replica(rid, device, n=20):
+        return replica("p0", rid, (device,), generated=[500] * n, predicted=[2000] * n)
+
+    crowded = ReplicaView(9, "p1", (4,), 256, 600, 256 * 700.0, float(COST.kv_capacity_tokens(MODEL, 1)), 256,
+                          False, 0.03, 0.0, _Requests("p1", 9, [500] * 256, [2000] * 256))
+    p0 = pipeline(0, range(4), replicas=[p0_replica(1, 0), p0_replica(2, 1), p0_replica(3, 5), p0_replica(4, 6)],
+                  gen_next=1, generating=True, steps={0: step(0, samples=80)})
+    p1 = pipeline(1, range(4, 8), replicas=[crowded], gen_next=1, generating=True, steps={0: step(0, samples=856)})
+    busy = _busy_with_replicas([p0, p1])
+
+    def evicted(pipes, **options):
+        out = get_policy("jigsaw", **options).decide(state(pipes, busy=busy))
+        return {d.replica for d in out if isinstance(d, RetireReplica)} & {3, 4}
+
+    assert evicted([p0, p1]) == {3, 4}
+    assert evicted([p0, p1], reclaim_for_queue=False) == set()
+    # a queue its replicas work through within a wave is not a claim on the home
+    light = dataclasses.replace(p1, replicas=(dataclasses.replace(crowded, queued=200),))
+    assert evicted([p0, light]) == set()

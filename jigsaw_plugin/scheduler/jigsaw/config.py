@@ -65,6 +65,13 @@ class JigsawConfig:
     # (seed 12000) -0.37% geometric mean, 5 faster, none slower; the benchmark's 60
     # synthetic mixes -0.40% (11 faster, 3 slower: s41 +6.3%) (docs/simulator.md)
     grow_on_queue: bool = True
+    # ... and an owner whose engines queue more requests than its replicas run at once
+    # (more than a whole wave waits) wants its home now, as one whose requests wait for a
+    # replica: it reclaims home devices others' replicas borrowed and lends none. A 7B
+    # agent's second step (the decision-latency run at 64 / 8) started on one replica, its
+    # home's other 7 devices held by another agent's borrowed replicas; all 4,052 requests
+    # went to the one replica, no request waited for a replica, and none came back for 3.5 s
+    reclaim_for_queue: bool = True
     # a step's rollout that could start on only part of the replicas it wants waits, when
     # home devices for at least as many more are projected free within ``home_wait`` of its
     # projected generation: an engine admits a whole batch at once and admitted requests

@@ -90,11 +90,20 @@ class Loans:
         return self.config.loans or self._paced_critical(rnd, p)
 
     def _has_ready_work(self, o) -> bool:
-        """A ready stage, a rollout to start or requests waiting for a replica."""
+        """A ready stage, a rollout to start or requests waiting for a replica (with
+        ``reclaim_for_queue``, also more requests queued on its engines than its replicas
+        run at once: a whole wave and more waits)."""
         stage = o.next_stage
         if runs_on_gang(stage):
             return True
-        return (self._may_start_gen(o) and not o.generating) or o.pending > 0
+        if (self._may_start_gen(o) and not o.generating) or o.pending > 0:
+            return True
+        return self.config.reclaim_for_queue and o.generating and self._queued_past_a_wave(o)
+
+    @staticmethod
+    def _queued_past_a_wave(o) -> bool:
+        live = [r for r in o.replicas if not r.retiring]
+        return sum(r.queued for r in live) > sum(r.max_seqs for r in live)
 
     def _lendable(self, rnd, p, duration, training: bool = False, replica: bool = False) -> list:
         """Free devices outside ``p``'s home whose owners can spare them for ``duration``;
