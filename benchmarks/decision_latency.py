@@ -406,14 +406,30 @@ the build's: stop 97's build (c85a98a), run alternately with this one on the sam
 gave 14,933 and 15,164 us against this build's 14,744 and 14,345 us (the last medians under
 the tables).
 
-The tables below are of stop 102's build (9ab3995, the policy of stop 101), measured on
-2026-12-07 from 00:25 UTC with the machine's other benchmark runs paused (1-minute load
-averages 0.7-1.0). The 16,000-round table below is the run with the median p99 of this
-build's three (14,403 us; benchmarks/results/decision_latency_s102_16k_*.json: 14,521,
-14,403 and 12,397 us); stop 97's build gave 7,518, 9,185 and 11,258 us on its day, and
-about 15,000 us on this one (above). What
-one run gives is as much the machine's as the build's: the same build's rounds ran up to
-1.3x slower within twenty minutes in stop 95's runs.
+What stop 104 changed (`reclaim_for_queue`, on; docs/simulator.md): an owner whose engines
+queue more requests than its replicas run at once wants its home now, so the state above
+does not arise: search-agent-7b-7's home comes back in the round its step starts, and the
+64 / 8 run ends at 280.3 simulated s in 4,630 rounds (283.9 s and 4,892 rounds before).
+Over the whole run, alternated with the switch off (`--policy-opt reclaim_for_queue=false`,
+two runs each, load averages 1.0-1.9), the decision p99 is 3,365 and 3,681 us against 6,690
+and 5,539 us, the policy's own p99 1,049 and 1,046 us against 2,310 and 2,163 us. The
+breakdown of the whole run on this build (`--breakdown --cases 64x8 --rounds 0 --cpu-budget
+60`, load average under 1): the slowest 1% of rounds take 5.3 ms with timers, at 25-193
+simulated s: the gathers 4.3 ms (3.4 predictor calls 1.6 ms, the changed replicas read
+again 1.4 ms, of which their requests' fields from the simulator's replicas 0.9 ms), the
+tail consolidation 2.5 ms and the tail widening 1.3 ms (each mostly the gathers they are
+the first to read), the admission limits 0.06 ms (2.2 ms in the build before's slowest 1%,
+measured the same way that morning).
+
+The tables below are of stop 104's build (a98358d), measured on 2026-12-07 from 05:50 UTC
+with no other run on the machine (1-minute load averages 0.2-1.0). This session's machine
+runs these rounds 2-3x faster than stop 102's did: stop 103's build (328fa20, whose state
+build differs from stop 102's only by the replica views' shared request source) gave 4,650
+and 4,604 us over 16,000 rounds at 1024 / 32 here that morning, where stop 102's machine
+gave 12,397-14,521 us. The 16,000-round table below is the run with the median p99 of this
+build's three (5,519 us; benchmarks/results/decision_latency_s104_16k_*.json: 4,941, 5,519
+and 6,453 us). What one run gives is as much the machine's as the build's: the same
+build's rounds ran up to 1.3x slower within twenty minutes in stop 95's runs.
 
 `{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
@@ -423,8 +439,8 @@ one run gives is as much the machine's as the build's: the same build's rounds r
 {spread_table(results)}
 A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
 run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (4,892
-rounds, 284 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
+400 rounds are the rollouts' first 2.3 s, before any tail). The whole run at 64 / 8 (4,630
+rounds, 280 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
 tails) follow where they were rendered with this block (`--also`; benchmarks/results/
 decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
 table reads too).
@@ -432,7 +448,8 @@ table reads too).
 What is left. At 64 / 8 (1 ms) the median round is
 already past 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
 times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
-1 ms by itself (3.8 ms in stop 102's run, with `early_merges`; 1.2 ms in stop 94's, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
+1 ms by itself (1.0 ms in stop 104's run; 3.8 ms in stop 102's, with `early_merges` and the
+state `reclaim_for_queue` removed; 1.2 ms in stop 94's, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
 gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
 batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
 predictions that are not made in the round that first reads them (refreshed as requests
@@ -440,15 +457,18 @@ finish, between rounds) or a predictor call an order of magnitude cheaper on a f
 and a round without a Python pass over every replica; none is built (re-pricing each
 pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p99, but
 slower makespans: docs/simulator.md, stop 47). The admission limits' read of a replica holding
-a whole step, stop 102's slowest rounds, could be carried as the gathers carry rows only if the
-engines reported which queued requests they admitted since the last read, as they report the
-finished ones; not built. At 1024 / 32 (10 ms) the target is met
+a whole step, stop 102's slowest rounds, is gone with the state that made it (stop 104); a
+replica that holds a whole step for another reason would bring it back, and could be carried
+as the gathers carry rows only if the engines reported which queued requests they admitted
+since the last read, as they report the finished ones; not built. At 1024 / 32 (10 ms) the target is met
 over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
 two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
 11.9 and 13.6 ms), both with the engines' advance inside the round, in three of stop
 95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three), and in
-two of stop 97's three (7.5 and 9.2 ms; 11.3 ms), and in none of stop 102's three
-(12.4-14.5 ms): on this machine it is not met reliably, its run-to-run spread being larger than the margin. Side by side, stop 53's build
+two of stop 97's three (7.5 and 9.2 ms; 11.3 ms), in none of stop 102's three
+(12.4-14.5 ms), and in all three of stop 104's (4.9-6.5 ms), on a machine that ran stop
+103's build at 4.6 ms: met with a margin on this session's machine, not on stop 102's,
+whose run-to-run spread was larger than the margin. Side by side, stop 53's build
 and stop 36's are within its noise, and so are stop 94's build and stop 91's. What a slow round there is made of is the views of
 the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
 needs the replicas' reports and views built without a Python call per replica each round
