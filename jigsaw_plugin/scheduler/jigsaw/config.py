@@ -70,7 +70,8 @@ class JigsawConfig:
     # replica: it reclaims home devices others' replicas borrowed and lends none. A 7B
     # agent's second step (the decision-latency run at 64 / 8) started on one replica, its
     # home's other 7 devices held by another agent's borrowed replicas; all 4,052 requests
-    # went to the one replica, no request waited for a replica, and none came back for 3.5 s
+    # went to the one replica, no request waited for a replica, and its home came back
+    # only 3.5 s later (docs/simulator.md)
     reclaim_for_queue: bool = True
     # a step's rollout that could start on only part of the replicas it wants waits, when
     # home devices for at least as many more are projected free within ``home_wait`` of its

@@ -102,6 +102,7 @@ class Loans:
 
     @staticmethod
     def _queued_past_a_wave(o) -> bool:
+        """``o``'s engines queue more requests than its live replicas' batch limits hold."""
         live = [r for r in o.replicas if not r.retiring]
         return sum(r.queued for r in live) > sum(r.max_seqs for r in live)
 
