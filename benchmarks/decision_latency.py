@@ -408,8 +408,11 @@ the tables).
 
 What stop 104 changed (`reclaim_for_queue`, on; docs/simulator.md): an owner whose engines
 queue more requests than its replicas run at once wants its home now, so the state above
-does not arise: search-agent-7b-7's home comes back in the round its step starts, and the
-64 / 8 run ends at 280.3 simulated s in 4,630 rounds (283.9 s and 4,892 rounds before).
+does not arise: with it, the run's only span in which a pipeline's engines queue more than
+a wave is 2.3 s at 160.6 s (14 rounds; the step's start, its home in another pipeline's
+training stage), where with it off there are four (that one, two of 0.5 s and the 3.5-s
+span of 768 rounds), and the 64 / 8 run ends at 280.3 simulated s in 4,630 rounds (283.9 s
+and 4,892 rounds before).
 Over the whole run, alternated with the switch off (`--policy-opt reclaim_for_queue=false`,
 two runs each, load averages 1.0-1.9), the decision p99 is 3,365 and 3,681 us against 6,690
 and 5,539 us, the policy's own p99 1,049 and 1,046 us against 2,310 and 2,163 us. The
