@@ -185,3 +185,33 @@ def test_later_stages_wait_for_the_stage_alongside():
     assert dataclasses.replace(p0, stage_next=PPO.index("weight_sync")).next_stage is None
     assert dataclasses.replace(p0, stage_next=PPO.index("weight_sync"), alongside_stage=None,
                                alongside_end_t=None).next_stage == "weight_sync"
+
+
+def _pair_ready_beside_its_rollout(predicted: int):
+    """p0 (PPO) has its critic update next with 2 of its 8 home devices free; its own replica
+    holds the other 6 with one request of ``predicted`` tokens left. Seen on synthetic mix
+    s21033: a 72B's critic update started alone on 17 devices 5 s before its async rollout
+    freed 24 more, and its actor's update waited out the critic's whole 273-s pass."""
+    from test_jigsaw_decide import _busy_with_replicas, _trained_on, replica
+
+    tail = [replica("p0", 1, tuple(range(2, 8)), generated=[500], predicted=[predicted])]
+    p0 = pipeline(0, range(8), replicas=tail, gen_next=1,
+                  steps={0: step(0, samples=32, done=32, rewarded=32, tokens=32 * 900)})
+    p0 = dataclasses.replace(p0, stages=PPO, stage_next=PPO.index("update_critic"))
+    return _trained_on(dataclasses.replace(state([p0], busy=_busy_with_replicas([p0])), concurrent_stages=True))
+
+
+def test_the_pair_waits_for_home_devices_about_to_free_rather_than_start_the_critic_alone():
+    soon, late = _pair_ready_beside_its_rollout(500), _pair_ready_beside_its_rollout(4000)
+    assert late.order[0].replicas[0].predicted_drain_s() > 5 * soon.order[0].replicas[0].predicted_drain_s()
+
+    def stages(option, st):
+        return [(d.stage, len(d.devices), d.alongside) for d in get_policy("jigsaw", alongside_wait=option).decide(st)
+                if isinstance(d, RunStage)]
+
+    # off: the critic starts alone on the 2 free devices, and its partner waits for its whole pass
+    assert stages(False, soon) == [("update_critic", 2, False)]
+    # on: nothing starts; the pair goes once the 6 free up (1.4 s)
+    assert stages(True, soon) == []
+    # ... but not for devices 12 s away: the critic starts alone as before
+    assert stages(True, late) == [("update_critic", 2, False)]

@@ -993,15 +993,17 @@ def _crowded_rollout(p1, p0_steps=None):
 
 def test_the_critical_crowded_rollout_spreads_onto_devices_no_one_wants():
     # the other pipeline is done: p0 sets the makespan, and new replicas on the free devices
-    # take running requests from the crowded two (each decodes a smaller batch faster)
+    # take running requests from the crowded two (each decodes a smaller batch faster).
+    # (Its 256 requests, with nothing else ready, count as a tail to re-shard wider first:
+    # ``widen_when_idle``, off here to see the spread alone.)
     p1 = dataclasses.replace(pipeline(1, range(4, 8), gen_next=1, train_next=1, version=1, steps={1: step(1)}),
                              done=True)
     st = _crowded_rollout(p1)
-    out = get_policy("jigsaw").decide(st)
+    out = get_policy("jigsaw", widen_when_idle=False).decide(st)
     spread = [d for d in out if isinstance(d, LaunchReplica) and d.spread]
     assert spread and all(d.pipeline == "p0" and not d.absorb for d in spread)
     assert {x for d in spread for x in d.devices} <= set(st.free)
-    assert not [d for d in get_policy("jigsaw", critical_spread=False).decide(st)
+    assert not [d for d in get_policy("jigsaw", critical_spread=False, widen_when_idle=False).decide(st)
                 if isinstance(d, LaunchReplica) and d.spread]
 
 
@@ -1097,8 +1099,9 @@ def test_a_spread_leaves_out_devices_whose_class_holds_few_of_the_requests():
 
     def spread(s):
         # the launch width held at the cheapest token's (``alone_width`` would launch p0,
-        # alone, wider at this context: the class pricing is what this test is of)
-        return [d.devices for d in get_policy("jigsaw", alone_width=False).decide(s)
+        # alone, wider at this context, and ``widen_when_idle`` re-shard its 256 requests
+        # wider: the class pricing is what this test is of)
+        return [d.devices for d in get_policy("jigsaw", alone_width=False, widen_when_idle=False).decide(s)
                 if isinstance(d, LaunchReplica) and d.spread]
 
     assert spread(st) == [(2,), (3,), (4,), (5,), (6,), (7,)]
@@ -1657,3 +1660,31 @@ def test_an_owner_whose_engines_queue_more_than_a_wave_reclaims_its_home():
     # a queue its replicas work through within a wave is not a claim on the home
     light = dataclasses.replace(p1, replicas=(dataclasses.replace(crowded, queued=200),))
     assert evicted([p0, light]) == set()
+
+
+def _tail_of(n: int, p1):
+    """p0's rollout down to ``n`` long requests on one replica (device 0), the rest of its
+    home free; ``p1`` beside it on devices 4-7."""
+    reps = [replica("p0", 1, (0,), generated=[3000] * n, predicted=[20000] * n)]
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=512, done=512 - n)})
+    return state([p0, p1], busy=_busy_with_replicas([p0]))
+
+
+def test_a_tail_of_up_to_idle_widen_requests_widens_when_no_other_pipeline_has_work_ready():
+    done = dataclasses.replace(pipeline(1, range(4, 8)), done=True)
+    ready = pipeline(1, range(4, 8), gen_next=1, steps={0: step(0, done=32, rewarded=32, tokens=32 * 900)})
+
+    def widened(st, **options):
+        return [(len(d.devices), d.absorb) for d in get_policy("jigsaw", **options).decide(st)
+                if isinstance(d, LaunchReplica) and d.absorb]
+
+    # 200 requests: more than ``widen_requests`` (128), within ``idle_widen_requests`` (256)
+    assert widened(_tail_of(200, done)) == [(4, (1,))]
+    assert widened(_tail_of(200, done), widen_when_idle=False) == []
+    assert widened(_tail_of(200, done), idle_widen_requests=199) == []
+    assert widened(_tail_of(100, done), widen_when_idle=False) == [(4, (1,))]  # the tail rule as before
+    # the gate itself: p1's ready stage would want the devices, and it counts only done pipelines out
+    policy = get_policy("jigsaw")
+    for st, want in ((_tail_of(200, done), True), (_tail_of(200, ready), False)):
+        assert policy._widen_while_idle(st, st.order[0], 200) is want
+    assert not policy._widen_while_idle(_tail_of(300, done), _tail_of(300, done).order[0], 300)

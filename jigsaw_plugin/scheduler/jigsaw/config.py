@@ -204,6 +204,13 @@ class JigsawConfig:
     # 34 s and 16 take 29 s
     fastest_width: bool = True
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
+    # ... and from ``idle_widen_requests`` down in a round where no other pipeline has work
+    # ready (a stage, a rollout to start, requests waiting for a replica): the devices the
+    # wider replicas take would wait otherwise. 256 everywhere sped the sets one chain binds
+    # ((d) -1.9%) and cost the work-bound ones ((b) +1.0%), where a tail widened early
+    # spends device-seconds that other pipelines' ready work wanted
+    widen_when_idle: bool = True
+    idle_widen_requests: int = 256
     max_widen: int = 8  # widest tensor-parallel replica a tail is re-sharded onto
     reshard_in_place: bool = True  # a widened tail may take its own replicas' devices (re-shard in place)
     # move a tail onto another pipeline's tail replica's devices where it pays
@@ -226,6 +233,12 @@ class JigsawConfig:
     # a pass that scales with its devices gains nothing from the split, and the gang run
     # alongside keeps its width (it cannot grow onto devices that free up meanwhile)
     alongside_gain: float = 0.1
+    # ... and where the devices ready now are too few for the pair to gain so, the pair waits
+    # for busy devices of the pipeline's home (or of finished pipelines) that free up soon,
+    # when started then it ends ``alongside_gain`` sooner than the two in turn started now: a
+    # first stage started alone holds its partner back for its whole pass (a 72B PPO step's
+    # critic update ran 273 s on 17 devices while 39 idled and the actor's waited)
+    alongside_wait: bool = True
     # forward passes (log-prob, reference, values) over a step's finished trajectories on
     # devices its rollout no longer needs, while the tail still generates: the stage's own
     # pass then reads only the rest (docs/simulator.md, "Early forward passes")
@@ -328,7 +341,7 @@ class JigsawConfig:
                 raise SpecError(name, v, "a number >= 0")
 
 
-_COUNT_KNOBS = ("width", "tail_requests", "widen_requests", "max_widen")
+_COUNT_KNOBS = ("width", "tail_requests", "widen_requests", "idle_widen_requests", "max_widen")
 _FRACTION_KNOBS = ("home_wait", "min_share", "latency_slack", "max_slack", "idle_spread_gain", "alongside_gain",
                    "early_from", "early_chunk", "wait_gain", "merge_for_early")
 _FACTOR_KNOBS = ("loan_margin", "spread_cost")  # multiples of a duration or of the ideal token cost

@@ -522,7 +522,8 @@ class TrainingGangs:
                                   for k in range(1, n))
         in_turn = first[n - 1][0] + second[n - 1][0]
         if end == INF or end > in_turn * (1 - cfg.alongside_gain):
-            return False
+            # nothing started this round: the pair waits for devices about to free up
+            return cfg.alongside_wait and self._pair_later(rnd, p, stage, partner, n, end)
         gpn = max(1, state.gpus_per_node)
         a = (self._node_group(rnd, p, list(pool), w1) if w1 <= gpn else ()) or self._take(rnd, p, stage, pool, w1)
         rest = [d for d in pool if d not in a]
@@ -538,6 +539,39 @@ class TrainingGangs:
         if end > (in_turn + switch(state, p, pool)) * (1 - cfg.alongside_gain):
             return False
         return self._start_alongside(rnd, p, out, stage, partner, a, b)
+
+    def _pair_later(self, rnd, p, stage, partner, n: int, now_end: float) -> bool:
+        """``alongside_wait``: whether ``p``'s pair (``stage`` and its ``partner``) should wait
+        for busy devices of its home rather than start on the ``n`` it may take now: started
+        once the k-th of them frees (projected by ``_busy_for_s``; k = 1, 2, 4, ... within
+        ``horizon_s``; devices of finished pipelines go to whoever is ready when they free
+        up, so a wait for them bought nothing: synthetic mix s21026), split at its best, it ends
+        ``alongside_gain`` sooner than the pair on the ``n`` now (``now_end``) and than the
+        two in turn: the first on the ``n`` now, growing onto the devices freed by its first
+        micro-batch boundary, the second on all those freed by the first's end (the
+        look-ahead's plans, as ``_gang`` prices them)."""
+        state, cfg = rnd.state, self.config
+        busy = [d for d in rnd.home[p.name][1] if d not in rnd.free]
+        later = sorted(t for t in (self._busy_for_s(state, d) for d in self._on_trainer_site(state, busy))
+                       if t <= cfg.horizon_s)
+        if not later:
+            return False
+        top = n + len(later)
+        first = prefix_fastest(self._stage_times(rnd, p, stage, top)[:top])
+        second = prefix_fastest(self._stage_times(rnd, p, partner, top)[:top])
+        t1 = first[n - 1][0]
+        if cfg.loans:  # the first grows at its first micro-batch boundary onto what freed by then
+            mb = t1 / MICRO_BATCHES
+            t1 = min(t1, mb + (MICRO_BATCHES - 1) / MICRO_BATCHES * first[n + sum(1 for x in later if x <= mb) - 1][0])
+        in_turn = t1 + second[n + sum(1 for x in later if x <= t1) - 1][0]
+        beat = min(in_turn, now_end) * (1 - cfg.alongside_gain)
+        for k in sorted({min(len(later), 2 ** i) for i in range(len(later).bit_length() + 1)}):  # 1, 2, 4, ... all
+            wait, m = later[k - 1], n + k
+            if wait >= beat:
+                break
+            if wait + min(max(first[a - 1][0], second[m - a - 1][0]) for a in range(1, m)) < beat:
+                return True
+        return False
 
     def _run_alongside_at_risk(self, rnd, p, out, pool) -> bool:
         """``_run_alongside`` on a pool some of whose devices were preempted: for each width
