@@ -1662,11 +1662,13 @@ def test_an_owner_whose_engines_queue_more_than_a_wave_reclaims_its_home():
     assert evicted([p0, light]) == set()
 
 
-def _tail_of(n: int, p1):
-    """p0's rollout down to ``n`` long requests on one replica (device 0), the rest of its
-    home free; ``p1`` beside it on devices 4-7."""
+def _tail_of(n: int, p1, samples: int = 512):
+    """p0's rollout of a step of ``samples`` down to ``n`` long requests on one replica
+    (device 0), the rest of its home free; ``p1`` beside it on devices 4-7."""
     reps = [replica("p0", 1, (0,), generated=[3000] * n, predicted=[20000] * n)]
-    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, steps={0: step(0, samples=512, done=512 - n)})
+    spec = dataclasses.replace(SPECS[0], prompts_per_step=samples // SPECS[0].samples_per_prompt)
+    p0 = pipeline(0, range(4), replicas=reps, gen_next=1, generating=True, spec=spec,
+                  steps={0: step(0, samples=samples, done=samples - n)})
     return state([p0, p1], busy=_busy_with_replicas([p0]))
 
 
@@ -1683,6 +1685,8 @@ def test_a_tail_of_up_to_idle_widen_requests_widens_when_no_other_pipeline_has_w
     assert widened(_tail_of(200, done), widen_when_idle=False) == []
     assert widened(_tail_of(200, done), idle_widen_requests=199) == []
     assert widened(_tail_of(100, done), widen_when_idle=False) == [(4, (1,))]  # the tail rule as before
+    # a step of 256 samples is not a tail from its start: over half of it still decodes
+    assert widened(_tail_of(200, done, samples=256)) == []
     # the gate itself: p1's ready stage would want the devices, and it counts only done pipelines out
     policy = get_policy("jigsaw")
     for st, want in ((_tail_of(200, done), True), (_tail_of(200, ready), False)):
