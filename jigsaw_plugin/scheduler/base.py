@@ -38,6 +38,12 @@ class Policy:
     tail_threshold = 0  # call ``decide`` when a replica's load falls to this (0: only when empty)
     routes_by_predicted_length = False  # ask the predictor for each request's length at submission
     decides_on_preemption = False  # call ``decide`` when an engine preempts sequences (its KV cache overflowed)
+    # the simulator calls ``decide`` on events that change what a policy may act on, and
+    # also, with this > 0, at the first event this many simulated seconds after the last
+    # round (0: events only). The live executors re-check every 0.05 s whatever it says
+    # (``runtime/live.py``), so a policy that reads times and predictions (drains, paces)
+    # acts there between events where the simulator only acts on them
+    decide_period_s = 0.0
 
     def staleness_bound(self, pipeline) -> int:
         """The largest policy-version lag this policy promises for ``pipeline``'s samples."""

@@ -63,6 +63,7 @@ class Simulation:
         w, heap = self.world, self._heap
         w.announce_pipelines()
         self._decide()
+        period, last = w.decide_period_s, 0.0
         while heap:
             t, _, _, ev = heapq.heappop(heap)
             if ev.background and all(p.done for p in self.pipelines):
@@ -70,7 +71,10 @@ class Simulation:
             w.t = t
             ev.handle(w)
             self.events += 1
+            if period > 0.0 and t - last >= period:
+                w.dirty = True  # the policy's periodic round (``Policy.decide_period_s``)
             if w.dirty and (not heap or heap[0][0] > t):
+                last = t
                 self._decide()
         unfinished = [p.name for p in self.pipelines if not p.done]
         if unfinished:

@@ -83,6 +83,7 @@ class World(ExecutorCore):
         super().__init__(workload, policy, seed, **kw)
         self.tail_threshold = getattr(policy, "tail_threshold", 0)  # policy asks to hear when a replica's load falls to this
         self.decides_on_preemption = getattr(policy, "decides_on_preemption", False)
+        self.decide_period_s = float(getattr(policy, "decide_period_s", 0.0))
         self.interrupt_on_sync = getattr(policy, "interrupt_on_sync", False)
         self._predicts_at_submit = getattr(policy, "routes_by_predicted_length", False)
         if self.device_classes.heterogeneous:

@@ -114,6 +114,7 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         self.config = JigsawConfig(**options)
         self.tail_threshold = self.config.tail_requests if self.config.migration else 0
         self.decides_on_preemption = self.config.admission  # a preemption says a batch limit is too high
+        self.decide_period_s = self.config.decide_period_s
         # a pass's time on 1, 2, ... devices, by what prices it (cost model, model, stage,
         # tokens): a ready stage's widths are read every round it waits
         self._widths_s: dict[tuple, list] = {}
