@@ -204,9 +204,10 @@ class JigsawConfig:
     # 34 s and 16 take 29 s
     fastest_width: bool = True
     widen_requests: int = 128  # re-shard a rollout onto a wider replica from this many requests down
-    # ... and from ``idle_widen_requests`` down in a round where no other pipeline has work
-    # ready (a stage, a rollout to start, requests waiting for a replica): the devices the
-    # wider replicas take would wait otherwise. 256 everywhere sped the sets one chain binds
+    # ... and from ``idle_widen_requests`` down (at most half a step's samples) in a round
+    # where no other pipeline has work ready (a stage, a rollout to start, requests waiting
+    # for a replica): the devices the wider replicas take would wait otherwise. 256
+    # everywhere (stop 104) sped the sets one chain binds
     # ((d) -1.9%) and cost the work-bound ones ((b) +1.0%), where a tail widened early
     # spends device-seconds that other pipelines' ready work wanted
     widen_when_idle: bool = True
@@ -240,8 +241,8 @@ class JigsawConfig:
     # alongside keeps its width (it cannot grow onto devices that free up meanwhile)
     alongside_gain: float = 0.1
     # ... and where the devices ready now are too few for the pair to gain so, the pair waits
-    # for busy devices of the pipeline's home (or of finished pipelines) that free up soon,
-    # when started then it ends ``alongside_gain`` sooner than the two in turn started now: a
+    # for busy devices of the pipeline's home that free up soon, when started then it ends
+    # ``alongside_gain`` sooner than the pair now and the two in turn started now: a
     # first stage started alone holds its partner back for its whole pass (a 72B PPO step's
     # critic update ran 273 s on 17 devices while 39 idled and the actor's waited)
     alongside_wait: bool = True
