@@ -357,7 +357,7 @@ class TrainingGangs:
         # look-ahead: start now with what is free (and, with loans, grow at the first
         # micro-batch boundary onto the home devices free by then), or wait for the i-th
         # busy home device and start bigger; pick the earliest projected end
-        later = sorted(self._busy_for_s(state, d) for d in home if d not in free)
+        later = self._busy_home_s(rnd, home)
         # the devices its candidate gangs are drawn from, priced with the restarts their
         # preemptions so far foretell (None: none of them was preempted)
         risks = self._restart_risks(rnd, p, now + [d for d in home if d not in free])
@@ -540,6 +540,11 @@ class TrainingGangs:
             return False
         return self._start_alongside(rnd, p, out, stage, partner, a, b)
 
+    def _busy_home_s(self, rnd, home) -> list:
+        """Seconds until each busy device of ``home`` frees (``_busy_for_s``), soonest first:
+        the waits the look-ahead's plans weigh."""
+        return sorted(self._busy_for_s(rnd.state, d) for d in home if d not in rnd.free)
+
     def _pair_later(self, rnd, p, stage, partner, n: int, now_end: float) -> bool:
         """``alongside_wait``: whether ``p``'s pair (``stage`` and its ``partner``) should wait
         for busy devices of its home rather than start on the ``n`` it may take now: started
@@ -551,9 +556,8 @@ class TrainingGangs:
         micro-batch boundary, the second on all those freed by the first's end (the
         look-ahead's plans, as ``_gang`` prices them)."""
         state, cfg = rnd.state, self.config
-        busy = [d for d in rnd.home[p.name][1] if d not in rnd.free]
-        later = sorted(t for t in (self._busy_for_s(state, d) for d in self._on_trainer_site(state, busy))
-                       if t <= cfg.horizon_s)
+        later = [t for t in self._busy_home_s(rnd, self._on_trainer_site(state, rnd.home[p.name][1]))
+                 if t <= cfg.horizon_s]
         if not later:
             return False
         top = n + len(later)
