@@ -1687,8 +1687,13 @@ def test_a_tail_of_up_to_idle_widen_requests_widens_when_no_other_pipeline_has_w
     assert widened(_tail_of(100, done), widen_when_idle=False) == [(4, (1,))]  # the tail rule as before
     # a step of 256 samples is not a tail from its start: over half of it still decodes
     assert widened(_tail_of(200, done, samples=256)) == []
-    # the gate itself: p1's ready stage would want the devices, and it counts only done pipelines out
-    policy = get_policy("jigsaw")
-    for st, want in ((_tail_of(200, done), True), (_tail_of(200, ready), False)):
-        assert policy._widen_while_idle(st, st.order[0], 200) is want
-    assert not policy._widen_while_idle(_tail_of(300, done), _tail_of(300, done).order[0], 300)
+    # the gate itself: beside p1's ready stage the round is the one without the rule
+    def same_as_off(st):
+        return get_policy("jigsaw").decide(st) == get_policy("jigsaw", widen_when_idle=False).decide(st)
+
+    assert widened(_tail_of(200, ready)) == [] and same_as_off(_tail_of(200, ready))
+    assert not same_as_off(_tail_of(200, done))
+    # more than ``idle_widen_requests``: not a tail, whatever the others do
+    big = _tail_of(300, done, samples=1024)
+    assert widened(big) == [] and same_as_off(big)
+    assert widened(big, idle_widen_requests=300) == [(4, (1,))]

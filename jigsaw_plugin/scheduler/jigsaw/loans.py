@@ -9,7 +9,7 @@ import math
 
 from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
 from jigsaw_plugin.scheduler.decisions import Migrate, RetireReplica
-from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES
+from jigsaw_plugin.scheduler.jigsaw.round import INF, MICRO_BATCHES, UNSET
 
 __all__ = ["Loans"]
 
@@ -99,6 +99,13 @@ class Loans:
         if (self._may_start_gen(o) and not o.generating) or o.pending > 0:
             return True
         return self.config.reclaim_for_queue and o.generating and self._queued_past_a_wave(o)
+
+    def _ready_work(self, rnd) -> frozenset:
+        """The names of the unfinished pipelines with work ready (``_has_ready_work``), read
+        once a round (it reads the round's state, which the round's decisions leave as it is)."""
+        if rnd.ready_work is UNSET:
+            rnd.ready_work = frozenset(o.name for o in rnd.state.order if not o.done and self._has_ready_work(o))
+        return rnd.ready_work
 
     @staticmethod
     def _queued_past_a_wave(o) -> bool:

@@ -177,7 +177,7 @@ class Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in", "claim", "risk", "risky", "gang_claims", "held_empty")
+                 "moved_in", "claim", "risk", "risky", "gang_claims", "held_empty", "ready_work")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -208,6 +208,7 @@ class Round:
         # replica -> its devices: empty, kept for its trajectories' next turns unless a decision
         # of this round takes a device of it (``keep_between_turns``); the devices count as free
         self.held_empty: dict[int, tuple] = {}
+        self.ready_work = UNSET  # names of unfinished pipelines with work ready (``_ready_work``)
 
     def stage_devices(self, p) -> tuple:
         """The devices ``p``'s running stage will hold from its next boundary on."""

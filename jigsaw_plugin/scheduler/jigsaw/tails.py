@@ -272,7 +272,7 @@ class TailMoves:
             if not p.generating or not live or p.pending or any(r.queued for r in live):
                 continue
             load = sum(r.load for r in live)
-            if load == 0 or (load > self.config.widen_requests and not self._widen_while_idle(state, p, load)):
+            if load == 0 or (load > self.config.widen_requests and not self._widen_while_idle(rnd, p, load)):
                 continue
             if self.config.priority and self._completion_s(rnd, p) < (1 - self.config.latency_slack) * self._critical_s(rnd):
                 continue  # not on the critical path: the devices are worth more elsewhere
@@ -301,7 +301,7 @@ class TailMoves:
                     rnd.free.update(r.devices)
                 rnd.free.difference_update(devs)  # after: a re-shard in place takes some of them
 
-    def _widen_while_idle(self, state, p, load: int) -> bool:
+    def _widen_while_idle(self, rnd, p, load: int) -> bool:
         """``widen_when_idle``: ``p``'s ``load`` requests count as a tail to widen because
         no other unfinished pipeline has work ready (``_has_ready_work``), so the devices a
         wider replica takes have nothing else to run, and they are at most half a step's
@@ -311,7 +311,7 @@ class TailMoves:
         cfg = self.config
         return (cfg.widen_when_idle and load <= cfg.idle_widen_requests
                 and 2 * load <= p.spec.prompts_per_step * p.spec.samples_per_prompt
-                and not any(self._has_ready_work(o) for o in state.order if o is not p and not o.done))
+                and not self._ready_work(rnd) - {p.name})
 
     def _widen_floor_s(self, state, p, live) -> float:
         """A floor under every re-shard plan's projected end: the longest predicted request
