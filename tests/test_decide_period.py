@@ -1,12 +1,14 @@
 """A periodic decide round in the simulator (``Policy.decide_period_s``): with it, the
 policy is called at the first event at least that many simulated seconds after its last
-round, as the live executors' 0.05-s re-check calls it between events; without it, on
-events only (docs/simulator.md, "Limits")."""
+round, as the live executors' re-check (``LIVE_RECHECK_S``) calls it between events;
+without it (0), on events only (docs/simulator.md, "Limits"). jigsaw and streamrl decide at the
+live executors' cadence; the other baselines on events only."""
 
 import pytest
 
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler import get_policy
+from jigsaw_plugin.scheduler.base import LIVE_RECHECK_S
 from jigsaw_plugin.sim import Simulation
 from sim_helpers import small_workload
 
@@ -28,7 +30,7 @@ def _round_times(**options) -> list:
 
 
 def test_the_policy_is_woken_at_least_once_a_period_while_events_arrive():
-    events_only = _round_times()
+    events_only = _round_times(decide_period_s=0.0)
     periodic = _round_times(decide_period_s=1.0)
     assert len(periodic) > len(events_only)
 
@@ -45,3 +47,13 @@ def test_the_policy_is_woken_at_least_once_a_period_while_events_arrive():
 def test_the_period_is_a_non_negative_number():
     with pytest.raises(SpecError, match="decide_period_s"):
         get_policy("jigsaw", decide_period_s=-1.0)
+
+
+def test_jigsaw_decides_at_the_live_executors_cadence_by_default():
+    assert get_policy("jigsaw").decide_period_s == LIVE_RECHECK_S > 0
+    assert get_policy("streamrl").decide_period_s == LIVE_RECHECK_S
+    assert get_policy("verl-sync").decide_period_s == 0.0
+    default, once_a_second = _round_times(), _round_times(decide_period_s=1.0)
+    assert len(default) > len(once_a_second)
+    longest = lambda times: max(b - a for a, b in zip(times, times[1:]))
+    assert longest(default) == longest(once_a_second)  # the stretch with no event at all

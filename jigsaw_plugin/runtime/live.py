@@ -26,6 +26,7 @@ from jigsaw_plugin.core.snapshot import ReplicaObs
 from jigsaw_plugin.ids import RequestId
 from jigsaw_plugin.runtime.router import Router, RouterError
 from jigsaw_plugin.algorithms import FORWARD_STAGES, UPDATE_STAGES
+from jigsaw_plugin.scheduler.base import LIVE_RECHECK_S
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, ResizeStage, RunStage, StartGen
 from jigsaw_plugin.scheduler.state import DeviceTask
 
@@ -536,7 +537,7 @@ class LiveExecutor(ExecutorCore):
             self._wake.clear()
             if not self._dirty:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                    await asyncio.wait_for(self._wake.wait(), timeout=LIVE_RECHECK_S)
                 except asyncio.TimeoutError:
                     self._dirty = True  # re-check (a drained replica, a timer)
         for rep in list(self.replicas.values()):

@@ -17,7 +17,13 @@ from typing import Any, Callable, Mapping
 
 from jigsaw_plugin.errors import SpecError
 
-__all__ = ["Policy", "PolicySetup", "register_policy", "get_policy", "parse_options", "policy_names"]
+__all__ = ["LIVE_RECHECK_S", "Policy", "PolicySetup", "register_policy", "get_policy", "parse_options",
+           "policy_names"]
+
+#: How often the live executors call ``decide`` when no event woke it (seconds,
+#: ``runtime/live.py``): time passes for a live system between events (tokens decode,
+#: drains near), so a policy that reads it acts between them too
+LIVE_RECHECK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -40,9 +46,12 @@ class Policy:
     decides_on_preemption = False  # call ``decide`` when an engine preempts sequences (its KV cache overflowed)
     # the simulator calls ``decide`` on events that change what a policy may act on, and
     # also, with this > 0, at the first event this many simulated seconds after the last
-    # round (0: events only). The live executors re-check every 0.05 s whatever it says
-    # (``runtime/live.py``), so a policy that reads times and predictions (drains, paces)
-    # acts there between events where the simulator only acts on them
+    # round (0: events only). The live executors re-check every ``LIVE_RECHECK_S`` whatever
+    # it says; a policy whose rounds read what moves between events (tokens generated,
+    # predicted drains, paces, samples finished) sets it to that, so the simulator decides as
+    # they do (jigsaw, streamrl). One whose rounds read only what events change may keep 0:
+    # verl-sync's, one-step-off's, areal's and rollmux's runs of (a) and (c) end bit for bit
+    # the same either way (docs/simulator.md, "Limits")
     decide_period_s = 0.0
 
     def staleness_bound(self, pipeline) -> int:

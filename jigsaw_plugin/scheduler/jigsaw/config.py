@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from jigsaw_plugin.errors import SpecError
+from jigsaw_plugin.scheduler.base import LIVE_RECHECK_S
 
 __all__ = ["JigsawConfig"]
 
@@ -226,11 +227,11 @@ class JigsawConfig:
     # geometric mean over (a)-(f) at seeds 0-2; docs/simulator.md)
     reprice_on_change: bool = True
     # the simulator wakes the policy at least this often (simulated seconds, at the next
-    # event; 0: on its events only: ``Policy.decide_period_s``). The live executors re-check
-    # every 0.05 s. Off for now: with 1 s, synthetic mix s21026 1,273 -> 1,110 s (a 1.5B's
-    # rollout sat on 8 one-device replicas for 226 s beside 48 idle devices, no event
-    # between), (d) 1,588 -> 1,565 s; every block's jigsaw runs would move (docs/simulator.md)
-    decide_period_s: float = 0.0
+    # event; 0: on its events only: ``Policy.decide_period_s``): by default as often as the
+    # live executors re-check it (``LIVE_RECHECK_S``, 0.05 s). Events only, synthetic mix
+    # s21026 took 1,273 s against 1,110 s: a 1.5B's rollout sat on 8 one-device replicas
+    # for 226 s beside 48 idle devices, no event between to wake the policy (docs/simulator.md)
+    decide_period_s: float = LIVE_RECHECK_S
     # the actor's log-prob pass beside the reference pass, and a PPO step's critic update
     # beside the actor's, each on a gang of its own (as OpenRLHF runs them), the ready
     # devices split between the two where both end sooner than one after the other; only
