@@ -22,7 +22,8 @@ ABLATIONS = ("migration", "resize", "lookahead", "multiplex", "borrow", "early_p
              "early_in_reward_wait", "early_in_tool_calls", "grow_at_home", "tool_wait",
              "critical_claim", "wait_for_freed", "admission", "grow_on_queue", "lend_beside_stages",
              "grow_onto_orphans", "move_preempted", "grow_in_plan", "admission_trade", "early_rest",
-             "alone_width", "keep_between_turns", "early_merges", "widen_for_early")
+             "alone_width", "keep_between_turns", "early_merges", "widen_for_early", "widen_when_idle",
+             "alongside_wait")
 # ... and these off by default (switched on: built and measured, docs/benchmarks.md "with ...")
 OFF_BY_DEFAULT = ("loans", "priority", "balance", "colocate", "orphan_spread", "lend_rollouts_to_critical")
 BACKENDS = ("sim", "ray")  # ray: real engines and trainers (runtime/ray_bench.py)
