@@ -182,10 +182,10 @@ def test_simulator_runs_a_co_located_pair_and_counts_each_device_once():
     sim = Simulation(_wl(), ForcedColocation(), seed=1)
     res = sim.run()
     w = sim.world
-    assert len(w.colocations) == 1
-    rec = w.colocations[0]
-    assert rec["host_pipeline"] != rec["guest_pipeline"] and rec["end_t"] is not None
-    assert rec["guest_kv_tokens"] > 0 and rec["host_kv_tokens"] > 0
+    assert w.colocations  # the forced pair, and any that the policy's own `colocate` pricing makes
+    for rec in w.colocations:
+        assert rec["host_pipeline"] != rec["guest_pipeline"] and rec["end_t"] is not None
+        assert rec["guest_kv_tokens"] > 0 and rec["host_kv_tokens"] > 0
     for p in _wl().pipelines:
         assert res["pipelines"][p.name]["samples"] == p.steps * p.samples_per_step
     assert device_overlaps(w.trace) == []  # the pair's shared time is the host's record alone

@@ -50,7 +50,7 @@ class Policy:
     # it says; a policy whose rounds read what moves between events (tokens generated,
     # predicted drains, paces, samples finished) sets it to that, so the simulator decides as
     # they do (jigsaw, streamrl). One whose rounds read only what events change may keep 0:
-    # verl-sync's, one-step-off's, areal's and rollmux's runs of (a) and (c) end bit for bit
+    # verl-sync's, one-step-off's, areal's and rollmux's runs of (a)-(d) end bit for bit
     # the same either way (docs/simulator.md, "Limits")
     decide_period_s = 0.0
 
