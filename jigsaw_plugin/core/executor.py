@@ -488,6 +488,7 @@ class ExecutorCore:
         s = StepRun(step=d.step, samples=samples, n=len(samples.prompt_len))
         s.tokens, s.generated = sample_tokens(samples)
         s.gen_start_t = self.t
+        s.width, s.keep_width = d.width, d.keep_width
         s.min_version = p.rollout_version
         p.steps[d.step] = s
         p.gen_next += 1
@@ -682,6 +683,8 @@ class ExecutorCore:
         if p.stage_next >= len(p.stages):
             p.stage_next = 0
             p.train_next += 1
+            if s.width is not None:
+                p.step_widths.append((s.width, _trained_s(s)))
             self._emit("jigsaw_step_end", pipeline=p.name, step=step, t=self.t)
             if p.done:
                 p.finished_t = self.t
@@ -799,3 +802,14 @@ class ExecutorCore:
         from jigsaw_plugin.core.result import build_result
 
         return build_result(self, backend=backend, events=events)
+
+
+def _trained_s(s: StepRun) -> float:
+    """A trained step's time as ``PipelineRun.step_widths`` keeps it: from its generation's
+    start to the end of its last stage before the weight sync (the same at every width),
+    its generation included."""
+    ends = [end for stage, (_, end) in s.stage_t.items() if end is not None and stage != "weight_sync"]
+    if s.gen_end_t is not None:
+        ends.append(s.gen_end_t)
+    start = s.gen_start_t or 0.0
+    return max(ends, default=start) - start

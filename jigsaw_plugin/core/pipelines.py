@@ -36,6 +36,8 @@ class StepRun:
     covered: dict = field(default_factory=dict)  # stage -> tokens its early passes have read
     pass_tokens: dict = field(default_factory=dict)  # stage -> tokens the pass running now reads
     early_passes: int = 0  # early passes that ended
+    width: int | None = None  # the rollout width its StartGen chose (``StartGen.width``)
+    keep_width: bool = False
 
 
 class PipelineRun:
@@ -51,6 +53,9 @@ class PipelineRun:
         self.steps: dict[int, StepRun] = {}
         self.gen_next = 0  # next step whose generation has not started
         self.train_next = 0  # next step to train
+        # (width, seconds) of each trained step whose StartGen chose a width: from its
+        # generation's start to its last stage's end before the weight sync
+        self.step_widths: list[tuple[int, float]] = []
         self.stage_next = 0  # index into ``stages`` of train_next's next stage
         self.stage_running = False
         self.early: str | None = None  # the stage whose early pass runs now (docs/simulator.md)

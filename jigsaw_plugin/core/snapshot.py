@@ -1023,7 +1023,7 @@ def _step_view(s) -> StepView:
         stage_end_t={k: b for k, (_, b) in s.stage_t.items() if b is not None and k in s.stages_done},
         min_version=s.min_version if s.min_version is not None else 0,
         finished_tokens=s.finished_tokens, covered=dict(s.covered) if s.covered else {},
-        gen_end_t=s.gen_end_t,
+        gen_end_t=s.gen_end_t, width=s.width, keep_width=s.keep_width,
     )
 
 
@@ -1058,7 +1058,8 @@ def _pipeline_view(ex, p, t: float, refresh: RefreshPolicy, caches: dict) -> Pip
         running_stage_end_t=running_end,
         running_stage=ex.running_stage_view(p) if running_end is not None else None,
         early_stage=p.early, alongside_stage=p.alongside,
-        alongside_end_t=ex.alongside_end_t(p) if p.alongside is not None else None, _requests=reqs,
+        alongside_end_t=ex.alongside_end_t(p) if p.alongside is not None else None,
+        step_widths=tuple(p.step_widths), _requests=reqs,
     )
 
 

@@ -31,10 +31,28 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class StartGen:
-    """Release step ``step``'s prompts of ``pipeline`` for generation."""
+    """Release step ``step``'s prompts of ``pipeline`` for generation.
+
+    ``width``: the rollout width a policy chose for this step from the times of the
+    pipeline's earlier steps (jigsaw's ``width_trials``), recorded on the step for the
+    policy's later rounds (``StepView.width``) and, once the step is trained, beside its
+    time (``PipelineView.step_widths``): what a policy learns from its own steps lives in
+    the state, not in the policy. The executor launches nothing by it. ``keep_width``: the
+    step keeps that width through its rollout (a trial), whatever later rounds project."""
 
     pipeline: str
     step: int
+    width: int | None = None
+    keep_width: bool = False
+
+    def __post_init__(self):
+        w = self.width
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise SpecError("StartGen.width", w, "a rollout width (an integer >= 1) or None")
+        if not isinstance(self.keep_width, bool):
+            raise SpecError("StartGen.keep_width", self.keep_width, "true or false")
+        if self.keep_width and w is None:
+            raise SpecError("StartGen.keep_width", self.keep_width, "false unless width is set")
 
 
 @dataclass(frozen=True, slots=True)

@@ -283,6 +283,8 @@ class StepView:
     finished_tokens: int = 0
     covered: Mapping[str, int] = field(default_factory=dict)
     gen_end_t: float | None = None  # when its last trajectory's generation ended (None: not yet)
+    width: int | None = None  # the rollout width its StartGen chose (``StartGen.width``), if one
+    keep_width: bool = False  # ... kept through its rollout (``StartGen.keep_width``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +335,9 @@ class PipelineView:
     early_stage: str | None = None  # the stage whose early pass runs now (RunStage.early)
     alongside_stage: str | None = None  # the stage running alongside the sequence (RunStage.alongside)
     alongside_end_t: float | None = None  # its predicted end
+    # (width, seconds) of each trained step whose StartGen chose a width, oldest first: from
+    # its generation's start to its last stage's end before the weight sync
+    step_widths: tuple[tuple[int, float], ...] = ()
     # the executor's lazy source of ``requests_changed`` (``changed() -> bool``)
     _requests: Any = field(repr=False, compare=False, default=None)
 

@@ -124,8 +124,6 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         self._share_s: dict[tuple, tuple] = {}
         # each replica's last admission limit, kept while its arrays are the same
         self._fitting = FittingMemo()
-        # the last pipeline's rollout widths tried on its steps (``width_trials``)
-        self._trials: dict = {}
 
     def staleness_bound(self, pipeline) -> int:
         spec = pipeline.spec
@@ -172,9 +170,6 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
         rnd = Round(state, home, owner)
         out: list = []
         admit = cfg.admission and state.admission_limits  # admission limits, where the executor sets them
-        for name, trials in self._trials.items():
-            # a step's view is gone once it is trained: its time is read each round till then
-            trials.observe(state.pipelines[name].steps)
         self._retire_drained(rnd, out)
         if cfg.multiplex and (cfg.loans or cfg.critical_loans) and cfg.resize:
             self._reclaim(rnd, out)
@@ -224,7 +219,9 @@ class Jigsaw(Projections, Loans, TailMoves, TrainingGangs, RestartPricing, Rollo
             if kind == "gen":
                 if admit:
                     self._limit_before_start(rnd, p, live, out)
-                out.append(StartGen(p.name, p.gen_next))
+                if cfg.width_trials:
+                    self._bulk_tp(rnd, p)  # (computed once a round) where the trials choose, it records their plan
+                out.append(StartGen(p.name, p.gen_next, *rnd.width_plan.get(p.name, (None, False))))
             rnd.free.difference_update(d for g in groups for d in g)
         if cfg.critical_spread:
             self._spread_critical(rnd, out)

@@ -16,7 +16,7 @@ from jigsaw_plugin.scheduler.decisions import AdmissionLimit, LaunchReplica, Mig
 from jigsaw_plugin.scheduler.estimates import (gen_estimate_s, observed_stats, holding_replica, rollout_tp,
                                                train_estimate_s)
 from jigsaw_plugin.scheduler.jigsaw.round import UNSET, batch_held, ended_replicas, limit_of, running_context
-from jigsaw_plugin.scheduler.jigsaw.trials import WidthTrials
+from jigsaw_plugin.scheduler.jigsaw.trials import launch_width, running_width
 from jigsaw_plugin.scheduler.state import ReplicaView
 
 __all__ = ["RolloutReplicas"]
@@ -419,13 +419,14 @@ class RolloutReplicas:
             fills = 0
             if self.config.fill_width and not p.generating and not self._paced_critical(rnd, p):
                 fills = sum(1 for d in rnd.home[p.name][0] if d in rnd.free)
-            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd.state, p, fills)
+            got = rnd.bulk_tp[p.name] = self._cheapest_width(rnd, p, fills)
         return got
 
-    def _cheapest_width(self, state, p, fills: int = 0) -> int:
+    def _cheapest_width(self, rnd, p, fills: int = 0) -> int:
         """``_bulk_tp``'s choice, computed once a round. ``fills``: the devices the
         rollout's replicas will fill (0: as many replicas as its requests need), so that
         each width is priced at the batch its replicas will run."""
+        state = rnd.state
         base = rollout_tp(p, state.cost)
         if not (self.config.bulk_width and self.config.resize) or p.lengths.observed == 0:
             return base
@@ -447,10 +448,12 @@ class RolloutReplicas:
             projected = self._fastest_bulk_width(state, p, widths, n, ctx)
             if not self.config.width_trials:
                 return projected
-            trials = self._trials.setdefault(p.name, WidthTrials())  # ``decide`` has it read the steps
-            step = p.gen_next - 1 if p.generating else p.gen_next
+            if p.generating:
+                return running_width(p.steps.get(p.gen_next - 1), projected)
             fit = [w for w in widths if w <= len(state.devices)]  # a replica the pool holds
-            return trials.width_for(step, p.spec.steps - step, fit, projected, not p.generating)
+            got, keep = launch_width(p.step_widths, p.spec.steps - p.gen_next, fit, projected)
+            rnd.width_plan[p.name] = (got, keep)  # the step's StartGen records it
+            return got
         cheapest = min(per_token.values())
         return min(w for w, c in per_token.items() if c <= 1.05 * cheapest)
 

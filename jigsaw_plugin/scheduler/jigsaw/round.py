@@ -177,7 +177,7 @@ class Round:
 
     __slots__ = ("state", "free", "need", "completion", "critical_s", "resized", "gone", "home", "owner",
                  "share", "paced_last", "rollout_cap", "bulk_tp", "spread", "aim", "predicted_last", "projected",
-                 "moved_in", "claim", "risk", "risky", "gang_claims", "held_empty", "ready_work")
+                 "moved_in", "claim", "risk", "risky", "gang_claims", "held_empty", "ready_work", "width_plan")
 
     def __init__(self, state, home: dict, owner: dict):
         self.state = state
@@ -194,6 +194,8 @@ class Round:
         self.gone: set = set()  # replicas this round retires or empties: no request may move to them
         self.rollout_cap: dict[str, int | None] = {}  # pipeline -> home devices its rollout may hold
         self.bulk_tp: dict[str, int] = {}  # pipeline -> the width its rollout replicas launch at
+        # pipeline -> (width, keep) its next step starts at, where ``width_trials`` chose it
+        self.width_plan: dict[str, tuple[int, bool]] = {}
         self.spread = UNSET  # (pipeline, batch) critical_spread serves, or None; computed on first use
         self.aim: dict[int, int] = {}  # width -> the batch a spread of that pipeline aims at (``_aim_batch``)
         self.predicted_last = UNSET  # the pipeline projected to finish clearly last (predicted_pace), or None

@@ -12,77 +12,54 @@ several; a job alone can measure it on its own steps instead: the width projecte
 then, while at least ``TRIAL_STEPS_LEFT`` steps remain, the next wider width on one step,
 climbing while a wider width's step ends sooner than the best so far, and from then on the
 width whose steps took least on average (a step's time: its generation and the training
-after it, ``WidthTrials.observe``). Only widths at or above the
-projection are tried (the projection's blind spot is the thinning, which favours wider).
+after it). Only widths at or above the projection are tried (the projection's blind spot
+is the thinning, which favours wider).
 
-Pure bookkeeping over what the policy sees (each step's generation start and its stages'
-ends, from the pipeline's step views) and what it chose; ``Jigsaw._cheapest_width`` asks it,
-``Jigsaw.decide`` has it read the step views every round."""
+Pure functions of what the state holds: a step's width is chosen when it starts
+(``StartGen.width``, ``keep_width``), the executor records it on the step
+(``StepView.width``) and, once the step is trained, beside the step's time
+(``PipelineView.step_widths``). Nothing is kept in the policy: a policy restarted mid-run,
+or one per round, chooses the same."""
 
 from __future__ import annotations
 
-__all__ = ["WidthTrials", "TRIAL_STEPS_LEFT"]
+__all__ = ["TRIAL_STEPS_LEFT", "best_width", "launch_width", "running_width"]
 
 #: a trial needs steps after it to use what it finds: the trial step and at least two more
 TRIAL_STEPS_LEFT = 3
 
 
-class WidthTrials:
-    """One pipeline's steps' launch widths and how long those steps took."""
+def best_width(step_widths) -> int | None:
+    """The width whose trained steps took least on average (``step_widths``: (width,
+    seconds) pairs, ``PipelineView.step_widths``); None: none trained."""
+    seen: dict[int, list[float]] = {}
+    for w, s in step_widths:
+        seen.setdefault(w, []).append(s)
+    if not seen:
+        return None
+    return min(seen, key=lambda w: (sum(seen[w]) / len(seen[w]), w))
 
-    def __init__(self):
-        self.chosen: dict[int, int] = {}  # step -> the width its generation launched at
-        self.seen: dict[int, list[float]] = {}  # width -> seconds of its steps (``observe``)
-        self._span: dict[int, tuple[float, float]] = {}  # step -> (its start, its last end seen)
-        self._pinned: set[int] = set()  # steps launched at a width other than the projection
 
-    def observe(self, steps) -> None:
-        """Follow each step with a chosen width (``steps``: step -> ``StepView``, the steps not
-        yet trained), and count its time once it is trained (gone from ``steps``): from its
-        generation's start to the end of its last stage seen, its generation and the
-        training after it, which is what the width moves (a wider replica's generation
-        can end sooner and leave fewer devices to the step's early forward passes: a 32B
-        DAPO alone on 16 H100 generated 3-8% faster a step at tp8 than at tp4, and ran
-        1.4% longer). The weight sync after the last stage is left out: the same at
-        every width."""
-        for k, s in steps.items():
-            if k in self.chosen:
-                ends = list(s.stage_end_t.values())
-                if s.gen_end_t is not None:
-                    ends.append(s.gen_end_t)
-                self._span[k] = (s.gen_start_t, max(ends, default=s.gen_start_t))
-        for k in [k for k in self._span if k not in steps]:
-            start, end = self._span.pop(k)  # trained: a step does not come back
-            self.seen.setdefault(self.chosen[k], []).append(end - start)
+def launch_width(step_widths, steps_left: int, widths: list[int], projected: int) -> tuple[int, bool]:
+    """(width, keep) for a step about to start generating: the projection until it has
+    been seen on a trained step; then the next width above the best so far, once, while
+    ``steps_left`` (this step included) allow a trial; otherwise the best. ``keep``: the
+    width is not the projection, so the step keeps it through its rollout (its spreads and
+    re-launches too); a step at the projection follows the projection, as without trials.
+    ``widths`` ascending."""
+    best = best_width(step_widths)
+    seen = {w for w, _ in step_widths}
+    if best is None or projected not in seen:
+        got = projected
+    else:
+        above = [w for w in widths if w > best and w >= projected]
+        nxt = above[0] if above else None
+        got = nxt if nxt is not None and nxt not in seen and steps_left >= TRIAL_STEPS_LEFT else best
+    return got, got != projected
 
-    def best(self) -> int | None:
-        """The width whose steps took least on average (None: none seen)."""
-        if not self.seen:
-            return None
-        return min(self.seen, key=lambda w: (sum(self.seen[w]) / len(self.seen[w]), w))
 
-    def width_for(self, step: int, steps_left: int, widths: list[int], projected: int, launching: bool) -> int:
-        """The width step ``step``'s generation launches at: the projection until it has
-        been seen; then the next width above the best so far, once, while ``steps_left``
-        allow a trial; otherwise the best. A step launched at another width than the
-        projection keeps it for the whole step (its spreads and re-launches too); one
-        launched at the projection follows it, as without trials; so does a step asked
-        about only once it generates (it launched before the trials could choose: at the
-        spec's width, nothing observed yet), whose time is not counted. ``widths``
-        ascending; ``launching``: the step has not started generating."""
-        got = self.chosen.get(step)
-        if got is not None:
-            return got if step in self._pinned else projected
-        if not launching:
-            return projected
-        best = self.best()
-        if best is None or projected not in self.seen:
-            got = projected
-        else:
-            above = [w for w in widths if w > best and w >= projected]
-            nxt = above[0] if above else None
-            got = nxt if nxt is not None and nxt not in self.seen and steps_left >= TRIAL_STEPS_LEFT else best
-        self.chosen[step] = got
-        if got != projected:
-            self._pinned.add(step)
-        return got
+def running_width(step, projected: int) -> int:
+    """The width of a step that generates (``step``: its ``StepView``, or None): the width
+    its start kept (``StepView.keep_width``), else the projection (a step that started at
+    the projection, or before the trials chose: not counted, its time not recorded)."""
+    return step.width if step is not None and step.keep_width else projected
