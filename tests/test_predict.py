@@ -95,6 +95,66 @@ def test_history_records_and_bounds():
     assert m.weight[0] < 5
 
 
+def test_the_recent_lengths_are_whole_steps_not_the_last_turns_to_finish():
+    # a step's turns finish short first; the ring takes a step's turns when its
+    # generation ends, in an order drawn at random: a uniform sample of the step where
+    # it holds fewer than the step has, not the step's longest (the last to finish)
+    rng = np.random.default_rng(0)
+    h = LengthHistory(100_000, recent_max=500)
+    step0 = np.sort(rng.lognormal(5.0, 1.0, 2_000).astype(int) + 1)
+    for i, n in enumerate(step0):
+        h.record_finished(0, i // 8, 0, int(n))
+    # before any step closed: the turns finished so far
+    assert h.recent_lengths().tolist() == step0[-500:].tolist()
+    h.close_step(0)
+    ring = h.recent_lengths()
+    assert len(ring) == 500 and set(ring.tolist()) <= set(step0.tolist())
+    assert abs(np.median(ring) / np.median(step0) - 1.0) < 0.15  # the last 500 to finish: 3x the median
+    # the next step's first (short) turns do not enter until it closes
+    step1 = np.sort(rng.lognormal(5.0, 1.0, 300).astype(int) + 1)
+    for n in step1[:200]:
+        h.record_finished(1, 0, 0, int(n))
+    assert h.recent_lengths().tolist() == ring.tolist()
+    for n in step1[200:]:
+        h.record_finished(1, 0, 0, int(n))
+    h.close_step(1)
+    h.close_step(1)  # once only
+    both = h.recent_lengths()
+    assert sorted(both[-300:].tolist()) == step1.tolist()  # the whole step, newest last
+    assert both[:200].tolist() == ring[300:].tolist()  # step 0's older part gone: still a uniform sample of it
+    h.record_finished(1, 0, 0, 7)  # a late turn of a closed step
+    assert h.recent_lengths()[-1] == 7
+    with pytest.raises(SpecError, match="LengthHistory.close_step.step"):
+        h.close_step(-1)
+
+
+def test_an_executor_closes_each_step_when_its_generation_ends():
+    # a simulated run: while step 1 generates, the recent lengths are step 0's turns, all
+    # of them, not step 1's first finishers
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+    from sim_helpers import small_workload
+
+    wl = small_workload(gpus=4, pipelines=1, prompts=16, samples=4, steps=2)
+    pol = get_policy("jigsaw")
+    seen = []
+    real = pol.decide
+
+    def decide(state):
+        p = state.order[0]
+        s1 = p.steps.get(1)
+        if s1 is not None and 0 < s1.gen_done < s1.samples:
+            seen.append(p.history.recent_lengths().tolist())
+        return real(state)
+
+    pol.decide = decide
+    sim = Simulation(wl, pol, seed=0)
+    sim.run()
+    smp = sim.world.pipelines["p0"].steps[0].samples
+    step0 = sorted(min(int(n), wl.pipelines[0].max_response_len) for n in smp.gen_tokens[:int(smp.turns.sum())])
+    assert seen and all(sorted(r) == step0 for r in seen)
+
+
 def test_history_prompt_evidence_reads_earlier_steps_only():
     h = LengthHistory(CAP)
     h.record_finished(0, 3, 0, 100, prompt_key="q")

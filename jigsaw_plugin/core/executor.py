@@ -728,6 +728,7 @@ class ExecutorCore:
         s.n_gen_done += 1
         if s.n_gen_done == s.n:
             s.gen_end_t = self.t
+            p.history.close_step(s.step)  # its turns, all finished: the recent lengths
             self.dirty = True
             self._emit("jigsaw_stage_end", pipeline=p.name, step=s.step, stage="gen", devices=(),
                        samples=s.n, tokens=s.generated, t=self.t)
