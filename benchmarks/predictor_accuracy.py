@@ -6,7 +6,8 @@
 Replay. Every response of a step starts together and decodes one token per tick (the
 synchronous rollout of verl), so at checkpoint ``c`` tokens the responses with
 ``L <= c`` have finished, in the order of their lengths, and were recorded in the
-pipeline's ``LengthHistory`` (with every earlier step); each response with ``L > c`` is in
+pipeline's ``LengthHistory`` (with every earlier step, each closed when it ended, as an
+executor closes it); each response with ``L > c`` is in
 flight with ``generated = c``. For each in-flight response the predictor's remaining tokens
 are compared with the truth, ``min(L, cap) - c``: mean absolute error (MAE) and Spearman's
 rank correlation over the in-flight responses of all steps. Step 0 starts from the prior.
@@ -115,6 +116,7 @@ def replay(steps: list[np.ndarray], cap: int) -> dict:
             i = order[recorded]
             history.record_finished(s, int(group_of[i]), 0, int(flat[i]))
             recorded += 1
+        history.close_step(s)  # its generation ended: its lengths are the recent ones (as an executor says)
     out = {}
     for c in CHECKPOINTS:
         row = {}
