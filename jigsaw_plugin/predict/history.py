@@ -35,6 +35,7 @@ Lengths are clipped to ``[1, max_tokens]`` before taking logs.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -132,7 +133,8 @@ class LengthHistory:
         self._recent_turn = np.zeros(int(recent_max), dtype=np.int64)
         self._recent_len = np.zeros(int(recent_max), dtype=np.int64)
         self._ring_n = 0  # pairs written to the ring
-        self._open_turns: dict[int, list[tuple[int, int]]] = {}  # step -> its (turn, length) until it closes
+        # step -> its (turns, lengths) until it closes: typed arrays, read as numpy without a copy
+        self._open_turns: dict[int, tuple[array, array]] = {}
         self._closed: set[int] = set()  # steps closed (within the window)
         self._marginal_cache: tuple[int, LogStats] | None = None
 
@@ -174,7 +176,11 @@ class LengthHistory:
         if step in self._closed:
             self._to_ring([turn], [length])  # a late turn of a closed step
         else:
-            self._open_turns.setdefault(step, []).append((turn, length))
+            got = self._open_turns.get(step)
+            if got is None:
+                got = self._open_turns[step] = (array("q"), array("q"))
+            got[0].append(turn)
+            got[1].append(length)
         self._count += 1
 
     def close_step(self, step: int) -> None:
@@ -187,12 +193,12 @@ class LengthHistory:
         if step in self._closed:
             return
         self._closed.add(step)
-        turns = self._open_turns.pop(step, [])
-        if not turns:
+        got = self._open_turns.pop(step, None)
+        if not got or not len(got[0]):
             return
-        pairs = np.asarray(turns, dtype=np.int64)
-        order = np.random.default_rng(step).permutation(len(pairs))[: len(self._recent_len)]
-        self._to_ring(pairs[order, 0], pairs[order, 1])
+        turns, lengths = (np.frombuffer(a, dtype=np.int64) for a in got)
+        order = np.random.default_rng(step).permutation(len(turns))[: len(self._recent_len)]
+        self._to_ring(turns[order], lengths[order])
 
     def _to_ring(self, turns, lengths) -> None:
         cap = len(self._recent_len)
@@ -295,12 +301,18 @@ class LengthHistory:
         """(turns, lengths) of the recent ring (the newest closed steps' turns, oldest
         first, copies); before any step has closed, the last ``recent_max`` turns finished."""
         cap = len(self._recent_len)
-        if not self._ring_n:
-            pairs = [tp for s in sorted(self._open_turns) for tp in self._open_turns[s]][-cap:]
-            if not pairs:
+        if not self._ring_n:  # the open steps' turns in step order, the last ``cap`` of them
+            parts, need = [], cap
+            for s in sorted(self._open_turns, reverse=True):
+                if need <= 0:
+                    break
+                turns, lengths = (np.frombuffer(a, dtype=np.int64) for a in self._open_turns[s])
+                parts.append((turns[-need:], lengths[-need:]))
+                need -= len(parts[-1][0])
+            if not parts:
                 return np.zeros(0, np.int64), np.zeros(0, np.int64)
-            a = np.asarray(pairs, dtype=np.int64)
-            return a[:, 0].copy(), a[:, 1].copy()
+            return (np.concatenate([t for t, _ in reversed(parts)]),
+                    np.concatenate([n for _, n in reversed(parts)]))
         n = min(self._ring_n, cap)
         start = self._ring_n % cap if self._ring_n > n else 0
         order = (np.arange(n) + start) % cap
