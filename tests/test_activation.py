@@ -13,7 +13,7 @@ import pytest
 from jigsaw_plugin.costmodel import model_profile
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.plan.capacity import evaluate
-from jigsaw_plugin.scheduler.activation import activate, trainer_site
+from jigsaw_plugin.scheduler.activation import activate, trainer_site, within_link_bound
 from jigsaw_plugin.scheduler.state import DeviceView, LengthSummary, PipelineView, SchedulerState
 from jigsaw_plugin.sim.devices import DeviceClasses
 from jigsaw_plugin.workload import parse_workload
@@ -149,6 +149,44 @@ def test_a_slow_remote_class_is_left_out_when_its_weight_pull_breaks_the_bound()
     assert loose.devices and "remote" not in classes_of(state, loose.devices)
     with_remote = evaluate(loose.provision.inputs, {"remote": 8, "a100": 1})
     assert loose.provision.cost_per_sample * 3 < with_remote.cost_per_sample
+
+
+def test_moves_outside_a_launch_meet_the_link_rule_too():
+    # a tail re-shard picks free devices itself: those of a class whose pull breaks the
+    # bound are taken out, the rest left to it (how many, which widths hold the replica)
+    state, p = hand_state(workload([TRAINER, spot("a100", 1.2), remote(0.3)], prompts=32))
+    free = sorted(state.free)
+    kept = within_link_bound(state, p, free, 1, staleness=1)
+    assert set(classes_of(state, kept)) == {"h100", "a100"} and len(kept) == 12
+    assert within_link_bound(state, p, free, 1, staleness=8) == free  # the copy fits that bound
+    one = hand_state(workload([dict(TRAINER, count=8, gpus_per_node=8)]))[0]
+    assert within_link_bound(one, p, [3, 1], 1) == [3, 1]
+
+
+def test_a_tail_is_not_resharded_onto_a_class_the_activation_refuses():
+    # (c)'s asynchronous DAPO pipeline at staleness 1 on H100 + spot A100 + remote 4090s
+    # behind 1 Gbit/s (benchmarks/heterogeneous.py's pool, 4 steps): the rule refuses the
+    # remote class (a version's pull about 2 minutes against T_train about 50 s); the tail
+    # re-shard used to skip the rule, and at 212 s put a tp4 replica there
+    from pathlib import Path
+
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.sim import Simulation
+    from jigsaw_plugin.workload import load_workload
+
+    spec = load_workload(Path(__file__).parents[1] / "examples" / "workloads" / "c_async2_16gpu.yaml").to_dict()
+    pipe = dict(spec["pipelines"][0], prompts_per_step=128, steps=4, staleness=1)
+    pipe.pop("gpus", None)
+    rtx = dict(remote(0.35), name="rtx4090-remote")
+    w = parse_workload({"version": 1, "pipelines": [pipe], "cluster": {"classes": [
+        TRAINER, spot("a100-spot", 1.2), spot("l40s-spot", 0.9, gpu={**RTX4090, "name": "l40s", "flops_tflops": 362.0,
+                                                                  "hbm_tbps": 0.864, "memory_gb": 48.0}), rtx]}})
+    sim = Simulation(w, get_policy("jigsaw"), 0)
+    sim.run()
+    remote_ids = set(range(20, 28))
+    held = [(round(a, 1), devices) for _n, kind, devices, a, _b in sim.world.trace
+            if kind == "rollout" and set(devices) & remote_ids]
+    assert held == []
 
 
 def test_replicas_already_running_count_towards_the_pool():

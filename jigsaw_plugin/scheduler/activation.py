@@ -42,7 +42,7 @@ import numpy as np
 from jigsaw_plugin.errors import SpecError
 
 __all__ = ["ClassOffer", "RolloutDemand", "Activation", "rollout_demand", "trainer_classes", "trainer_devices",
-           "trainer_site", "holds_updates", "activate"]
+           "trainer_site", "holds_updates", "activate", "within_link_bound"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,27 @@ def activate(state, p, candidates, tp: int, demand: RolloutDemand | None = None,
         chosen += pick[r.name][: more // tp * tp]
     return Activation(p.name, billed + tuple(chosen), dict(prov.rollout), tuple(offers), train_s, staleness,
                       prov.sustains_full_utilisation, prov)
+
+
+def within_link_bound(state, p, candidates, tp: int, staleness: int | None = None) -> list:
+    """``candidates`` less the devices of every class whose link ``activate`` refuses for
+    ``p``'s rollout at width ``tp``: one version's pull over it outlasts the staleness bound
+    (``max(1, S)`` x T_train), so each weight sync would wait for it. For moves that put
+    rollout replicas on free devices outside a launch, which ``activate`` judges (a tail
+    re-sharded wider): a class the rule refuses is refused to them too. The rule's other
+    verdicts are left to the caller (how many devices to use, whether a class holds the
+    replica)."""
+    candidates = list(candidates)
+    linked = [c for c in state.classes if c.link is not None]
+    if not any(d in c.devices for c in linked for d in candidates):
+        return candidates  # no candidate behind a link: nothing for the rule to refuse
+    act = activate(state, p, candidates, tp, staleness=staleness)
+    bound = max(1, act.staleness) * act.train_s
+    refused = {o.index for o in act.offers if o.pull_s > bound}
+    if not refused:
+        return candidates
+    out = set().union(*(c.devices for c in state.classes if c.index in refused))
+    return [d for d in candidates if d not in out]
 
 
 def _rank_of(state, d: int, rank: dict) -> tuple:

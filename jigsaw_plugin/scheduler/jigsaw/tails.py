@@ -6,6 +6,7 @@ A mixin of ``Jigsaw`` (``policy.py``); see ``projections.py`` for how the mixins
 from __future__ import annotations
 
 from jigsaw_plugin.algorithms import HOST_STAGES, runs_on_gang
+from jigsaw_plugin.scheduler.activation import within_link_bound
 from jigsaw_plugin.scheduler.decisions import LaunchReplica, Migrate, RetireReplica
 from jigsaw_plugin.scheduler.estimates import holding_replica, rollout_tp
 from jigsaw_plugin.scheduler.jigsaw.round import Ends, INF, balanced_groups, tail_s
@@ -283,9 +284,13 @@ class TailMoves:
             pool = [d for d in rnd.home[p.name][0] if d in rnd.free]
             if self.config.borrow:
                 pool += [d for d in self._lendable(rnd, p, now_end, replica=True) if d not in pool]
-            if self.config.gang_claims and self._cost_aware(state):  # not the site's devices a gang is due on sooner
-                claims = self._gang_claims(rnd)
-                pool = [d for d in pool if claims.get(d, INF) >= beat]
+            if self._cost_aware(state):
+                # not on a class whose link the activation rule refuses (a launch meets the
+                # rule; a re-shard skipped it: at S = 1 a tp4 tail went onto the remote 4090s)
+                pool = within_link_bound(state, p, pool, self._bulk_tp(rnd, p))
+                if self.config.gang_claims:  # not the site's devices a gang is due on sooner
+                    claims = self._gang_claims(rnd)
+                    pool = [d for d in pool if claims.get(d, INF) >= beat]
             # a projection (the observed pace): without the look-ahead, free devices only (greedy
             # gangs then start narrow, and a tail holding its devices wide starved (a)'s PPO agent: 2787 s)
             critical = self.config.lookahead and self._near_critical(rnd, p)
