@@ -212,6 +212,37 @@ def _off_site_training(rows) -> str:
     return f"{h:.2f}"
 
 
+def _remote_reading(data: dict) -> str:
+    """What the rule and the runs did with the remote class, per staleness bound: refused or
+    admitted (seed 0's verdict), and the rollout device-hours the cost-aware runs put on it
+    (a re-shard or a launch may use an admitted class that the provisioning leaves out)."""
+    name = CLASSES[-1][0]
+    refused, admitted = [], []
+    for s in STALENESS:
+        runs = [r for r in data["runs"] if r["label"] == LABELS[2] and r["staleness"] == s]
+        offer = next((o for o in (runs[0]["verdict"] or {}).get("offers", ()) if o["name"] == name), None)
+        hours = _mean([{"x": r["usage"][name]["rollout_device_hours"]} for r in runs], "x")
+        if offer is not None and not offer["admitted"]:
+            refused.append((s, offer["pull_s"], hours))
+        else:
+            admitted.append((s, hours))
+    parts = []
+    if refused:
+        parts.append(f"The remote RTX 4090s are refused at S = {', '.join(str(s) for s, _, _ in refused)} (a "
+                     f"version's pull, {refused[0][1]:.0f} s, exceeds S x T_train)"
+                     + (", and no rollout runs on them there" if all(h == 0 for *_, h in refused) else
+                        f", yet rollout ran on them there ({', '.join(f'S = {s}: {h:.3f}' for s, _, h in refused)} "
+                        "device-hours a run)"))
+    if admitted:
+        parts.append(f"admitted at S = {', '.join(str(s) for s, _ in admitted)}, where the rule's pool leaves "
+                     "them out (the L40S gives more tokens per price at the batch they would run) and tail "
+                     "re-shards onto free devices use them for "
+                     + ", ".join(f"{h:.3f}" for _, h in admitted) + " device-hours a run (with no load: the "
+                     "simulator counts the weights sent at the start as resident there, where the current version "
+                     "would come over the link first: docs/simulator.md, \"Device classes\")")
+    return "; ".join(parts) + "."
+
+
 def render(data: dict) -> str:
     seeds = len(data["seeds"])
     prices = ", ".join(f"{c[0]} {c[4]:.2f}" for c in CLASSES)
@@ -278,9 +309,8 @@ def render(data: dict) -> str:
             "sample. The H100 rollout time in the table is the trainer site's: its free devices (billed for the "
             "whole run, idle or not) run rollout replicas ahead of any elastic one, outside the rule (which does "
             "not count them), and the jigsaw policy re-shards long tails onto wider replicas on them "
-            "(`_widen_tails`). The remote RTX 4090s are refused at S = 1 and 2 (a version's pull, "
-            "123 s, exceeds S x T_train) and admitted but not chosen at S = 4 (the L40S gives more tokens per "
-            "price at the batch they would run). Under the provisioned accounting the heterogeneous pool loses to "
+            "(`_widen_tails`). " + _remote_reading(data) + " Under the provisioned accounting the heterogeneous "
+            "pool loses to "
             "12 on-demand H100 here: its trainer site is 4 H100 while the all-on-demand pool trains on up to "
             "12, so it runs at half the samples/s and its idle workers are billed; the saving shows where idle "
             "spot and remote workers are released (`elastic`).", "",
