@@ -237,9 +237,7 @@ def _remote_reading(data: dict) -> str:
         parts.append(f"admitted at S = {', '.join(str(s) for s, _ in admitted)}, where the rule's pool leaves "
                      "them out (the L40S gives more tokens per price at the batch they would run) and tail "
                      "re-shards onto free devices use them for "
-                     + ", ".join(f"{h:.3f}" for _, h in admitted) + " device-hours a run (with no load: the "
-                     "simulator counts the weights sent at the start as resident there, where the current version "
-                     "would come over the link first: docs/simulator.md, \"Device classes\")")
+                     + ", ".join(f"{h:.3f}" for _, h in admitted) + " device-hours a run")
     return "; ".join(parts) + "."
 
 

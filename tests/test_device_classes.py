@@ -370,3 +370,25 @@ def test_a_share_too_small_for_one_replica_on_its_smallest_class_is_refused_by_f
     with pytest.raises(SpecError, match=re.escape("pipelines[0].gpus")) as e:
         simulate(parse_workload(d), "verl-sync")
     assert "hold a replica of qwen2.5-72b on their smallest class (tiny, 16 GB" in str(e.value)
+
+
+def test_a_site_behind_a_link_holds_only_the_version_it_was_last_sent():
+    # the start's preload counts as resident until a weight sync leaves the site without a
+    # live replica of the pipeline (the sync pulls the new version only to sites with one);
+    # a launch there then pulls the version over the link first
+    from jigsaw_plugin.scheduler import get_policy
+    from jigsaw_plugin.scheduler.decisions import LaunchReplica
+
+    w = Simulation(parse_workload(_with_cluster(TWO_CLASSES)), get_policy("jigsaw"), seed=0).world
+    p = w.pipelines["p0"]
+    w.make_resident(p.name, range(8))
+    w._on_weights_synced(p)  # no replica of p behind the link: that site keeps the old version
+    assert all(p.name in w.resident[d] for d in range(4))
+    assert not any(p.name in w.resident[d] for d in range(4, 8))
+    w.apply(LaunchReplica(p.name, (4,)))
+    rep = p.replicas[-1]
+    pull = w.device_classes.weight_pull_s(p.model, [(4,)])
+    assert pull > 1.0 and rep.switch_s >= pull
+    w.make_resident(p.name, range(4, 8))
+    w._on_weights_synced(p)  # now a live replica there: the sync's copy reached the site
+    assert all(p.name in w.resident[d] for d in range(4, 8))

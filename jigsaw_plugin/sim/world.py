@@ -588,6 +588,26 @@ class World(ExecutorCore):
                 rep.sync(self.t)
                 rep.interrupt(self.t)
                 self._schedule(rep)
+        self._stale_remote_sites(p)
+
+    def _stale_remote_sites(self, p: PipelineRun) -> None:
+        """A site behind a wide-area link holds the version it was last sent: the sync just
+        ended pulled the new one only to the classes holding ``p``'s live replicas (it waited
+        for that copy, ``price_stage``). On the others ``p``'s weights stop being resident,
+        so a later launch there pulls the version over the link (``_launch``) instead of
+        starting on weights sent before (the start's preload, ``make_resident``)."""
+        dc = self.device_classes
+        linked = [k for k, c in enumerate(dc.specs) if c.link is not None]
+        if not linked:
+            return
+        synced = set(dc.classes_of([d for r in p.replicas for d in r.devices]))
+        for k in linked:
+            if k in synced:
+                continue
+            for d in range(dc.first[k], dc.first[k] + dc.specs[k].count):
+                if p.name in self.resident[d]:
+                    self.resident[d].remove(p.name)
+                    self._devices_version += 1
 
     def on_replica_tick(self, rep: Replica) -> None:
         rep.sync(self.t)
