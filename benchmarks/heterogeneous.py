@@ -200,7 +200,7 @@ def _rollout(rows) -> str:
     names = list(rows[0]["usage"])
     parts = []
     for n in names:
-        h = _mean([{"x": r["usage"][n]["rollout_device_hours"]} for r in rows], "x")
+        h = statistics.mean(r["usage"][n]["rollout_device_hours"] for r in rows)
         if h > 0:
             parts.append(f"{n} {h:.2f}")
     return ", ".join(parts) or "-"
@@ -208,7 +208,7 @@ def _rollout(rows) -> str:
 
 def _off_site_training(rows) -> str:
     names = [n for n in rows[0]["usage"] if n not in ("h100",) and not n.endswith("on-demand")]
-    h = _mean([{"x": sum(r["usage"][n]["train_device_hours"] for n in names)} for r in rows], "x")
+    h = statistics.mean(sum(r["usage"][n]["train_device_hours"] for n in names) for r in rows)
     return f"{h:.2f}"
 
 
@@ -221,7 +221,7 @@ def _remote_reading(data: dict) -> str:
     for s in STALENESS:
         runs = [r for r in data["runs"] if r["label"] == LABELS[2] and r["staleness"] == s]
         offer = next((o for o in (runs[0]["verdict"] or {}).get("offers", ()) if o["name"] == name), None)
-        hours = _mean([{"x": r["usage"][name]["rollout_device_hours"]} for r in runs], "x")
+        hours = statistics.mean(r["usage"][name]["rollout_device_hours"] for r in runs)
         if offer is not None and not offer["admitted"]:
             refused.append((s, offer["pull_s"], hours))
         else:
