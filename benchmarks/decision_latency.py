@@ -424,7 +424,7 @@ tail consolidation 2.5 ms and the tail widening 1.3 ms (each mostly the gathers 
 the first to read), the admission limits 0.06 ms (2.2 ms in the build before's slowest 1%,
 measured the same way that morning).
 
-The tables below are of stop 110's build (77622d2; its state build and policy are those of
+The tables below are of stop 110's build (8669030; its state build and policy are those of
 stop 107), measured on 2026-12-07 from 21:08 UTC with no other run on the machine
 (1-minute load averages 0.1-1.0). This session's machine runs these rounds slower than
 stop 104's did: stop 104's build (a98358d), run alternately with this one on it, gave a
