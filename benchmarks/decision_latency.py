@@ -38,6 +38,10 @@ simulated time span, decision p50 / p99), so that the rollouts' tail rounds are 
 from the first ones. ``--breakdown`` times the state build's and the policy's functions
 per round (``BREAKDOWN``) and prints the split of the slowest 1% of rounds.
 
+The block's prose of what earlier stops measured and changed, and what is left, is kept in
+benchmarks/notes/decision_latency.md (``history_notes``): a re-run that changes a figure
+edits that file, not this script.
+
     python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick
     python benchmarks/decision_latency.py --cases 64x8 --rounds 0             # the whole run
     python benchmarks/decision_latency.py --breakdown --cases 64x8 --rounds 0 # where the time goes
@@ -300,7 +304,30 @@ def targets(results: list) -> str:
     return "\n".join(lines)
 
 
+NOTES = ROOT / "benchmarks" / "notes" / "decision_latency.md"
+NOTE_MARKS = ("<!-- tables -->\n", "<!-- extra tables -->\n")
+
+
+def history_notes(path: Path | None = None) -> tuple[str, str, str]:
+    """The block's hand-kept prose (``NOTES``: what earlier stops measured and changed, what
+    is left), in its three parts: above the tables, under them, after any extra tables. Kept
+    out of the code so that a re-run edits a notes file, not this script."""
+    path = path or NOTES
+    try:
+        text = path.read_text()
+    except OSError as e:
+        sys.exit(f"{path}: the block's notes cannot be read ({e})")
+    if text.startswith("<!--"):
+        text = text[text.index("-->") + len("-->"):].lstrip("\n")  # its own header comment
+    parts = text.split(NOTE_MARKS[0])
+    if len(parts) != 2 or parts[1].count(NOTE_MARKS[1]) != 1:
+        sys.exit(f"{path}: expected one {NOTE_MARKS[0].strip()!r} line, then one {NOTE_MARKS[1].strip()!r} line")
+    under, left = parts[1].split(NOTE_MARKS[1])
+    return parts[0], under, left
+
+
 def section(results: list, command: str, load_before: str, load_after: str, notes: str = "") -> str:
+    above, under, left = history_notes()
     return f"""## Scheduler decision latency: state build and policy (jigsaw, `benchmarks/decision_latency.py`)
 
 CPU microseconds per decide round (`time.thread_time` of the simulation's thread: the
@@ -326,167 +353,14 @@ The cyclic garbage collector is held off for the round (`ExecutorCore.decide`); 
 collections that then run between rounds are in the GC column. What earlier builds made
 cheaper without changing a decision is in docs/predictor.md ("What a round costs").
 
-Where a slow round's time goes (`--breakdown`: a thread-CPU timer on each function of the
-state build and of the policy, the slowest 1% of a case's rounds; timers included, about
-1 us a timed call; measured in stop 53 on the build before its change to the simulated
-replicas' reports, below):
-
-* 64 / 8, the whole run (`--breakdown --cases 64x8 --rounds 0 --cpu-budget 60`; 5,432
-  rounds): the slowest 1% take 5.7 ms on average, nearly all in the tail consolidation's
-  first reads of the pipelines whose engines' request counts changed: 4.6 gathers 4.6 ms,
-  of which 3.1 predictor calls 1.6 ms and the replicas whose requests changed read again
-  1.6 ms (their requests' fields from the simulator's replicas 1.0 ms). Outside the
-  gathers: the views of the 64 replicas (0.2 ms a round on average, 0.4 ms in the slowest).
-  Again in stop 80 (5,159 rounds, load average 0.2-0.4): the slowest 1% take 6.3 ms, the
-  consolidation 4.7 ms of it (11.3 tails priced), 4.3 gathers 5.0 ms, of which 3.0
-  predictor calls 1.9 ms and the re-reads 1.5 ms; over all rounds a round takes 1.5 ms on
-  average, of which the consolidation 0.8 ms and the tail widening 0.5 ms.
-* 1024 / 32, 16,000 rounds (`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget
-  400`; the first rollout's tails, from about 2.9 simulated seconds): the slowest 1% take
-  16.1 ms on average: the views of all 1,024 replicas 8.6 ms (5.4 ms on average over all
-  rounds; 2.8 ms in stop 36's breakdown), the consolidation 5.2 ms (46 tails priced, 62
-  drain reads, 2.0 gathers 3.1 ms), the tail widening 0.7 ms. That run was one of this
-  machine's slow ones (below): take the split, not the milliseconds.
-
-What stop 53 changed: a simulated replica's report (`Replica.observe`) computes its KV
-figure once and skips the sync where time has not moved (the same report; every
-decision and makespan unchanged): the snapshot of a stopped 1024 / 32 run 2.9 -> 2.7 ms
-(medians of two alternated runs each). One invocation's figures move by 10-30% with the
-shared machine's load from run to run, and whole runs by more: three runs of stop 53's
-build at 1024 / 32 over 16,000 rounds gave a decision p99 of 12,664, 8,369 and 7,766 us at
-1-minute load averages under 1, and stop 36's build (be6f09c), run alternately with it,
-8,734 and 7,683 us (the first medians under the tables), where its own stop measured
-6,915 us.
-
-What stop 95 changed: the simulated replicas advance their decode to the round's time
-before the round (`World.advance_engines`, which `ExecutorCore.decide` calls ahead of its
-timers), where before each replica's report did it inside the snapshot (`Replica.sync`
-from `Replica.observe`). That is the simulated engines' own work: a live host's engines
-decode on their own and its round reads their last reports, so the live executors'
-`advance_engines` does nothing. Its CPU time per round is the column "engines' advance
-before the round", not part of the decision (the wall column is the round's wall time less
-it). Every decision is the same: (a)-(f) at seeds 0-2 ran to the same makespans bit for
-bit (18 runs), and tests/test_engine_advance.py holds a run to the one with the sync left
-to the snapshot.
-
-What stop 97 changed: the policy's move of requests an engine preempted (`move_preempted`,
-`_move_preempted`) first asks whether any generating pipeline's engine holds a waiting
-request at all (its replica views' `queued`), and only then which pipeline is projected to
-finish last; before, every round projected every pipeline's finish for it
-(`_projected_last`: before a pipeline's first step ends, its step on its static share from
-its observed lengths), and in the rollouts' first seconds at 1024 / 32 nothing else in the
-round needed that projection. Replica views also carry `load` and `tp` from the builder
-(`ReplicaView.build`), which the policy reads for every replica every round. Every decision
-is the same: (a)-(f) at seeds 0-2 ran to the same makespans bit for bit (18 runs). Over
-the first 400 rounds at 1024 / 32 the policy's own p50 went from 1,441-1,523 us to 793-976
-us (two runs each, alternated with stop 96's build: the last medians under the tables);
-over 16,000 rounds, into the tails, where the tail pricing asks for the projection anyway,
-from 1,227-1,334 us to 962-1,222 us, and the decision p99 stayed within the machine's
-spread (this build 7,518, 9,185 and 11,258 us; stop 96's, alternated with it, 7,680, 10,885
-and 11,009 us). At 64 / 8 the projection is needed anyway; the figures are as before.
-
-What stops 100 and 101 cost (neither changed the state build): with `early_merges` (on
-since stop 100) the 64 / 8 run reaches a state that the slow rounds are now made of. The
-second step's rollout of one pipeline (search-agent-7b-7) starts at 175.6 simulated s on
-one replica of one device, its home's other devices still busy, and holds its 4,052
-requests there (1,024 running, about 3,030 queued) for 3.5 s until spreads move them; each
-round in that span the admission limits read that replica's rows again and fit its 1,024
-running sequences (an exact read: `ReplicaView.read_together`; the fit changes as they
-decode). Stop 102's breakdown of the whole run (`--breakdown --cases 64x8 --rounds 0
---cpu-budget 60`, load average 1.0): the slowest 1% of rounds take 15.4 ms with timers, at
-161-212 simulated s: the admission limits 5.7 ms (the read 3.1 ms, the fit 2.3 ms), the
-gathers of other changed replicas 8.0 ms (their reads 5.1 ms, predictor calls 3.0 ms), the
-early passes 1.8 ms. With `early_merges` off (`--policy-opt early_merges=false`, alternated
-with the default, two runs each) the whole run's p99 is 4,754 and 7,307 us against 10,480 and
-12,630 us. At 1024 / 32 (16,000 rounds) it moves nothing (15,429 us off, one run); there
-the slowest 1% (16.0 ms with timers) are the replicas' views 7.2 ms and the consolidation's
-pricing 6.8 ms (51 moves priced, 2.5 gathers 4.2 ms), as in stop 94's breakdown; nor does
-`widen_for_early` (off: 15,492 us, one run). Its slower rounds there are the machine's, not
-the build's: stop 97's build (c85a98a), run alternately with this one on the same day,
-gave 14,933 and 15,164 us against this build's 14,744 and 14,345 us (the last medians under
-the tables).
-
-What stop 104 changed (`reclaim_for_queue`, on; docs/simulator.md): an owner whose engines
-queue more requests than its replicas run at once wants its home now, so the state above
-does not arise: with it, the run's only span in which a pipeline's engines queue more than
-a wave is 2.3 s at 160.6 s (14 rounds; the step's start, its home in another pipeline's
-training stage), where with it off there are four (that one, two of 0.5 s and the 3.5-s
-span of 768 rounds), and the 64 / 8 run ends at 280.3 simulated s in 4,630 rounds (283.9 s
-and 4,892 rounds before).
-Over the whole run, alternated with the switch off (`--policy-opt reclaim_for_queue=false`,
-two runs each, load averages 1.0-1.9), the decision p99 is 3,365 and 3,681 us against 6,690
-and 5,539 us, the policy's own p99 1,049 and 1,046 us against 2,310 and 2,163 us. The
-breakdown of the whole run on this build (`--breakdown --cases 64x8 --rounds 0 --cpu-budget
-60`, load average under 1): the slowest 1% of rounds take 5.3 ms with timers, at 25-193
-simulated s: the gathers 4.3 ms (3.4 predictor calls 1.6 ms, the changed replicas read
-again 1.4 ms, of which their requests' fields from the simulator's replicas 0.9 ms), the
-tail consolidation 2.5 ms and the tail widening 1.3 ms (each mostly the gathers they are
-the first to read), the admission limits 0.06 ms (2.2 ms in the build before's slowest 1%,
-measured the same way that morning).
-
-The tables below are of stop 110's build (8669030; its state build and policy are those of
-stop 107), measured on 2026-12-07 from 21:08 UTC with no other run on the machine
-(1-minute load averages 0.1-1.0). This session's machine runs these rounds slower than
-stop 104's did: stop 104's build (a98358d), run alternately with this one on it, gave a
-decision p99 of 11,370 us over 16,000 rounds at 1024 / 32 against this build's 11,132 us,
-where stop 104's machine gave 4,941-6,453 us for it; at 64 / 8 over the whole run 4,957
-and 6,940 us against this build's 4,364 and 4,992 us (the medians under the tables). So
-the 1024 / 32 target, met on stop 104's machine with a margin, is not met on this one by
-either build: the margin was the machine's. Since stop 106 the simulator decides every
-0.05 simulated s as the live executors do, so the whole run at 64 / 8 takes 5,844 rounds
-(4,630 on stop 104's build, deciding on events only), the added rounds cheap ones.
-Earlier builds' blocks, each of its own machine, are in the history of this file.
-
-`{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
+{above}`{command}` (load average before: {load_before}; after: {load_after}; 2 cores shared)
 
 {table(results)}
 
 {targets(results)}
 {spread_table(results)}
-A case's rounds are its first ones, as many as the command's `--rounds` (0: the whole
-run) and CPU budget allow: "simulated s" is how far into the run they reach (at 1024 / 32,
-400 rounds are the rollouts' first 2.2 s, before any tail). The whole run at 64 / 8 (5,844
-rounds, 280 simulated s) and 16,000 rounds at 1024 / 32 (3.7 s: the first rollout's
-tails) follow where they were rendered with this block (`--also`; benchmarks/results/
-decision_latency_whole_64x8.json and decision_latency_16k_1024x32.json, which the targets
-table reads too).
-{notes}
-What is left. At 64 / 8 (1 ms) the median round is
-already past 1 ms (the tables' p50), so a p99 at 1 ms needs the typical round several
-times cheaper, not its slow tail trimmed: over the whole run the policy's own p99 is past
-1 ms by itself (1.8-2.4 ms in stop 110's runs, on a slower machine; 1.0 ms in stop 104's run; 3.8 ms in stop 102's, with `early_merges` and the
-state `reclaim_for_queue` removed; 1.2 ms in stop 94's, 1.1 ms in stop 53's, 0.9 ms in stop 36's), and a slow round adds the consolidation's
-gathers, each with about one predictor call of 200-500 us (about 200 us whatever the
-batch: some 250 numpy calls) and its changed replicas read again. Meeting it needs
-predictions that are not made in the round that first reads them (refreshed as requests
-finish, between rounds) or a predictor call an order of magnitude cheaper on a few groups,
-and a round without a Python pass over every replica; none is built (re-pricing each
-pipeline's tails at most once a simulated second gave 612 / 2,892 us at p50 / p99, but
-slower makespans: docs/simulator.md, stop 47). The admission limits' read of a replica holding
-a whole step, stop 102's slowest rounds, is gone with the state that made it (stop 104); a
-replica that holds a whole step for another reason would bring it back, and could be carried
-as the gathers carry rows only if the engines reported which queued requests they admitted
-since the last read, as they report the finished ones; not built. At 1024 / 32 (10 ms) the target is met
-over the first 400 rounds; over 16,000 rounds into the first rollout's tails it was met in
-two of stop 53's three runs (7.8-8.4 ms; 12.7 ms) and in one of stop 94's three (9.6 ms;
-11.9 and 13.6 ms), both with the engines' advance inside the round, in three of stop
-95's six with it before the round (8.1-9.7 ms; 10.9-12.6 ms in the other three), and in
-two of stop 97's three (7.5 and 9.2 ms; 11.3 ms), in none of stop 102's three
-(12.4-14.5 ms), and in all three of stop 104's (4.9-6.5 ms), on a machine that ran stop
-103's build at 4.6 ms: met with a margin on that session's machine, not on stop 102's,
-whose run-to-run spread was larger than the margin, nor on stop 110's (this build 11.1 ms,
-stop 104's 11.4 ms, alternated). Side by side, stop 53's build
-and stop 36's are within its noise, and so are stop 94's build and stop 91's. What a slow round there is made of is the views of
-the 1,024 replicas (every round) and the consolidation's pricing in the tails; a margin
-needs the replicas' reports and views built without a Python call per replica each round
-(arrays the executor keeps, advanced in one pass); not built. Stop 94's breakdown there
-(`--breakdown --cases 1024x32 --rounds 16000 --cpu-budget 400`, stop 94's build): the snapshot
-4.7 ms of a round on average and 6.9 ms in the slowest 1% (whose rounds take 14.1 ms, the
-consolidation 5.6 ms of it); of the snapshot, the simulated replicas advancing their
-decode was 1.8 ms of a round's 7.4 ms at the median (a thread-CPU timer wrapped around
-`Replica.sync` for one run), the work stop 95 moved before the round. At 64 / 8 that
-advance is well under 0.1 ms a round (the column), so that target is as far as before.
-"""
+{under}{notes}
+{left}"""
 
 
 def _before_notes(path: str, label: str) -> str:

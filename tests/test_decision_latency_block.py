@@ -175,3 +175,21 @@ def test_a_breakdown_of_a_large_mix_times_its_rounds_in_a_process_of_its_own():
         b = ex.submit(dl.measure_breakdown, (96, len(spec["pipelines"]), 0, 30, 20.0, spec)).result()
     assert name == "L9009" and b["rounds"] == 30 and b["pipelines"] == 7
     assert b["mean_us"]["Jigsaw.decide"] > 0 and b["slowest"][0]["calls"]["Jigsaw.decide"] == 1
+
+
+def test_notes_file_parts_land_around_the_tables(tmp_path, monkeypatch):
+    notes = tmp_path / "notes.md"
+    notes.write_text("<!-- header -->\nABOVE\n<!-- tables -->\nUNDER\n<!-- extra tables -->\nLEFT\n")
+    monkeypatch.setattr(dl, "NOTES", notes)
+    block = dl.section([_result(64, 8, 900.0, 400.0)], "cmd", "1 1 1", "2 2 2", notes="\nEXTRA\n")
+    assert "header" not in block
+    assert block.index("ABOVE") < block.index("`cmd`") < block.index("| 64 |") < block.index("UNDER") \
+        < block.index("EXTRA") < block.index("LEFT")
+
+
+def test_notes_file_without_its_markers_is_refused_by_path(tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("no markers here\n")
+    with pytest.raises(SystemExit) as e:
+        dl.history_notes(notes)
+    assert str(notes) in str(e.value) and "<!-- tables -->" in str(e.value)
