@@ -154,7 +154,7 @@ def render(data: dict) -> str:
                                                                       data[k]["jigsaw"][0]) is not None),
                default=None)
     reading = (f"With its defaults jigsaw recovers at least {TARGET:.0%} of the gap on "
-               f"{', '.join(met_default) or 'none of these'}; at the best of every setting tried on "
+               f"{', '.join(met_default) or 'none of these'}; with the best of the settings tried, on "
                f"{', '.join(met_best) or 'none of these'}" +
                (f" (the best moves the gap recovered by {100 * lift[0]:.0f} points at most, on ({lift[1]}))"
                 if lift else "") + ". " +
