@@ -42,12 +42,12 @@ The block's prose of what earlier stops measured and changed, and what is left, 
 benchmarks/notes/decision_latency.md (``history_notes``): a re-run that changes a figure
 edits that file, not this script.
 
-    python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick
+    python benchmarks/decision_latency.py --cases 64x8,1024x32 --rounds 400   # quick: prints, saves nothing
     python benchmarks/decision_latency.py --cases 64x8 --rounds 0             # the whole run
     python benchmarks/decision_latency.py --breakdown --cases 64x8 --rounds 0 # where the time goes
     python benchmarks/decision_latency.py --breakdown --large-mix 9018 --rounds 0 --cpu-budget 150
     python benchmarks/decision_latency.py --cases 1024x32 --rounds 16000 --policy-opt reprice_on_change=true
-    python benchmarks/decision_latency.py --write        # every case; writes its block
+    python benchmarks/decision_latency.py --write        # every case; saves its results, writes its block
     python benchmarks/decision_latency.py --render --before OLD.json   # re-render the saved results
     python benchmarks/decision_latency.py --render --also "whole run=RUN.json" --repeats B1,B2 A1,A2
 """
@@ -654,7 +654,9 @@ def main(argv=None) -> None:
     ap.add_argument("--render", action="store_true",
                     help="measure nothing: re-render the block from the saved results (with --before, "
                          "--before-label; --write writes it)")
-    ap.add_argument("--results", default=str(RESULTS), help="results file to save to (or --render from)")
+    ap.add_argument("--results", default=None,
+                    help="results file to save to (or --render from); default: the block's own "
+                         f"({RESULTS.relative_to(ROOT)}), which a measurement saves to only with --write")
     ap.add_argument("--repeats", nargs=2, action="append", default=[], metavar=("BEFORE_JSONS", "AFTER_JSONS"),
                     help="with --render: comma-separated results files of alternated repeats of the earlier build "
                          "and of this one; their medians are shown under the tables (repeatable: one table each)")
@@ -666,7 +668,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.large_mix is not None and not args.breakdown:
         ap.error("--large-mix: only with --breakdown (the block's cases are the demo's pipelines repeated)")
-    results_path = Path(args.results)
+    results_path = Path(args.results) if args.results else RESULTS
     notes = _before_notes(args.before, args.before_label) if args.before else ""
     for spec in args.also:
         notes += _also_notes(spec)
@@ -716,12 +718,19 @@ def main(argv=None) -> None:
     results = _run_jobs([(g, n, pr, m, args.rounds, args.cpu_budget, options) for g, n, pr in cases for m in modes])
     load_after = _load_avg()
     command = "python benchmarks/decision_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    # saved before the block is rendered: a rendering fault loses no measurement
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps({"command": command.strip(), "load_before": load_before,
-                                        "load_after": load_after, "results": results}, indent=2))
+    # saved before the block is rendered: a rendering fault loses no measurement. A probe (no
+    # --write, no --results) leaves the block's saved results alone: docs/benchmarks.md's
+    # targets table is rendered from them (benchmarks/report.py), and a quick run of other
+    # cases over them made the doc differ from its render
+    if args.write or args.results:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps({"command": command.strip(), "load_before": load_before,
+                                            "load_after": load_after, "results": results}, indent=2))
     text = section(results, command.strip(), load_before, load_after, notes)
     print(text)
+    if not (args.write or args.results):
+        print(f"\n(not saved: --write saves to {RESULTS.relative_to(ROOT)} and writes the block, "
+              f"--results PATH saves there)")
     if args.write:
         write_doc_block(BLOCK, text)
 

@@ -193,3 +193,21 @@ def test_notes_file_without_its_markers_is_refused_by_path(tmp_path):
     with pytest.raises(SystemExit) as e:
         dl.history_notes(notes)
     assert str(notes) in str(e.value) and "<!-- tables -->" in str(e.value)
+
+
+def test_a_measurement_saves_the_blocks_results_only_when_asked(tmp_path, monkeypatch, capsys):
+    # the targets table of docs/benchmarks.md is rendered from the block's saved results: a
+    # quick probe of other cases must not replace them (it once did, and the doc no longer
+    # matched its render); --write and --results save, as before
+    saved = tmp_path / "decision_latency.json"
+    monkeypatch.setattr(dl, "RESULTS", saved)
+    monkeypatch.setattr(dl, "ROOT", tmp_path)
+    monkeypatch.setattr(dl, "_run_jobs", lambda jobs: [_result(64, 8, 900.0, 400.0)])
+    monkeypatch.setattr(dl, "write_doc_block", lambda name, text: None)
+    dl.main(["--cases", "64x8", "--rounds", "10", "--modes", "incremental"])
+    assert not saved.exists() and "not saved" in capsys.readouterr().out
+    other = tmp_path / "probe.json"
+    dl.main(["--cases", "64x8", "--rounds", "10", "--modes", "incremental", "--results", str(other)])
+    assert json.loads(other.read_text())["results"][0]["decision_p99_us"] == 900.0 and not saved.exists()
+    dl.main(["--cases", "64x8", "--rounds", "10", "--modes", "incremental", "--write"])
+    assert json.loads(saved.read_text())["results"][0]["gpus"] == 64
