@@ -38,6 +38,10 @@ TARGET = 0.70  # issue 12: the share of the gap between verl-sync and the bound 
 KEYS = ("a", "b", "c", "d", "e", "f")
 
 
+def _recovered(verl_s: float, bound_s: float, makespan_s: float) -> float | None:
+    return (verl_s - makespan_s) / (verl_s - bound_s) if verl_s > bound_s else None
+
+
 def needs(devices: int, verl_s: float, bound_s: float, makespan_s: float, parts: dict,
           target: float = TARGET) -> dict:
     """What recovering ``target`` of the gap takes for one run: ``parts`` its gap in
@@ -48,7 +52,7 @@ def needs(devices: int, verl_s: float, bound_s: float, makespan_s: float, parts:
     allowed = devices * goal_s - ideal
     return {"ideal_device_s": ideal, "gap_device_s": gap, "goal_makespan_s": goal_s,
             "allowed_gap_device_s": allowed, "cut_device_s": max(0.0, gap - allowed),
-            "recovered": (verl_s - makespan_s) / (verl_s - bound_s) if verl_s > bound_s else None}
+            "recovered": _recovered(verl_s, bound_s, makespan_s)}
 
 
 def _parts(gap_breakdown: dict) -> dict:
@@ -57,10 +61,6 @@ def _parts(gap_breakdown: dict) -> dict:
             "rollout": sum(p["rollout_above_ideal_device_s"] for p in pipes),
             "training": sum(p["training_above_ideal_device_s"] for p in pipes),
             "sync": sum(p["weight_sync_device_s"] for p in pipes)}
-
-
-def _recovered(verl_s: float, bound_s: float, makespan_s: float) -> float | None:
-    return (verl_s - makespan_s) / (verl_s - bound_s) if verl_s > bound_s else None
 
 
 def _oracle_makespans() -> dict:
