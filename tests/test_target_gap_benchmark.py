@@ -58,3 +58,10 @@ def test_the_saved_runs_keep_the_identity_and_match_the_seeds_block():
     saved = json.loads((ROOT / "benchmarks" / "results" / "seeds.json").read_text())
     for key, r in rows.items():
         assert r["recovered"] == pytest.approx(seeds.figures(saved[key]["0"])[1], abs=1e-3)
+
+
+def test_the_doc_block_is_what_the_saved_runs_render():
+    # a re-run of a block it reads (pipeline gaps, seeds, knobs, the ablations) re-renders it
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    block = text[text.index("<!-- target-gap:start -->"):text.index("<!-- target-gap:end -->") + len("<!-- target-gap:end -->")]
+    assert block == target_gap.render(target_gap.gather()), "run `python benchmarks/target_gap.py`"
