@@ -722,13 +722,14 @@ def main(argv=None) -> None:
     # --write, no --results) leaves the block's saved results alone: docs/benchmarks.md's
     # targets table is rendered from them (benchmarks/report.py), and a quick run of other
     # cases over them made the doc differ from its render
-    if args.write or args.results:
+    save = bool(args.write or args.results)
+    if save:
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps({"command": command.strip(), "load_before": load_before,
                                             "load_after": load_after, "results": results}, indent=2))
     text = section(results, command.strip(), load_before, load_after, notes)
     print(text)
-    if not (args.write or args.results):
+    if not save:
         print(f"\n(not saved: --write saves to {RESULTS.relative_to(ROOT)} and writes the block, "
               f"--results PATH saves there)")
     if args.write:

@@ -28,8 +28,10 @@ import math
 import sys
 from pathlib import Path
 
+import sensitivity
 from common import BUNDLED, ROOT, md_table, run_many
 
+from jigsaw_plugin.bench.ab import gap_share
 from jigsaw_plugin.errors import SpecError
 from jigsaw_plugin.scheduler import get_policy, parse_options
 
@@ -47,11 +49,10 @@ def noise_floors(path: Path = SENSITIVITY) -> dict:
         return {}
     out = {}
     for key, by_policy in json.loads(path.read_text()).items():
-        runs = by_policy.get("jigsaw") or []
-        base = next((r["makespan_s"] for r in runs if r.get("scale") == 1.0), None)
-        moved = [abs(r["makespan_s"] / base - 1.0) for r in runs if base and r.get("scale") != 1.0]
+        runs = by_policy.get("jigsaw")
+        moved = sensitivity.moves(runs) if runs else []  # its first run is the fitted model's
         if moved:
-            out[key] = max(moved)
+            out[key] = max(abs(m) for m in moved)
     return out
 
 
@@ -76,11 +77,6 @@ def verdict(change: float, floor: float | None) -> str:
     if abs(change) <= floor:
         return "within noise"
     return "faster" if change < 0 else "slower"
-
-
-def _gap(verl_s: float, bound_s: float, jigsaw_s: float) -> float | None:
-    gap = verl_s - bound_s
-    return (verl_s - jigsaw_s) / gap if gap > 0 else None
 
 
 def probe(options: dict, keys: tuple = KEYS, seeds: tuple = (0,), workers: int = 2) -> list:
@@ -115,7 +111,8 @@ def render(rows: list, options: dict, floors: dict, base: dict) -> str:
         vb = base.get((r["key"], r["seed"]))
         gaps = "-"
         if vb:
-            g0, g1 = _gap(*vb, r["defaults_s"]), _gap(*vb, r["with_s"])
+            (verl_s, bound_s) = vb
+            g0, g1 = gap_share(verl_s, r["defaults_s"], bound_s), gap_share(verl_s, r["with_s"], bound_s)
             if g0 is not None and g1 is not None:
                 gaps = f"{g0:.0%} / {g1:.0%}"
         out.append([f"({r['key']})", r["seed"], f"{r['defaults_s']:.1f}", f"{r['with_s']:.1f}", f"{change:+.2%}",

@@ -62,7 +62,7 @@ def measure(keys) -> dict:
     return data
 
 
-def _moves(runs: list) -> list:
+def moves(runs: list) -> list:
     """Each perturbed run's makespan change against the fitted model's, as a fraction."""
     base = runs[0]["makespan_s"]
     return [r["makespan_s"] / base - 1 for r in runs[1:]]
@@ -83,15 +83,15 @@ def render(data: dict) -> str:
     for k, by_policy in data.items():
         gaps = _gaps(by_policy) if {"jigsaw", "verl-sync"} <= set(by_policy) else []
         for policy, runs in by_policy.items():
-            moves = _moves(runs)
-            big = max(abs(m) for m in moves)
+            moved = moves(runs)
+            big = max(abs(m) for m in moved)
             largest.setdefault(policy, []).append(big)
             gap = (f"{gaps[0]:.0%} ({min(gaps[1:]):.0%} - {max(gaps[1:]):.0%})"
                    if policy == "jigsaw" and len(gaps) == len(runs) > 1 else "")
             rows.append([f"({k})", policy, f"{runs[0]['makespan_s']:.1f}",
                          ", ".join(f"{r['makespan_s']:.1f}" for r in runs[1:]),
-                         f"{big:.2%}", f"{statistics.median(abs(m) for m in moves):.2%}",
-                         sum(1 for m in moves if abs(m) > 1e-4), f"{runs[0]['bound_s']:.1f}", gap])
+                         f"{big:.2%}", f"{statistics.median(abs(m) for m in moved):.2%}",
+                         sum(1 for m in moved if abs(m) > 1e-4), f"{runs[0]['bound_s']:.1f}", gap])
     head = ["workload", "policy", "makespan s (fitted model)",
             "makespan s (host time per step x 1+1e-4, 1-1e-4, 1+2e-4, 1-2e-4)", "largest change",
             "median change", "runs moved over 0.01%", "makespan lower bound s (fitted model)",
@@ -100,8 +100,8 @@ def render(data: dict) -> str:
     v = largest.get("verl-sync", [0.0])
     # where the fitted model's run sits among its neighbours: a figure tuned to (or lucky
     # at) that one point is faster than most of them
-    sides = "; ".join(f"({k}) {sum(m > 1e-4 for m in _moves(p['jigsaw']))} slower, "
-                      f"{sum(m < -1e-4 for m in _moves(p['jigsaw']))} faster"
+    sides = "; ".join(f"({k}) {sum(m > 1e-4 for m in moves(p['jigsaw']))} slower, "
+                      f"{sum(m < -1e-4 for m in moves(p['jigsaw']))} faster"
                       for k, p in data.items() if "jigsaw" in p)
     reading = (
         f"Reading: a change to the cost model of at most 2e-4 of one term moves jigsaw's runs by up to "

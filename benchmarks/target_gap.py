@@ -28,6 +28,7 @@ import sys
 
 from common import ROOT, load, md_table, write_doc_block
 
+from jigsaw_plugin.bench.ab import gap_share
 from jigsaw_plugin.bench.bundled import benchmark_workload
 
 __all__ = ["TARGET", "needs", "render"]
@@ -36,10 +37,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = "target-gap"
 TARGET = 0.70  # issue 12: the share of the gap between verl-sync and the bound to recover
 KEYS = ("a", "b", "c", "d", "e", "f")
-
-
-def _recovered(verl_s: float, bound_s: float, makespan_s: float) -> float | None:
-    return (verl_s - makespan_s) / (verl_s - bound_s) if verl_s > bound_s else None
 
 
 def needs(devices: int, verl_s: float, bound_s: float, makespan_s: float, parts: dict,
@@ -52,7 +49,7 @@ def needs(devices: int, verl_s: float, bound_s: float, makespan_s: float, parts:
     allowed = devices * goal_s - ideal
     return {"ideal_device_s": ideal, "gap_device_s": gap, "goal_makespan_s": goal_s,
             "allowed_gap_device_s": allowed, "cut_device_s": max(0.0, gap - allowed),
-            "recovered": _recovered(verl_s, bound_s, makespan_s)}
+            "recovered": gap_share(verl_s, makespan_s, bound_s)}
 
 
 def _parts(gap_breakdown: dict) -> dict:
@@ -100,8 +97,8 @@ def gather() -> list:
                "makespan_s": jig["makespan_s"], "parts": _parts(jig["gap_breakdown"])}
         row.update(needs(devices, verl["makespan_s"], bound, jig["makespan_s"], row["parts"]))
         combined = (knobs.get(key) or {}).get("combined")
-        row["knobs_recovered"] = _recovered(verl["makespan_s"], bound, combined["makespan_s"]) if combined else None
-        row["oracle_recovered"] = _recovered(verl["makespan_s"], bound, oracle[key]) if key in oracle else None
+        row["knobs_recovered"] = gap_share(verl["makespan_s"], combined["makespan_s"], bound) if combined else None
+        row["oracle_recovered"] = gap_share(verl["makespan_s"], oracle[key], bound) if key in oracle else None
         rows.append(row)
     return rows
 

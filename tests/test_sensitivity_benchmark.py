@@ -16,7 +16,7 @@ def _runs(*spans, bound=50.0):
 
 
 def test_each_perturbed_run_is_read_against_the_fitted_models():
-    assert sensitivity._moves(_runs(100.0, 100.5, 99.0, 100.0, 101.0)) == pytest.approx([0.005, -0.01, 0.0, 0.01])
+    assert sensitivity.moves(_runs(100.0, 100.5, 99.0, 100.0, 101.0)) == pytest.approx([0.005, -0.01, 0.0, 0.01])
 
 
 def test_the_block_names_the_largest_and_median_change_of_each_run():
